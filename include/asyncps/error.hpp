@@ -1,0 +1,166 @@
+// asyncps — error codes and conditions.
+//
+// Every failure the library reports is an `asyncps::errc` wrapped in a `std::error_code`
+// (category name "asyncps"). Callers that only care about *what to do* compare against an
+// `asyncps::condition` instead of listing codes:
+//
+//   if (ec == asyncps::condition::transient) reconnect();
+//
+// Design follows Boost.Beast's error / condition split.
+#pragma once
+
+#include <string>
+#include <system_error>
+
+namespace asyncps {
+
+/// Error codes produced by asyncps. Values are stable (they may appear in logs).
+enum class errc {
+  // --- wire format (remote input); each names the header field that was wrong ---
+  bad_magic = 1,         ///< header `magic` is not "APS1"
+  unsupported_version,   ///< header `version` differs from `wire_version`
+  bad_message_type,      ///< header `type` is not a known message type
+  bad_flags,             ///< header `flags` has unknown bits set
+  frame_too_large,       ///< header `payload_bytes` exceeds `wire_limits::max_frame_bytes`
+  too_many_rows,         ///< header `row_count` exceeds `wire_limits::max_rows`
+  bad_checksum,          ///< header `checksum` does not match header + payload
+  truncated_frame,       ///< the stream ended inside a frame
+  payload_size_mismatch, ///< `payload_bytes` disagrees with `row_count` x `width`
+  bad_table,             ///< header `table` names no table of this shard
+  bad_row_range,         ///< rows outside the shard's key range (or outside the table)
+  bad_width,             ///< header `width` differs from the table's row width
+  bad_sender,            ///< header `sender` is not a valid worker id
+  unexpected_message,    ///< a message type that is not valid in this protocol state
+  duplicate_worker,      ///< a second connection claimed a worker id that is connected
+  layout_mismatch,       ///< worker and server disagree on the table layout
+  non_finite_value,      ///< a pushed gradient holds NaN or infinity
+  // --- local / operational ---
+  connection_closed,  ///< the peer closed the connection
+  server_lost,        ///< a server stayed unreachable past the recovery policy's timeout
+  timeout,            ///< an operation did not complete in time
+  stopped,            ///< the object was stopped by its owner
+  invalid_argument,   ///< a precondition on a local argument was violated
+  bad_file,           ///< a data or checkpoint file is missing, truncated or corrupt
+};
+
+/// Categories of errors that callers (and recovery policies) act on.
+enum class condition {
+  protocol_violation = 1,  ///< the peer sent bytes that break the wire protocol (fatal for
+                           ///< that connection only)
+  transient,               ///< the link dropped or timed out; retrying may succeed
+  fatal,                   ///< retrying will not help (bad config, bad file, server lost)
+};
+
+namespace detail {
+
+class error_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "asyncps"; }
+
+  std::string message(int ev) const override {
+    switch (static_cast<errc>(ev)) {
+      case errc::bad_magic: return "bad frame header field 'magic'";
+      case errc::unsupported_version: return "bad frame header field 'version' (unsupported)";
+      case errc::bad_message_type: return "bad frame header field 'type'";
+      case errc::bad_flags: return "bad frame header field 'flags'";
+      case errc::frame_too_large: return "frame header field 'payload_bytes' exceeds the limit";
+      case errc::too_many_rows: return "frame header field 'row_count' exceeds the limit";
+      case errc::bad_checksum: return "bad frame header field 'checksum' (corrupt frame)";
+      case errc::truncated_frame: return "truncated frame";
+      case errc::payload_size_mismatch:
+        return "frame header field 'payload_bytes' does not match 'row_count' x 'width'";
+      case errc::bad_table: return "frame header field 'table' names no table of this shard";
+      case errc::bad_row_range: return "frame rows lie outside this shard's key range";
+      case errc::bad_width: return "frame header field 'width' differs from the table width";
+      case errc::bad_sender: return "frame header field 'sender' is not a valid worker id";
+      case errc::unexpected_message: return "message type not valid in this protocol state";
+      case errc::duplicate_worker: return "worker id already connected";
+      case errc::layout_mismatch: return "worker and server table layouts differ";
+      case errc::non_finite_value: return "pushed gradient holds NaN or infinity";
+      case errc::connection_closed: return "connection closed by peer";
+      case errc::server_lost: return "parameter server lost";
+      case errc::timeout: return "operation timed out";
+      case errc::stopped: return "stopped";
+      case errc::invalid_argument: return "invalid argument";
+      case errc::bad_file: return "bad file";
+    }
+    return "unknown asyncps error";
+  }
+};
+
+class condition_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "asyncps.condition"; }
+  std::string message(int ev) const override {
+    switch (static_cast<condition>(ev)) {
+      case condition::protocol_violation: return "protocol violation";
+      case condition::transient: return "transient failure";
+      case condition::fatal: return "fatal failure";
+    }
+    return "unknown asyncps condition";
+  }
+  bool equivalent(const std::error_code& code, int cond) const noexcept override;
+};
+
+}  // namespace detail
+
+/// The category of `asyncps::errc`. Thread safety: safe from any thread.
+inline const std::error_category& error_category() noexcept {
+  static const detail::error_category_impl instance;
+  return instance;
+}
+
+/// The category of `asyncps::condition`. Thread safety: safe from any thread.
+inline const std::error_category& condition_category() noexcept {
+  static const detail::condition_category_impl instance;
+  return instance;
+}
+
+/// Makes a `std::error_code` from an `asyncps::errc` (found by ADL).
+inline std::error_code make_error_code(errc e) noexcept {
+  return {static_cast<int>(e), error_category()};
+}
+
+/// Makes a `std::error_condition` from an `asyncps::condition` (found by ADL).
+inline std::error_condition make_error_condition(condition c) noexcept {
+  return {static_cast<int>(c), condition_category()};
+}
+
+/// True when `e` is one of the codes a peer's malformed input produces.
+constexpr bool is_protocol_violation(errc e) noexcept {
+  return static_cast<int>(e) >= static_cast<int>(errc::bad_magic) &&
+         static_cast<int>(e) <= static_cast<int>(errc::non_finite_value);
+}
+
+namespace detail {
+
+inline bool condition_category_impl::equivalent(const std::error_code& code,
+                                                int cond) const noexcept {
+  const auto c = static_cast<condition>(cond);
+  if (code.category() == asyncps::error_category()) {
+    const auto e = static_cast<errc>(code.value());
+    switch (c) {
+      case condition::protocol_violation: return is_protocol_violation(e);
+      case condition::transient: return e == errc::connection_closed || e == errc::timeout;
+      case condition::fatal:
+        return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument;
+    }
+    return false;
+  }
+  if (c == condition::transient &&
+      (code.category() == std::system_category() || code.category() == std::generic_category())) {
+    const auto v = std::errc(code.value());
+    return v == std::errc::connection_refused || v == std::errc::connection_reset ||
+           v == std::errc::broken_pipe || v == std::errc::timed_out ||
+           v == std::errc::network_unreachable || v == std::errc::connection_aborted;
+  }
+  return false;
+}
+
+}  // namespace detail
+}  // namespace asyncps
+
+template <>
+struct std::is_error_code_enum<asyncps::errc> : std::true_type {};
+template <>
+struct std::is_error_condition_enum<asyncps::condition> : std::true_type {};

@@ -1,0 +1,628 @@
+// asyncps — basic_server: a parameter-server shard driven by coroutines.
+//
+// One `basic_server` owns shard `shard` of `num_shards` of every table (a contiguous key range
+// per table, see table.hpp), keeps a vector clock over its workers (server clock = minimum),
+// applies pushed gradients with its optimizer, answers pulls once its clock is fresh enough
+// for the request, and — for eager policies (ESSP) — pushes every subscribed row when its
+// clock advances (Bösen's SSPPushServerThread).
+//
+// Concurrency: every coroutine of a server runs on the transport's executor; pass a strand
+// (or a single-threaded io_context) so shard state is touched by one thread at a time and no
+// locks are needed in the hot path.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
+
+#include "asyncps/consistency.hpp"
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/optimizer.hpp"
+#include "asyncps/optimizer/optimizers.hpp"
+#include "asyncps/recovery.hpp"
+#include "asyncps/recovery/none.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/transport.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps {
+
+/// A log sink: receives one complete line (no trailing newline). Empty: write to stderr.
+using log_function = std::function<void(std::string_view)>;
+
+namespace detail {
+inline void emit(const log_function& f, const std::string& line) {
+  if (f) {
+    f(line);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+}  // namespace detail
+
+/// Configuration of one server shard.
+struct server_options {
+  std::uint32_t shard = 0;        ///< this shard's index, < num_shards
+  std::uint32_t num_shards = 1;   ///< servers sharing the tables
+  std::uint32_t num_workers = 1;  ///< workers in the vector clock (ids 0..num_workers-1)
+  std::vector<table_spec> tables; ///< the model layout (every shard and worker has the same)
+  std::uint64_t seed = 42;        ///< initial-value seed (see table_spec::init_scale)
+  log_function log;               ///< connection events and rejected frames
+};
+
+/// Counters of a server (read on its executor).
+struct server_stats {
+  std::uint64_t connections = 0;     ///< connections accepted
+  std::uint64_t rejected = 0;        ///< connections closed for a protocol violation
+  std::uint64_t pushes = 0;          ///< push messages applied
+  std::uint64_t pulls = 0;           ///< pull requests answered
+  std::uint64_t deferred_pulls = 0;  ///< pulls that had to wait for the clock
+  std::uint64_t eager_messages = 0;  ///< rows messages pushed unrequested (ESSP)
+  std::uint64_t bytes_in = 0;        ///< payload bytes received
+  std::uint64_t bytes_out = 0;       ///< payload bytes sent
+};
+
+/// A parameter-server shard.
+///
+/// Template parameters: `Transport` (models `transport`), `Consistency` (models
+/// `consistency_policy`; only `Consistency::eager` matters on the server), `Recovery` (models
+/// `recovery_policy`, same type as the workers'), `Optimizer` (models `optimizer_policy`).
+///
+/// Thread safety: construct anywhere; call every member on `transport.get_executor()`.
+/// Object lifetime: the transport outlives the server; `async_serve` must have completed before
+/// the server is destroyed.
+template <transport Transport, consistency_policy Consistency,
+          recovery_policy Recovery = recovery::none,
+          optimizer_policy Optimizer = optimizer::sgd>
+class basic_server {
+ public:
+  using transport_type = Transport;
+  using consistency_type = Consistency;
+  using recovery_type = Recovery;
+  using optimizer_type = Optimizer;
+
+  /// Throws `std::invalid_argument` naming the bad field when `opts` is inconsistent
+  /// (shard >= num_shards, no workers, empty layout, a table with 0 rows or width, ids out of
+  /// order).
+  basic_server(Transport& transport, server_options opts, Optimizer opt = {})
+      : transport_(transport), opts_(std::move(opts)), optimizer_(opt),
+        clocks_(opts_.num_workers, 0), applied_(opts_.num_workers),
+        done_(transport.get_executor()) {
+    if (opts_.num_shards == 0 || opts_.shard >= opts_.num_shards)
+      throw std::invalid_argument("asyncps::server_options: shard must be < num_shards");
+    if (opts_.num_workers == 0)
+      throw std::invalid_argument("asyncps::server_options: num_workers must be > 0");
+    if (opts_.tables.empty())
+      throw std::invalid_argument("asyncps::server_options: tables must not be empty");
+    tables_.reserve(opts_.tables.size());
+    for (std::size_t i = 0; i < opts_.tables.size(); ++i) {
+      const auto& spec = opts_.tables[i];
+      if (spec.id != i || spec.rows == 0 || spec.width == 0)
+        throw std::invalid_argument(
+            "asyncps::server_options: tables[" + std::to_string(i) +
+            "] needs id == index, rows > 0 and width > 0");
+      table_state t;
+      t.spec = spec;
+      t.range = shard_range(spec.rows, opts_.shard, opts_.num_shards);
+      t.values.resize(std::size_t{t.range.size()} * spec.width);
+      t.state.resize(t.values.size() * Optimizer::state_per_param, 0.0f);
+      init_table(t);
+      tables_.push_back(std::move(t));
+    }
+    for (auto& a : applied_) a.assign(tables_.size(), 0);
+  }
+
+  basic_server(const basic_server&) = delete;
+  basic_server& operator=(const basic_server&) = delete;
+
+  /// Accepts connections on `acceptor` and serves them until `stop()` is called. Completes
+  /// with success after a stop, or with the acceptor's error. Every connection's coroutines
+  /// have finished when it completes. Precondition: runs on `transport.get_executor()`.
+  asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
+    acceptor_ = &acceptor;
+    std::error_code result;
+    while (!stopped_) {
+      auto [ec, conn] = co_await acceptor.async_accept();
+      if (ec) {
+        if (!stopped_) result = ec;
+        break;
+      }
+      ++stats_.connections;
+      auto& s = sessions_.emplace_back(std::move(conn), transport_.get_executor());
+      s.self = std::prev(sessions_.end());
+      asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+      asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+    }
+    acceptor_ = nullptr;
+    stop();
+    while (!sessions_.empty()) {
+      done_.expires_after(std::chrono::seconds(1));
+      co_await done_.async_wait(detail::use_tuple);
+    }
+    co_return result;
+  }
+
+  /// Stops accepting and closes every connection; `async_serve` then completes.
+  void stop() {
+    stopped_ = true;
+    if (acceptor_ != nullptr) acceptor_->close();
+    for (auto& s : sessions_) close_session(s);
+  }
+
+  /// The server clock: the minimum clock over all `num_workers` workers.
+  clock_value clock() const noexcept { return server_clock_; }
+  /// Clock of worker `w` as seen by this server. Precondition: `w < num_workers`.
+  clock_value worker_clock(std::uint32_t w) const noexcept { return clocks_[w]; }
+  /// This shard's rows of table `t`.
+  key_range range(table_id t) const noexcept { return tables_[t].range; }
+  /// This shard's values of table `t`: `range(t).size() x width` floats, row-major.
+  std::span<const float> values(table_id t) const noexcept { return tables_[t].values; }
+  const server_options& options() const noexcept { return opts_; }
+  const server_stats& stats() const noexcept { return stats_; }
+  /// Connected sessions.
+  std::size_t connections() const noexcept { return sessions_.size(); }
+
+ private:
+  struct table_state {
+    table_spec spec;
+    key_range range;
+    std::vector<float> values;
+    std::vector<float> state;  // Optimizer::state_per_param planes of values.size()
+    std::uint64_t step = 0;
+  };
+  struct subscription {
+    bool ranged = false;
+    key_range range{};
+    std::vector<row_id> keys;
+  };
+  struct session {
+    session(typename Transport::connection_type c, const typename Transport::executor_type& ex)
+        : conn(std::move(c)), wake(ex) {}
+    typename Transport::connection_type conn;
+    asio::steady_timer wake;
+    typename std::list<session>::iterator self;
+    std::uint32_t worker = no_worker;
+    bool open = true;
+    int running = 2;  // read_loop + write_loop
+    std::vector<message> outbox;
+    std::vector<message> sending;
+    std::vector<subscription> subs;
+  };
+  struct pending_pull {
+    session* s;
+    message request;
+  };
+  static constexpr std::uint32_t no_worker = 0xffffffffu;
+
+  void init_table(table_state& t) {
+    if (t.spec.init_scale == 0.0f) {
+      std::fill(t.values.begin(), t.values.end(), 0.0f);
+      return;
+    }
+    for (row_id r = t.range.begin; r < t.range.end; ++r) {
+      std::seed_seq seq{static_cast<std::uint32_t>(opts_.seed), static_cast<std::uint32_t>(opts_.seed >> 32),
+                        t.spec.id, r};
+      std::mt19937 gen(seq);
+      std::uniform_real_distribution<float> dist(-t.spec.init_scale, t.spec.init_scale);
+      float* row = t.values.data() + std::size_t{r - t.range.begin} * t.spec.width;
+      for (std::uint32_t j = 0; j < t.spec.width; ++j) row[j] = dist(gen);
+    }
+  }
+
+  void log(const std::string& line) const {
+    detail::emit(opts_.log, "asyncps server " + std::to_string(opts_.shard) + ": " + line);
+  }
+
+  std::string who(const session& s) const {
+    return s.worker == no_worker ? std::string("unidentified peer")
+                                 : "worker " + std::to_string(s.worker);
+  }
+
+  void enqueue(session& s, message m) {
+    if (!s.open) return;
+    stats_.bytes_out += m.payload.size();
+    s.outbox.push_back(std::move(m));
+    s.wake.cancel();
+  }
+
+  void close_session(session& s) {
+    if (!s.open) return;
+    s.open = false;
+    s.conn.close();
+    s.wake.cancel();
+  }
+
+  void reject(session& s, std::error_code ec, const std::string& detail) {
+    ++stats_.rejected;
+    const std::string reason = ec.message() + detail;
+    log("closing connection of " + who(s) + ": " + reason);
+    message m;
+    m.header.type = message_type::error;
+    m.header.sender = opts_.shard;
+    m.payload = transport_.allocate(reason.size());
+    std::memcpy(m.payload.data(), reason.data(), reason.size());
+    enqueue(s, std::move(m));
+    s.open = false;  // the write loop flushes the error, then closes
+    s.wake.cancel();
+  }
+
+  void finish(session& s) {
+    if (--s.running > 0) return;
+    if (s.worker != no_worker && worker_session(s.worker) == &s) registered_[s.worker] = nullptr;
+    std::erase_if(pending_, [&](const pending_pull& p) { return p.s == &s; });
+    sessions_.erase(s.self);
+    if (sessions_.empty()) done_.cancel();
+  }
+
+  session* worker_session(std::uint32_t w) const {
+    return w < registered_.size() ? registered_[w] : nullptr;
+  }
+
+  asio::awaitable<void> write_loop(session& s) {
+    for (;;) {
+      if (s.outbox.empty()) {
+        if (!s.open) break;
+        s.wake.expires_at(asio::steady_timer::time_point::max());
+        co_await s.wake.async_wait(detail::use_tuple);
+        continue;
+      }
+      std::swap(s.outbox, s.sending);
+      bool failed = false;
+      for (auto& m : s.sending) {
+        if (!failed && (co_await s.conn.async_send(std::move(m)))) failed = true;
+      }
+      s.sending.clear();
+      if (failed) {
+        s.outbox.clear();
+        s.open = false;
+        break;
+      }
+    }
+    s.conn.close();
+    finish(s);
+  }
+
+  asio::awaitable<void> read_loop(session& s) {
+    bool greeted = false;
+    while (s.open) {
+      auto [ec, m] = co_await s.conn.async_receive();
+      if (ec) {
+        if (ec == condition::protocol_violation) {
+          reject(s, ec, "");
+        } else if (s.open && ec != errc::connection_closed) {
+          log("connection of " + who(s) + " lost: " + ec.message());
+        }
+        break;
+      }
+      stats_.bytes_in += m.payload.size();
+      std::string detail;
+      std::error_code err = greeted ? dispatch(s, m, detail) : greet(s, m, detail);
+      if (err) {
+        reject(s, err, detail);
+        break;
+      }
+      greeted = true;
+    }
+    close_after_flush(s);
+    finish(s);
+  }
+
+  void close_after_flush(session& s) {
+    s.open = false;
+    s.wake.cancel();
+  }
+
+  std::error_code greet(session& s, const message& m, std::string& detail) {
+    const auto& h = m.header;
+    if (h.type != message_type::hello) {
+      detail = " (expected hello first)";
+      return errc::unexpected_message;
+    }
+    if (h.sender >= opts_.num_workers) {
+      detail = " (got " + std::to_string(h.sender) + ", num_workers " +
+               std::to_string(opts_.num_workers) + ")";
+      return errc::bad_sender;
+    }
+    if (!layout_matches(m)) return errc::layout_mismatch;
+    if (registered_.empty()) registered_.assign(opts_.num_workers, nullptr);
+    if (registered_[h.sender] != nullptr) {
+      detail = " (worker " + std::to_string(h.sender) + ")";
+      return errc::duplicate_worker;
+    }
+    registered_[h.sender] = &s;
+    s.worker = h.sender;
+    s.subs.assign(tables_.size(), subscription{});
+    message w;
+    w.header.type = message_type::welcome;
+    w.header.sender = opts_.shard;
+    w.header.table = opts_.num_shards;
+    w.header.clock = server_clock_;
+    w.header.first_row = static_cast<std::uint64_t>(clocks_[s.worker]);
+    w.header.row_count = static_cast<std::uint32_t>(tables_.size());
+    w.payload = encode_layout();
+    enqueue(s, std::move(w));
+    return {};
+  }
+
+  buffer encode_layout() {
+    buffer b = transport_.allocate(tables_.size() * 8);
+    auto* p = reinterpret_cast<std::uint32_t*>(b.data());
+    for (const auto& t : tables_) {
+      *p++ = t.spec.rows;
+      *p++ = t.spec.width;
+    }
+    return b;
+  }
+
+  bool layout_matches(const message& m) const {
+    if (m.header.row_count != tables_.size()) return false;
+    const auto* p = reinterpret_cast<const std::uint32_t*>(m.payload.data());
+    for (const auto& t : tables_) {
+      if (p[0] != t.spec.rows || p[1] != t.spec.width) return false;
+      p += 2;
+    }
+    return true;
+  }
+
+  // Validates table, width and rows of a push/pull against this shard.
+  std::error_code check_rows(const message& m, std::string& detail) const {
+    const auto& h = m.header;
+    if (h.table >= tables_.size()) {
+      detail = " (got " + std::to_string(h.table) + ")";
+      return errc::bad_table;
+    }
+    const auto& t = tables_[h.table];
+    if (h.type != message_type::pull && h.width != t.spec.width) {
+      detail = " (got " + std::to_string(h.width) + ", table " + std::to_string(h.table) +
+               " has " + std::to_string(t.spec.width) + ")";
+      return errc::bad_width;
+    }
+    if (h.has(frame_flags::range)) {
+      if (h.first_row < t.range.begin || h.first_row + h.row_count > t.range.end) {
+        detail = " (rows [" + std::to_string(h.first_row) + ", " +
+                 std::to_string(h.first_row + h.row_count) + ") vs shard rows [" +
+                 std::to_string(t.range.begin) + ", " + std::to_string(t.range.end) + "))";
+        return errc::bad_row_range;
+      }
+    } else {
+      for (row_id k : payload_keys(m)) {
+        if (!t.range.contains(k)) {
+          detail = " (row " + std::to_string(k) + " vs shard rows [" +
+                   std::to_string(t.range.begin) + ", " + std::to_string(t.range.end) + "))";
+          return errc::bad_row_range;
+        }
+      }
+    }
+    return {};
+  }
+
+  std::error_code dispatch(session& s, message& m, std::string& detail) {
+    const auto& h = m.header;
+    switch (h.type) {
+      case message_type::push: {
+        if (h.sender != s.worker) {
+          detail = " (got " + std::to_string(h.sender) + " on the connection of worker " +
+                   std::to_string(s.worker) + ")";
+          return errc::bad_sender;
+        }
+        if (auto ec = check_rows(m, detail)) return ec;
+        const auto grad = payload_floats(m);
+        if (!Eigen::Map<const Eigen::ArrayXf>(grad.data(), static_cast<Eigen::Index>(grad.size()))
+                 .allFinite())
+          return errc::non_finite_value;
+        if (h.has(frame_flags::end_of_clock) && h.clock + 1 <= clocks_[s.worker]) {
+          detail = " (clock " + std::to_string(h.clock) + " already completed)";
+          return errc::unexpected_message;
+        }
+        apply(m);
+        ++applied_[s.worker][h.table];
+        ++stats_.pushes;
+        if (h.has(frame_flags::want_ack)) {
+          message a;
+          a.header.type = message_type::ack;
+          a.header.sender = opts_.shard;
+          a.header.table = h.table;
+          a.header.seq = h.seq;
+          enqueue(s, std::move(a));
+        }
+        if (h.has(frame_flags::end_of_clock)) advance(s.worker, h.clock + 1);
+        return {};
+      }
+      case message_type::clock:
+        if (h.sender != s.worker) return errc::bad_sender;
+        if (h.clock + 1 <= clocks_[s.worker]) {
+          detail = " (clock " + std::to_string(h.clock) + " already completed)";
+          return errc::unexpected_message;
+        }
+        advance(s.worker, h.clock + 1);
+        return {};
+      case message_type::pull: {
+        if (auto ec = check_rows(m, detail)) return ec;
+        if (server_clock_ >= h.clock) {
+          answer(s, m, false);
+        } else {
+          ++stats_.deferred_pulls;
+          pending_.push_back(pending_pull{&s, std::move(m)});
+        }
+        return {};
+      }
+      case message_type::heartbeat: return {};
+      case message_type::bye: close_after_flush(s); return {};
+      case message_type::error: {
+        const std::string_view reason(reinterpret_cast<const char*>(m.payload.data()),
+                                      m.payload.size());
+        log(who(s) + " reported an error: " + std::string(reason));
+        close_after_flush(s);
+        return {};
+      }
+      default:
+        detail = " (type " + std::to_string(static_cast<int>(h.type)) + " from a worker)";
+        return errc::unexpected_message;
+    }
+  }
+
+  void apply(const message& m) {
+    const auto& h = m.header;
+    auto& t = tables_[h.table];
+    const auto grad = payload_floats(m);
+    const std::uint32_t w = t.spec.width;
+    ++t.step;
+    if (h.has(frame_flags::range)) {
+      const std::size_t off = std::size_t{static_cast<row_id>(h.first_row) - t.range.begin} * w;
+      apply_rows(t, off, std::size_t{h.row_count} * w, grad.data());
+    } else {
+      const auto keys = payload_keys(m);
+      for (std::uint32_t i = 0; i < h.row_count; ++i)
+        apply_rows(t, std::size_t{keys[i] - t.range.begin} * w, w, grad.data() + std::size_t{i} * w);
+    }
+    if constexpr (requires(typename Recovery::server_part& p) {
+                    p.on_update(h.table, h.first_row, h.row_count, grad);
+                  }) {
+      recovery_.on_update(h.table, h.first_row, h.row_count, grad);
+    }
+  }
+
+  void apply_rows(table_state& t, std::size_t off, std::size_t n, const float* g) {
+    optimizer_state<Optimizer::state_per_param> st{};
+    for (std::size_t k = 0; k < Optimizer::state_per_param; ++k)
+      st[k] = std::span<float>(t.state.data() + k * t.values.size() + off, n);
+    optimizer_.apply(std::span<float>(t.values.data() + off, n), std::span<const float>(g, n), st,
+                     t.step);
+  }
+
+  // Replies to a pull (or pushes eagerly) with the requested rows as of the server clock.
+  void answer(session& s, const message& req, bool eager) {
+    const auto& h = req.header;
+    send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, payload_keys(req),
+              eager);
+    if (!eager) ++stats_.pulls;
+    if constexpr (Consistency::eager) {
+      if (!eager) subscribe(s, req);
+    }
+  }
+
+  void send_rows(session& s, table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
+                 std::span<const row_id> keys, bool eager) {
+    const auto& t = tables_[tid];
+    const std::uint32_t w = t.spec.width;
+    const std::size_t kb = ranged ? 0 : key_bytes(count);
+    message r;
+    r.header.type = message_type::rows;
+    r.header.flags = static_cast<std::uint8_t>((ranged ? frame_flags::range : 0) |
+                                               (eager ? frame_flags::eager : 0));
+    r.header.sender = opts_.shard;
+    r.header.table = tid;
+    r.header.clock = server_clock_;
+    r.header.seq = s.worker == no_worker ? 0 : applied_[s.worker][tid];
+    r.header.row_count = count;
+    r.header.width = w;
+    r.header.first_row = ranged ? first : 0;
+    r.payload = transport_.allocate(kb + std::size_t{count} * w * sizeof(float));
+    auto* out = reinterpret_cast<float*>(r.payload.data() + kb);
+    if (ranged) {
+      std::memcpy(out, t.values.data() + std::size_t{static_cast<row_id>(first) - t.range.begin} * w,
+                  std::size_t{count} * w * sizeof(float));
+    } else {
+      if (kb != 0) {
+        std::memset(r.payload.data(), 0, kb);
+        std::memcpy(r.payload.data(), keys.data(), keys.size() * sizeof(row_id));
+      }
+      for (std::uint32_t i = 0; i < count; ++i)
+        std::memcpy(out + std::size_t{i} * w,
+                    t.values.data() + std::size_t{keys[i] - t.range.begin} * w, w * sizeof(float));
+    }
+    enqueue(s, std::move(r));
+  }
+
+  void subscribe(session& s, const message& req) {
+    auto& sub = s.subs[req.header.table];
+    if (req.header.has(frame_flags::range)) {
+      const key_range r{static_cast<row_id>(req.header.first_row),
+                        static_cast<row_id>(req.header.first_row + req.header.row_count)};
+      sub.range = sub.ranged ? key_range{std::min(sub.range.begin, r.begin),
+                                         std::max(sub.range.end, r.end)}
+                             : r;
+      sub.ranged = true;
+    } else {
+      const auto keys = payload_keys(req);
+      sub.keys.insert(sub.keys.end(), keys.begin(), keys.end());
+      std::sort(sub.keys.begin(), sub.keys.end());
+      sub.keys.erase(std::unique(sub.keys.begin(), sub.keys.end()), sub.keys.end());
+    }
+  }
+
+  void advance(std::uint32_t worker, clock_value c) {
+    clocks_[worker] = c;
+    const clock_value m = *std::min_element(clocks_.begin(), clocks_.end());
+    if (m <= server_clock_) return;
+    server_clock_ = m;
+    if constexpr (requires(typename Recovery::server_part& p) { p.on_clock(m); }) {
+      recovery_.on_clock(m);
+    }
+    // Answer pulls that are now satisfiable, in arrival order.
+    std::size_t keep = 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i) {
+      auto& p = pending_[i];
+      if (server_clock_ >= p.request.header.clock && p.s->open) {
+        answer(*p.s, p.request, false);
+      } else if (p.s->open) {
+        if (keep != i) pending_[keep] = std::move(p);
+        ++keep;
+      }
+    }
+    pending_.resize(keep);
+    if constexpr (Consistency::eager) {
+      for (auto& s : sessions_) {
+        if (!s.open || s.worker == no_worker) continue;
+        for (table_id t = 0; t < s.subs.size(); ++t) {
+          const auto& sub = s.subs[t];
+          if (sub.ranged) {
+            send_rows(s, t, true, sub.range.begin, sub.range.size(), {}, true);
+            ++stats_.eager_messages;
+          }
+          if (!sub.keys.empty()) {
+            send_rows(s, t, false, 0, static_cast<std::uint32_t>(sub.keys.size()), sub.keys, true);
+            ++stats_.eager_messages;
+          }
+        }
+      }
+    }
+  }
+
+  Transport& transport_;
+  server_options opts_;
+  [[no_unique_address]] Optimizer optimizer_;
+  [[no_unique_address]] typename Recovery::server_part recovery_{};
+  std::vector<table_state> tables_;
+  std::vector<clock_value> clocks_;
+  std::vector<std::vector<std::uint64_t>> applied_;  // [worker][table] pushes applied
+  std::vector<session*> registered_;
+  clock_value server_clock_ = 0;
+  std::list<session> sessions_;
+  std::vector<pending_pull> pending_;
+  asio::steady_timer done_;
+  typename Transport::acceptor_type* acceptor_ = nullptr;
+  bool stopped_ = false;
+  server_stats stats_{};
+};
+
+}  // namespace asyncps

@@ -1,0 +1,138 @@
+// asyncps — parameter tables, key ranges and shards.
+//
+// Parameters are tables of rows: each table is `rows x width` float32, row-major, addressed
+// by (table, row). Servers own contiguous row ranges (shards) of every table: shard `s` of
+// `S` owns rows [floor(rows*s/S), floor(rows*(s+1)/S)). A dense model is one or a few tables;
+// matrix factorization or embeddings use sparse row sets of large tables.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <Eigen/Core>
+
+namespace asyncps {
+
+/// Index of a row inside a table.
+using row_id = std::uint32_t;
+/// Index of a table.
+using table_id = std::uint32_t;
+/// A logical clock: the number of iterations a worker has completed (0 at start).
+using clock_value = std::int64_t;
+
+/// Shape of one parameter table. `init_scale` > 0 initialises every value uniformly in
+/// [-init_scale, init_scale] from a generator seeded by (seed, table, row), so the initial
+/// state does not depend on how the table is sharded; 0 initialises to zeros.
+struct table_spec {
+  table_id id = 0;          ///< must equal the table's index in its layout
+  std::uint32_t rows = 0;   ///< number of rows (> 0)
+  std::uint32_t width = 0;  ///< floats per row (> 0)
+  float init_scale = 0.0f;  ///< see above
+
+  /// Number of floats in the table.
+  constexpr std::size_t size() const noexcept { return std::size_t{rows} * width; }
+  friend constexpr bool operator==(const table_spec&, const table_spec&) = default;
+};
+
+/// A half-open range of rows [begin, end) of one table.
+struct key_range {
+  row_id begin = 0;
+  row_id end = 0;
+  constexpr std::uint32_t size() const noexcept { return end - begin; }
+  constexpr bool empty() const noexcept { return end <= begin; }
+  constexpr bool contains(row_id r) const noexcept { return r >= begin && r < end; }
+  friend constexpr bool operator==(const key_range&, const key_range&) = default;
+};
+
+/// The rows of a `rows`-row table owned by `shard` of `num_shards` (balanced contiguous split).
+/// Preconditions: `num_shards > 0`, `shard < num_shards`. Complexity: O(1).
+constexpr key_range shard_range(std::uint32_t rows, std::uint32_t shard,
+                                std::uint32_t num_shards) noexcept {
+  const auto r = std::uint64_t{rows};
+  return {static_cast<row_id>(r * shard / num_shards),
+          static_cast<row_id>(r * (shard + 1) / num_shards)};
+}
+
+/// The shard that owns row `row` of a `rows`-row table split `num_shards` ways.
+/// Preconditions: `row < rows`, `num_shards > 0`. Complexity: O(1).
+constexpr std::uint32_t shard_of(std::uint32_t rows, row_id row,
+                                 std::uint32_t num_shards) noexcept {
+  // The inverse of shard_range: the largest s with floor(rows*s/S) <= row.
+  auto s = static_cast<std::uint32_t>((std::uint64_t{row} * num_shards + num_shards - 1) / rows);
+  while (s > 0 && shard_range(rows, s, num_shards).begin > row) --s;
+  while (s + 1 < num_shards && shard_range(rows, s + 1, num_shards).begin <= row) ++s;
+  return s;
+}
+
+/// Row-major float matrix type used for table views.
+using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// A read-only view of a model's tables laid out table-major in one contiguous float array
+/// (table 0's rows, then table 1's rows, ...). Non-owning; valid while the storage it was made
+/// from is. Thread safety: concurrent reads are safe.
+class parameter_view {
+ public:
+  parameter_view() = default;
+  /// `data` holds sum(tables[i].size()) floats; `tables` must outlive the view.
+  parameter_view(std::span<const table_spec> tables, const float* data) noexcept
+      : tables_(tables), data_(data) {}
+
+  /// The layout this view was made with.
+  std::span<const table_spec> tables() const noexcept { return tables_; }
+  /// Table `t` as a `rows x width` row-major matrix. Precondition: `t < tables().size()`.
+  Eigen::Map<const row_matrix> table(table_id t) const noexcept {
+    return {data_ + offset(t), tables_[t].rows, tables_[t].width};
+  }
+  /// Table `t` as a flat span of `rows * width` floats.
+  std::span<const float> span(table_id t) const noexcept {
+    return {data_ + offset(t), tables_[t].size()};
+  }
+
+ private:
+  std::size_t offset(table_id t) const noexcept {
+    std::size_t off = 0;
+    for (table_id i = 0; i < t; ++i) off += tables_[i].size();
+    return off;
+  }
+  std::span<const table_spec> tables_{};
+  const float* data_ = nullptr;
+};
+
+/// A writable view of a gradient laid out like `parameter_view`. The worker hands one to
+/// `model::compute_gradient`; it maps the pooled buffer that is then pushed without a copy.
+/// Every value must be written (the buffer is not zeroed). Thread safety: not shared.
+class gradient_view {
+ public:
+  gradient_view() = default;
+  gradient_view(std::span<const table_spec> tables, float* data) noexcept
+      : tables_(tables), data_(data) {}
+
+  std::span<const table_spec> tables() const noexcept { return tables_; }
+  /// Table `t` as a writable `rows x width` row-major matrix.
+  Eigen::Map<row_matrix> table(table_id t) const noexcept {
+    return {data_ + offset(t), tables_[t].rows, tables_[t].width};
+  }
+  /// Table `t` as a flat writable span of `rows * width` floats.
+  std::span<float> span(table_id t) const noexcept {
+    return {data_ + offset(t), tables_[t].size()};
+  }
+
+ private:
+  std::size_t offset(table_id t) const noexcept {
+    std::size_t off = 0;
+    for (table_id i = 0; i < t; ++i) off += tables_[i].size();
+    return off;
+  }
+  std::span<const table_spec> tables_{};
+  float* data_ = nullptr;
+};
+
+/// Total number of floats in a layout.
+constexpr std::size_t layout_size(std::span<const table_spec> tables) noexcept {
+  std::size_t n = 0;
+  for (const auto& t : tables) n += t.size();
+  return n;
+}
+
+}  // namespace asyncps

@@ -1,0 +1,262 @@
+// asyncps — in-process transport: connections are pairs of bounded channels that move
+// `message`s (and so their pooled buffers) between coroutines of one process. No bytes are
+// copied and no checksum is computed (nothing can corrupt a moved buffer); headers are still
+// validated against the limits so behaviour matches the TCP transport.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+#include <tuple>
+#include <utility>
+
+#include <asio/any_io_executor.hpp>
+#include <asio/experimental/concurrent_channel.hpp>
+
+#include "asyncps/buffer.hpp"
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/options.hpp"
+#include "asyncps/result.hpp"
+#include "asyncps/transport.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps {
+
+/// The shared "network" of in-process transports: a registry of listening names, the pipes
+/// between connected pairs, and the buffer pool every in-process message uses.
+///
+/// Preconditions: outlives every `in_process_transport`, connection, acceptor and buffer made
+/// from it. Thread safety: all members may be used concurrently from any threads.
+class in_process_network {
+ public:
+  /// `channel_capacity`: messages buffered per direction before a send waits (backpressure).
+  explicit in_process_network(std::size_t channel_capacity = 64,
+                              std::size_t pool_cache_bytes = std::size_t{1} << 30)
+      : capacity_(channel_capacity), pool_(pool_cache_bytes) {}
+  in_process_network(const in_process_network&) = delete;
+  in_process_network& operator=(const in_process_network&) = delete;
+
+  buffer_pool& pool() noexcept { return pool_; }
+
+ private:
+  friend class in_process_transport;
+  using channel = asio::experimental::concurrent_channel<void(std::error_code, message)>;
+  using accept_channel = asio::experimental::concurrent_channel<void(std::error_code, void*)>;
+
+  struct pipe {
+    pipe(const asio::any_io_executor& ex, std::size_t cap) : dir{channel(ex, cap), channel(ex, cap)} {}
+    channel dir[2];  // dir[0]: connector -> acceptor, dir[1]: acceptor -> connector
+    std::atomic<int> alive{2};
+    std::list<pipe>::iterator self;
+  };
+  struct listener {
+    listener(const asio::any_io_executor& ex, std::size_t cap) : pending(ex, cap) {}
+    accept_channel pending;
+  };
+
+  pipe* make_pipe(const asio::any_io_executor& ex) {
+    std::lock_guard lock(mutex_);
+    auto it = pipes_.emplace(pipes_.end(), ex, capacity_);
+    it->self = it;
+    return &*it;
+  }
+  void release(pipe* p) noexcept {
+    if (p->alive.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard lock(mutex_);
+      pipes_.erase(p->self);
+    }
+  }
+
+  std::size_t capacity_;
+  buffer_pool pool_;
+  std::mutex mutex_;
+  std::list<pipe> pipes_;
+  std::map<std::string, listener*, std::less<>> listeners_;
+};
+
+/// One node's endpoint on an `in_process_network`. Models `asyncps::transport`; endpoints
+/// are names (`std::string`).
+class in_process_transport {
+ public:
+  using executor_type = asio::any_io_executor;
+  using endpoint_type = std::string;
+
+  /// One end of an in-process pipe. Models `asyncps::connection`.
+  class connection {
+   public:
+    connection() = default;
+    connection(connection&& o) noexcept
+        : net_(std::exchange(o.net_, nullptr)), pipe_(std::exchange(o.pipe_, nullptr)),
+          side_(o.side_), limits_(o.limits_), open_(std::exchange(o.open_, false)) {}
+    connection& operator=(connection&& o) noexcept {
+      if (this != &o) {
+        reset();
+        net_ = std::exchange(o.net_, nullptr);
+        pipe_ = std::exchange(o.pipe_, nullptr);
+        side_ = o.side_;
+        limits_ = o.limits_;
+        open_ = std::exchange(o.open_, false);
+      }
+      return *this;
+    }
+    ~connection() { reset(); }
+
+    /// Moves `m` into the peer's queue (waits while it is full). Errors:
+    /// `errc::connection_closed` when either side closed.
+    asio::awaitable<std::error_code> async_send(message m) {
+      if (!open_) co_return make_error_code(errc::connection_closed);
+      m.header.payload_bytes = m.payload.size();
+      auto [ec] = co_await pipe_->dir[side_].async_send(std::error_code{}, std::move(m),
+                                                       detail::use_tuple);
+      if (ec) {
+        close();
+        co_return make_error_code(errc::connection_closed);
+      }
+      co_return std::error_code{};
+    }
+
+    /// The next message. Errors: `errc::connection_closed`, or a `validate_header` error.
+    asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
+      if (!open_) co_return std::tuple{make_error_code(errc::connection_closed), message{}};
+      auto [ec, m] = co_await pipe_->dir[1 - side_].async_receive(detail::use_tuple);
+      if (ec) {
+        close();
+        co_return std::tuple{make_error_code(errc::connection_closed), message{}};
+      }
+      if (auto v = validate_header(m.header, limits_)) {
+        co_return std::tuple{v, message{}};  // the owner decides to close (as with TCP)
+      }
+      co_return std::tuple{std::error_code{}, std::move(m)};
+    }
+
+    /// Closes both directions: the peer receives `connection_closed` after the messages
+    /// already queued to it; outstanding operations complete with `connection_closed`.
+    void close() noexcept {
+      if (!open_) return;
+      open_ = false;
+      // Tell the peer (after what is already queued), then stop listening.
+      if (!pipe_->dir[side_].try_send(make_error_code(errc::connection_closed), message{}))
+        pipe_->dir[side_].close();
+      pipe_->dir[1 - side_].close();
+    }
+    bool is_open() const noexcept { return open_; }
+
+   private:
+    friend class in_process_transport;
+    connection(in_process_network& n, in_process_network::pipe* p, int side, wire_limits lim)
+        : net_(&n), pipe_(p), side_(side), limits_(lim), open_(true) {}
+    void reset() noexcept {
+      close();
+      if (pipe_ != nullptr) net_->release(pipe_);
+      pipe_ = nullptr;
+    }
+    in_process_network* net_ = nullptr;
+    in_process_network::pipe* pipe_ = nullptr;
+    int side_ = 0;
+    wire_limits limits_{};
+    bool open_ = false;
+  };
+
+  /// A listening name. Models `asyncps::acceptor<connection>`.
+  class acceptor {
+   public:
+    acceptor(acceptor&& o) noexcept = default;
+    acceptor& operator=(acceptor&& o) noexcept = default;
+    ~acceptor() { close(); }
+
+    asio::awaitable<std::tuple<std::error_code, connection>> async_accept() {
+      if (!listener_) co_return std::tuple{make_error_code(errc::stopped), connection{}};
+      auto [ec, p] = co_await listener_->pending.async_receive(detail::use_tuple);
+      if (ec) co_return std::tuple{make_error_code(errc::stopped), connection{}};
+      co_return std::tuple{
+          std::error_code{},
+          connection{*transport_->net_, static_cast<in_process_network::pipe*>(p), 1,
+                     transport_->limits_}};
+    }
+    /// Unregisters the name; later connects fail with `connection_refused`.
+    void close() noexcept {
+      if (!listener_) return;
+      {
+        std::lock_guard lock(transport_->net_->mutex_);
+        transport_->net_->listeners_.erase(name_);
+      }
+      listener_->pending.close();
+      // Connections that were queued but never accepted are dropped by their connector's
+      // failing sends; their pipes are released here.
+      while (listener_->pending.try_receive([this](std::error_code, void* p) {
+        auto* pp = static_cast<in_process_network::pipe*>(p);
+        pp->dir[0].close();
+        pp->dir[1].close();
+        transport_->net_->release(pp);
+      })) {
+      }
+      listener_.reset();
+    }
+
+   private:
+    friend class in_process_transport;
+    acceptor(in_process_transport& t, std::string name,
+             std::unique_ptr<in_process_network::listener> l)
+        : transport_(&t), name_(std::move(name)), listener_(std::move(l)) {}
+    in_process_transport* transport_;
+    std::string name_;
+    std::unique_ptr<in_process_network::listener> listener_;
+  };
+
+  using connection_type = connection;
+  using acceptor_type = acceptor;
+
+  in_process_transport(executor_type ex, in_process_network& net, wire_limits limits = {})
+      : executor_(std::move(ex)), net_(&net), limits_(limits) {}
+  in_process_transport(const in_process_transport&) = delete;
+  in_process_transport& operator=(const in_process_transport&) = delete;
+
+  executor_type get_executor() const noexcept { return executor_; }
+  const wire_limits& limits() const noexcept { return limits_; }
+
+  /// Registers `name`. Errors: `std::errc::address_in_use` when it is taken.
+  result<acceptor> listen(const endpoint_type& name) {
+    auto l = std::make_unique<in_process_network::listener>(executor_, net_->capacity_);
+    std::lock_guard lock(net_->mutex_);
+    if (!net_->listeners_.emplace(name, l.get()).second)
+      return std::make_error_code(std::errc::address_in_use);
+    return acceptor{*this, name, std::move(l)};
+  }
+
+  /// Connects to `name`. Errors: `std::errc::connection_refused` when nobody listens.
+  asio::awaitable<std::tuple<std::error_code, connection>> async_connect(endpoint_type name) {
+    in_process_network::pipe* p = net_->make_pipe(executor_);
+    std::error_code ec = std::make_error_code(std::errc::connection_refused);
+    {
+      std::lock_guard lock(net_->mutex_);
+      auto it = net_->listeners_.find(name);
+      if (it != net_->listeners_.end() &&
+          it->second->pending.try_send(std::error_code{}, static_cast<void*>(p)))
+        ec = {};
+    }
+    if (ec) {
+      net_->release(p);
+      net_->release(p);
+      co_return std::tuple{ec, connection{}};
+    }
+    co_return std::tuple{std::error_code{}, connection{*net_, p, 0, limits_}};
+  }
+
+  /// A buffer from the network's pool. Thread safety: any thread.
+  buffer allocate(std::size_t bytes) { return net_->pool().allocate(bytes); }
+
+ private:
+  executor_type executor_;
+  in_process_network* net_;
+  wire_limits limits_;
+};
+
+static_assert(transport<in_process_transport>);
+
+}  // namespace asyncps

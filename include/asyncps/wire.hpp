@@ -1,0 +1,224 @@
+// asyncps — the wire format: a fixed 64-byte little-endian header followed by a payload that,
+// for push and rows messages, is the float32 array itself.
+//
+//   offset size field          meaning
+//   0      4    magic          "APS1" (0x31535041)
+//   4      2    version        wire_version
+//   6      1    type           message_type
+//   7      1    flags          frame_flags bits
+//   8      4    sender         worker id (worker -> server) or shard id (server -> worker)
+//   12     4    table          table id
+//   16     8    clock          sender's clock (push/clock), min server clock wanted (pull),
+//                               server clock (rows/welcome)
+//   24     8    seq            push: per-connection sequence number (acks echo it);
+//                               rows: how many of the receiver's pushes to this table are applied
+//   32     4    row_count      rows in this frame
+//   36     4    width          floats per row
+//   40     8    first_row      first row when flags has `range` (else 0); welcome: the
+//                               receiving worker's clock as recorded by the server
+//   48     8    payload_bytes  bytes that follow the header
+//   56     8    checksum       XXH3-64 of header bytes [0,56) (seeding) and the payload
+//
+// Payloads: push/rows = [keys: row_count x u32, padded to 16 bytes, only without `range`]
+// followed by row_count x width float32 (little-endian IEEE-754); pull = keys (sparse) or
+// nothing (range); hello/welcome = the table layout as (rows, width) u32 pairs; error = UTF-8
+// reason; clock/ack/heartbeat/bye = nothing.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <system_error>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+#undef XXH_INLINE_ALL
+
+#include "asyncps/buffer.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/options.hpp"
+
+namespace asyncps {
+
+static_assert(std::endian::native == std::endian::little,
+              "asyncps: the wire format and float payloads are little-endian; big-endian hosts "
+              "are not supported");
+
+inline constexpr std::uint32_t wire_magic = 0x31535041;  // bytes 'A' 'P' 'S' '1'
+inline constexpr std::uint16_t wire_version = 1;
+inline constexpr std::size_t header_size = 64;
+
+/// Message types (header field `type`).
+enum class message_type : std::uint8_t {
+  hello = 1,  ///< worker -> server: handshake; sender = worker id, payload = layout
+  welcome,    ///< server -> worker: handshake reply; sender = shard, table = num_shards,
+              ///< clock = server clock, payload = layout
+  push,       ///< worker -> server: gradient rows
+  pull,       ///< worker -> server: request rows; first_row/keys say which; clock = min
+              ///< server clock the rows must reflect
+  rows,       ///< server -> worker: row values as of server clock `clock`
+  clock,      ///< worker -> server: sender finished clock `clock` (now at `clock + 1`)
+  ack,        ///< server -> worker: pushes up to `seq` are applied
+  heartbeat,  ///< either way: liveness
+  bye,        ///< either way: orderly close
+  error,      ///< either way: the peer is closing because of the UTF-8 reason in the payload
+};
+inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::error);
+
+/// Bits of header field `flags`.
+struct frame_flags {
+  static constexpr std::uint8_t range = 1;  ///< rows are [first_row, first_row + row_count)
+  static constexpr std::uint8_t end_of_clock = 2;  ///< push: the sender's last push of its clock
+  static constexpr std::uint8_t want_ack = 4;      ///< push: reply with an ack
+  static constexpr std::uint8_t eager = 8;         ///< rows: pushed by the server unrequested
+  static constexpr std::uint8_t all = 15;
+};
+
+/// A decoded frame header (host representation).
+struct frame_header {
+  message_type type = message_type::heartbeat;
+  std::uint8_t flags = 0;
+  std::uint32_t sender = 0;
+  std::uint32_t table = 0;
+  std::int64_t clock = 0;
+  std::uint64_t seq = 0;
+  std::uint32_t row_count = 0;
+  std::uint32_t width = 0;
+  std::uint64_t first_row = 0;
+  std::uint64_t payload_bytes = 0;
+  std::uint64_t checksum = 0;
+  std::uint16_t version = wire_version;
+  std::uint32_t magic = wire_magic;
+
+  constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
+};
+
+/// One framed message: header + payload (a pooled buffer; zero-copy).
+struct message {
+  frame_header header;
+  buffer payload;
+};
+
+/// Bytes taken by `row_count` u32 keys, padded to 16 bytes (0 for range frames).
+constexpr std::uint64_t key_bytes(std::uint32_t row_count) noexcept {
+  return (std::uint64_t{row_count} * 4 + 15) / 16 * 16;
+}
+
+/// The payload size a header implies for fixed-shape messages, or -1 when it is variable
+/// (hello/welcome/error). Used to reject `payload_bytes` that disagree with the shape.
+constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
+  const std::uint64_t keys = h.has(frame_flags::range) ? 0 : key_bytes(h.row_count);
+  switch (h.type) {
+    case message_type::push:
+    case message_type::rows:
+      return static_cast<std::int64_t>(keys + std::uint64_t{h.row_count} * h.width * 4);
+    case message_type::pull: return static_cast<std::int64_t>(keys);
+    case message_type::hello:
+    case message_type::welcome: return static_cast<std::int64_t>(std::uint64_t{h.row_count} * 8);
+    case message_type::error: return -1;
+    default: return 0;
+  }
+}
+
+namespace detail {
+template <class T>
+void store_le(std::byte* p, T v) noexcept {
+  std::memcpy(p, &v, sizeof(T));  // host is little-endian (static_assert above)
+}
+template <class T>
+T load_le(const std::byte* p) noexcept {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+}  // namespace detail
+
+/// Checksum of a header's first 56 encoded bytes and a payload (XXH3-64).
+inline std::uint64_t frame_checksum(std::span<const std::byte, header_size> encoded,
+                                    std::span<const std::byte> payload) noexcept {
+  const XXH64_hash_t seed = XXH3_64bits(encoded.data(), 56);
+  return XXH3_64bits_withSeed(payload.data(), payload.size(), seed);
+}
+
+/// Encodes `h` into `out`. When `payload` is given the checksum is computed over it and
+/// written into both `out` and `h.checksum`; otherwise `h.checksum` is written as is.
+inline void encode_header(frame_header& h, std::span<std::byte, header_size> out,
+                          std::span<const std::byte> payload, bool compute_checksum) noexcept {
+  using detail::store_le;
+  std::byte* p = out.data();
+  store_le(p + 0, h.magic);
+  store_le(p + 4, h.version);
+  store_le(p + 6, static_cast<std::uint8_t>(h.type));
+  store_le(p + 7, h.flags);
+  store_le(p + 8, h.sender);
+  store_le(p + 12, h.table);
+  store_le(p + 16, h.clock);
+  store_le(p + 24, h.seq);
+  store_le(p + 32, h.row_count);
+  store_le(p + 36, h.width);
+  store_le(p + 40, h.first_row);
+  store_le(p + 48, h.payload_bytes);
+  if (compute_checksum) h.checksum = frame_checksum(out, payload);
+  store_le(p + 56, h.checksum);
+}
+
+/// Decodes the 64 header bytes without validating them (see `validate_header`).
+inline frame_header decode_header(std::span<const std::byte, header_size> in) noexcept {
+  using detail::load_le;
+  const std::byte* p = in.data();
+  frame_header h;
+  h.magic = load_le<std::uint32_t>(p + 0);
+  h.version = load_le<std::uint16_t>(p + 4);
+  h.type = static_cast<message_type>(load_le<std::uint8_t>(p + 6));
+  h.flags = load_le<std::uint8_t>(p + 7);
+  h.sender = load_le<std::uint32_t>(p + 8);
+  h.table = load_le<std::uint32_t>(p + 12);
+  h.clock = load_le<std::int64_t>(p + 16);
+  h.seq = load_le<std::uint64_t>(p + 24);
+  h.row_count = load_le<std::uint32_t>(p + 32);
+  h.width = load_le<std::uint32_t>(p + 36);
+  h.first_row = load_le<std::uint64_t>(p + 40);
+  h.payload_bytes = load_le<std::uint64_t>(p + 48);
+  h.checksum = load_le<std::uint64_t>(p + 56);
+  return h;
+}
+
+/// Validates every header field that can be checked without knowing the receiver's tables:
+/// magic, version, type, flags, limits, and that `payload_bytes` matches the shape.
+/// Errors: `errc::bad_magic`, `unsupported_version`, `bad_message_type`, `bad_flags`,
+/// `frame_too_large`, `too_many_rows`, `bad_width`, `payload_size_mismatch`.
+/// Complexity: O(1). Thread safety: pure.
+inline std::error_code validate_header(const frame_header& h, const wire_limits& lim) noexcept {
+  if (h.magic != wire_magic) return errc::bad_magic;
+  if (h.version != wire_version) return errc::unsupported_version;
+  const auto t = static_cast<std::uint8_t>(h.type);
+  if (t == 0 || t > max_message_type) return errc::bad_message_type;
+  if ((h.flags & ~frame_flags::all) != 0) return errc::bad_flags;
+  if (h.payload_bytes > lim.max_frame_bytes) return errc::frame_too_large;
+  const bool layout = h.type == message_type::hello || h.type == message_type::welcome;
+  if (layout ? h.row_count > lim.max_tables : h.row_count > lim.max_rows)
+    return errc::too_many_rows;
+  if (h.width > lim.max_width) return errc::bad_width;
+  const std::int64_t expected = expected_payload_bytes(h);
+  if (expected >= 0 && static_cast<std::uint64_t>(expected) != h.payload_bytes)
+    return errc::payload_size_mismatch;
+  return {};
+}
+
+/// The float rows of a push/rows message's payload (after the keys, if any).
+inline std::span<const float> payload_floats(const message& m) noexcept {
+  const std::uint64_t off = m.header.has(frame_flags::range) ? 0 : key_bytes(m.header.row_count);
+  const auto bytes = m.payload.bytes().subspan(off);
+  return {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)};
+}
+
+/// The u32 row keys of a sparse push/rows/pull payload (empty for range frames).
+inline std::span<const std::uint32_t> payload_keys(const message& m) noexcept {
+  if (m.header.has(frame_flags::range)) return {};
+  return {reinterpret_cast<const std::uint32_t*>(m.payload.data()), m.header.row_count};
+}
+
+}  // namespace asyncps

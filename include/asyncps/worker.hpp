@@ -1,0 +1,514 @@
+// asyncps — basic_worker: the pull -> gradient -> push -> clock loop of one worker.
+//
+// A worker connects to every shard, keeps a local cache of all tables stamped with the server
+// clock each part reflects, and per clock: asks its consistency policy whether each cached
+// part may be read (pulling or waiting when not), snapshots the cache, computes the gradient
+// straight into a pooled buffer (on the compute executor, so I/O continues meanwhile), applies
+// it to its own cache (read-my-writes), and pushes each shard's slice of that same buffer
+// without copying it, the last push of a shard marking the end of the clock.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+#include <asio/any_io_executor.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include "asyncps/consistency.hpp"
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/model.hpp"
+#include "asyncps/recovery.hpp"
+#include "asyncps/recovery/none.hpp"
+#include "asyncps/server.hpp"
+#include "asyncps/staleness.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/transport.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps {
+
+/// What a worker reports after each clock (see `worker_options::on_clock`).
+struct clock_report {
+  std::uint32_t worker = 0;  ///< worker id
+  clock_value clock = 0;     ///< the clock just completed
+  float loss = 0;            ///< the minibatch loss `compute_gradient` returned
+  parameter_view params;     ///< the snapshot the gradient was computed on (valid during the call)
+};
+
+/// Configuration of one worker.
+template <class Endpoint>
+struct worker_options {
+  std::uint32_t id = 0;            ///< worker id, < the servers' num_workers
+  std::vector<Endpoint> servers;   ///< shard s listens at servers[s]
+  /// Learning rate used to apply the worker's own gradient to its cache (read-my-writes,
+  /// as Bösen's oplog does). Negative: use the server optimizer's `local_step()` value the
+  /// user passes in; 0 disables. Exact when it equals the server's SGD learning rate.
+  float local_step = 0.0f;
+  /// Longest wait for rows (or for a connection at start) before failing with `errc::timeout`.
+  std::chrono::milliseconds wait_timeout{std::chrono::seconds(60)};
+  /// How long to keep retrying the first connection to a server (servers may start later).
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
+  /// Called on the worker's executor after each clock (evaluation, progress). May be empty.
+  std::function<void(const clock_report&)> on_clock;
+  log_function log;  ///< connection events; empty: stderr
+};
+
+/// Counters of a worker (read on its executor).
+struct worker_stats {
+  std::uint64_t clocks = 0;          ///< clocks completed
+  std::uint64_t pushes = 0;          ///< push messages sent
+  std::uint64_t pulls = 0;           ///< pull requests sent
+  std::uint64_t rows_messages = 0;   ///< rows messages received (replies and eager pushes)
+  std::uint64_t eager_messages = 0;  ///< of which pushed by the server unrequested
+  std::uint64_t bytes_out = 0;       ///< payload bytes sent
+  std::uint64_t bytes_in = 0;        ///< payload bytes received
+  double wait_seconds = 0;           ///< time blocked waiting for fresh rows
+  double compute_seconds = 0;        ///< time in `compute_gradient`
+};
+
+/// One worker.
+///
+/// Template parameters: `Model` (models `model`), `Transport` (models `transport`),
+/// `Consistency` (models `consistency_policy`, same as the servers'), `Recovery` (models
+/// `recovery_policy`, same as the servers').
+///
+/// Thread safety: call every member on `transport.get_executor()` (a strand or a
+/// single-threaded context). `compute_gradient` runs on `compute` when given (e.g. a
+/// `asio::thread_pool`'s executor) so communication overlaps it; otherwise inline.
+/// Object lifetime: transport and model outlive the worker; `async_run` must have completed
+/// before the worker is destroyed.
+template <model Model, transport Transport, consistency_policy Consistency,
+          recovery_policy Recovery = recovery::none>
+class basic_worker {
+ public:
+  using model_type = Model;
+  using transport_type = Transport;
+  using consistency_type = Consistency;
+  using recovery_type = Recovery;
+  using options_type = worker_options<typename Transport::endpoint_type>;
+
+  /// Throws `std::invalid_argument` when `opts.servers` is empty.
+  basic_worker(Transport& transport, Model& model, options_type opts,
+               std::optional<asio::any_io_executor> compute = std::nullopt)
+      : transport_(transport), model_(model), opts_(std::move(opts)), compute_(std::move(compute)),
+        wake_(transport.get_executor()) {
+    if (opts_.servers.empty())
+      throw std::invalid_argument("asyncps::worker_options: servers must not be empty");
+    const auto layout = model_.tables();
+    tables_.assign(layout.begin(), layout.end());
+    const std::size_t n = layout_size(tables_);
+    cache_.assign(n, 0.0f);
+    snapshot_.assign(n, 0.0f);
+    std::size_t off = 0;
+    for (const auto& t : tables_) {
+      offsets_.push_back(off);
+      off += t.size();
+    }
+    const auto shards = static_cast<std::uint32_t>(opts_.servers.size());
+    links_.reserve(shards);
+    for (std::uint32_t s = 0; s < shards; ++s) {
+      link& l = links_.emplace_back();
+      l.shard = s;
+      for (const auto& t : tables_) {
+        part p;
+        p.range = shard_range(t.rows, s, shards);
+        l.parts.push_back(std::move(p));
+      }
+    }
+  }
+
+  basic_worker(const basic_worker&) = delete;
+  basic_worker& operator=(const basic_worker&) = delete;
+
+  /// Runs `clocks` iterations of pull -> gradient -> push -> clock, then closes its
+  /// connections. Completes with success, or: `errc::server_lost` (a connection failed and
+  /// the recovery policy gave up), `errc::timeout` (no fresh rows within `wait_timeout`),
+  /// `errc::layout_mismatch` (a server has another layout), a protocol error a server
+  /// reported, or a connect error. Precondition: runs on `transport.get_executor()`.
+  asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
+    std::error_code ec = co_await connect_all();
+    for (std::uint64_t k = 0; !ec && k < clocks; ++k) ec = co_await run_clock();
+    co_await shutdown();
+    co_return ec;
+  }
+
+  /// The worker's current clock.
+  clock_value clock() const noexcept { return clock_; }
+  /// Observed staleness of every read so far (one sample per cached part per clock).
+  const staleness_histogram& staleness() const noexcept { return staleness_; }
+  const worker_stats& stats() const noexcept { return stats_; }
+  /// The local cache of all tables (table-major, see parameter_view).
+  parameter_view cache() const noexcept { return {tables_, cache_.data()}; }
+  const options_type& options() const noexcept { return opts_; }
+
+ private:
+  struct unapplied {
+    std::uint64_t index;  // per-part push index (1-based)
+    buffer grad;          // this part's slice of the gradient
+  };
+  struct part {
+    key_range range;
+    bool have = false;
+    clock_value clock = no_clock;          // server clock of the cached rows
+    bool pulling = false;                  // a pull is outstanding
+    std::uint64_t pushed = 0;              // pushes sent for this part
+    std::vector<unapplied> local;          // own pushes not yet reflected in `have` rows
+  };
+  struct link {
+    std::uint32_t shard = 0;
+    typename Transport::connection_type conn;
+    bool up = false;
+    bool reading = false;
+    std::error_code failure;
+    std::string reason;
+    std::uint64_t seq = 0;
+    std::vector<part> parts;
+  };
+
+  void log(const std::string& line) const {
+    detail::emit(opts_.log, "asyncps worker " + std::to_string(opts_.id) + ": " + line);
+  }
+
+  asio::awaitable<std::error_code> connect_all() {
+    for (auto& l : links_) {
+      const auto deadline = std::chrono::steady_clock::now() + opts_.connect_timeout;
+      std::chrono::milliseconds backoff{20};
+      for (;;) {
+        auto [ec, conn] = co_await transport_.async_connect(opts_.servers[l.shard]);
+        if (!ec) {
+          l.conn = std::move(conn);
+          break;
+        }
+        if (std::chrono::steady_clock::now() + backoff > deadline) {
+          log("cannot connect to server " + std::to_string(l.shard) + ": " + ec.message());
+          co_return ec;
+        }
+        wake_.expires_after(backoff);
+        co_await wake_.async_wait(detail::use_tuple);
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+      }
+      if (auto ec = co_await handshake(l)) co_return ec;
+    }
+    for (auto& l : links_) {
+      l.reading = true;
+      asio::co_spawn(transport_.get_executor(), read_loop(l), asio::detached);
+    }
+    co_return std::error_code{};
+  }
+
+  asio::awaitable<std::error_code> handshake(link& l) {
+    message hello;
+    hello.header.type = message_type::hello;
+    hello.header.sender = opts_.id;
+    hello.header.row_count = static_cast<std::uint32_t>(tables_.size());
+    hello.payload = transport_.allocate(tables_.size() * 8);
+    auto* p = reinterpret_cast<std::uint32_t*>(hello.payload.data());
+    for (const auto& t : tables_) {
+      *p++ = t.rows;
+      *p++ = t.width;
+    }
+    if (auto ec = co_await l.conn.async_send(std::move(hello))) co_return ec;
+    auto [ec, m] = co_await l.conn.async_receive();
+    if (ec) co_return ec;
+    if (m.header.type == message_type::error) {
+      const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+      log("server " + std::to_string(l.shard) + " refused the connection: " + reason);
+      l.conn.close();
+      co_return reason.find("layout") != std::string::npos ? errc::layout_mismatch
+                                                           : errc::unexpected_message;
+    }
+    if (m.header.type != message_type::welcome || m.header.sender != l.shard ||
+        m.header.table != links_.size()) {
+      log("server " + std::to_string(l.shard) + " sent an unexpected handshake reply");
+      l.conn.close();
+      co_return errc::unexpected_message;
+    }
+    clock_ = std::max(clock_, static_cast<clock_value>(m.header.first_row));
+    l.up = true;
+    co_return std::error_code{};
+  }
+
+  asio::awaitable<void> read_loop(link& l) {
+    while (l.up) {
+      auto [ec, m] = co_await l.conn.async_receive();
+      if (ec) {
+        fail(l, ec, "");
+        break;
+      }
+      stats_.bytes_in += m.payload.size();
+      if (auto err = on_message(l, m)) {
+        fail(l, err, "");
+        break;
+      }
+    }
+    l.reading = false;
+    wake_.cancel();
+  }
+
+  void fail(link& l, std::error_code ec, std::string reason) {
+    if (!l.up) return;
+    l.up = false;
+    l.failure = ec;
+    l.reason = std::move(reason);
+    l.conn.close();
+    wake_.cancel();
+  }
+
+  std::error_code on_message(link& l, message& m) {
+    const auto& h = m.header;
+    switch (h.type) {
+      case message_type::rows: {
+        if (h.table >= tables_.size()) return errc::bad_table;
+        auto& p = l.parts[h.table];
+        const auto& t = tables_[h.table];
+        if (h.width != t.width) return errc::bad_width;
+        ++stats_.rows_messages;
+        if (h.has(frame_flags::eager)) ++stats_.eager_messages;
+        float* base = cache_.data() + offsets_[h.table];
+        const auto vals = payload_floats(m);
+        if (h.has(frame_flags::range)) {
+          if (h.first_row < p.range.begin || h.first_row + h.row_count > p.range.end)
+            return errc::bad_row_range;
+          std::memcpy(base + h.first_row * t.width, vals.data(), vals.size_bytes());
+        } else {
+          const auto keys = payload_keys(m);
+          for (std::uint32_t i = 0; i < h.row_count; ++i) {
+            if (!p.range.contains(keys[i])) return errc::bad_row_range;
+            std::memcpy(base + std::size_t{keys[i]} * t.width, vals.data() + std::size_t{i} * t.width,
+                        t.width * sizeof(float));
+          }
+        }
+        // Own pushes the server had not applied when it sent these rows: re-apply locally.
+        std::erase_if(p.local, [&](const unapplied& u) { return u.index <= h.seq; });
+        if (opts_.local_step > 0 && h.has(frame_flags::range) &&
+            h.first_row == p.range.begin && h.row_count == p.range.size()) {
+          for (const auto& u : p.local) local_apply(h.table, p.range, u.grad);
+        }
+        const bool covers = !h.has(frame_flags::range) ||
+                            (h.first_row == p.range.begin && h.row_count == p.range.size());
+        if (covers) {
+          p.have = true;
+          p.clock = std::max(p.clock, h.clock);
+        }
+        if (!h.has(frame_flags::eager)) p.pulling = false;
+        wake_.cancel();
+        return {};
+      }
+      case message_type::ack:
+      case message_type::heartbeat: return {};
+      case message_type::error: {
+        const std::string reason(reinterpret_cast<const char*>(m.payload.data()),
+                                 m.payload.size());
+        log("server " + std::to_string(l.shard) + " closed the connection: " + reason);
+        fail(l, errc::unexpected_message, reason);
+        return {};
+      }
+      case message_type::bye: fail(l, errc::connection_closed, ""); return {};
+      default: return errc::unexpected_message;
+    }
+  }
+
+  void local_apply(table_id t, key_range r, const buffer& g) {
+    const std::uint32_t w = tables_[t].width;
+    Eigen::Map<Eigen::ArrayXf> c(cache_.data() + offsets_[t] + std::size_t{r.begin} * w,
+                                 static_cast<Eigen::Index>(std::size_t{r.size()} * w));
+    const auto gf = g.floats();
+    c -= opts_.local_step *
+         Eigen::Map<const Eigen::ArrayXf>(gf.data(), static_cast<Eigen::Index>(gf.size()));
+  }
+
+  // Returns the failure to report if some link is down and the recovery policy gives up.
+  std::error_code check_links() {
+    for (auto& l : links_) {
+      if (l.up) continue;
+      const auto action = recovery_.on_server_lost(l.failure);
+      if (action == recovery_action::fail) {
+        log("lost server " + std::to_string(l.shard) + " (" + l.failure.message() +
+            "); recovery policy '" + std::string(Recovery::name) + "' gives up");
+        return errc::server_lost;
+      }
+      // Other actions arrive with the recovery policies (issue 3).
+      return errc::server_lost;
+    }
+    return {};
+  }
+
+  asio::awaitable<std::error_code> send_pull(link& l, table_id t, clock_value min_clock) {
+    auto& p = l.parts[t];
+    message m;
+    m.header.type = message_type::pull;
+    m.header.flags = frame_flags::range;
+    m.header.sender = opts_.id;
+    m.header.table = t;
+    m.header.clock = min_clock;
+    m.header.seq = ++l.seq;
+    m.header.first_row = p.range.begin;
+    m.header.row_count = p.range.size();
+    m.header.width = tables_[t].width;
+    p.pulling = true;
+    ++stats_.pulls;
+    auto ec = co_await l.conn.async_send(std::move(m));
+    if (ec) fail(l, ec, "");
+    co_return ec;
+  }
+
+  asio::awaitable<std::error_code> run_clock() {
+    const clock_value c = clock_;
+    const clock_value need = policy_.min_server_clock(c);
+    // 1. Consistency: decide per cached part; pull where needed.
+    for (auto& l : links_) {
+      for (table_id t = 0; t < l.parts.size(); ++t) {
+        auto& p = l.parts[t];
+        if (p.range.empty()) continue;
+        const auto action = policy_.on_read(c, p.clock, p.have);
+        if ((action == read_action::fetch || action == read_action::read_and_refresh) &&
+            !p.pulling && l.up) {
+          co_await send_pull(l, t, action == read_action::fetch ? need : no_clock);
+        }
+      }
+    }
+    // 2. Wait until every part is fresh enough.
+    const auto wait_start = std::chrono::steady_clock::now();
+    for (;;) {
+      if (auto ec = check_links()) co_return ec;
+      bool ready = true;
+      for (auto& l : links_)
+        for (auto& p : l.parts)
+          if (!p.range.empty() && !(p.have && p.clock >= need)) ready = false;
+      if (ready) break;
+      if (std::chrono::steady_clock::now() - wait_start > opts_.wait_timeout) {
+        log("no fresh rows for clock " + std::to_string(c) + " within the wait timeout");
+        co_return errc::timeout;
+      }
+      wake_.expires_after(opts_.wait_timeout);
+      co_await wake_.async_wait(detail::use_tuple);
+    }
+    const auto computed = std::chrono::steady_clock::now();
+    stats_.wait_seconds += std::chrono::duration<double>(computed - wait_start).count();
+    for (auto& l : links_)
+      for (auto& p : l.parts)
+        if (!p.range.empty()) staleness_.record(c - p.clock);
+    // 3. Snapshot and compute the gradient straight into a pooled buffer.
+    std::memcpy(snapshot_.data(), cache_.data(), cache_.size() * sizeof(float));
+    buffer grad = transport_.allocate(cache_.size() * sizeof(float));
+    const parameter_view params(tables_, snapshot_.data());
+    gradient_view gview(tables_, reinterpret_cast<float*>(grad.data()));
+    float loss = 0;
+    if (compute_) {
+      loss = co_await asio::co_spawn(
+          *compute_,
+          [&]() -> asio::awaitable<float> { co_return model_.compute_gradient(params, gview); },
+          asio::use_awaitable);
+    } else {
+      loss = model_.compute_gradient(params, gview);
+    }
+    stats_.compute_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - computed).count();
+    // 4. Push each shard's slice of the buffer (no copy), ending the clock.
+    for (auto& l : links_) {
+      if (!l.up) continue;
+      table_id last = 0;
+      bool any = false;
+      for (table_id t = 0; t < l.parts.size(); ++t)
+        if (!l.parts[t].range.empty()) {
+          last = t;
+          any = true;
+        }
+      if (!any) {
+        message m;
+        m.header.type = message_type::clock;
+        m.header.sender = opts_.id;
+        m.header.clock = c;
+        if (auto ec = co_await l.conn.async_send(std::move(m))) fail(l, ec, "");
+        continue;
+      }
+      for (table_id t = 0; t < l.parts.size(); ++t) {
+        auto& p = l.parts[t];
+        if (p.range.empty()) continue;
+        const std::uint32_t w = tables_[t].width;
+        const std::size_t off = (offsets_[t] + std::size_t{p.range.begin} * w) * sizeof(float);
+        const std::size_t bytes = std::size_t{p.range.size()} * w * sizeof(float);
+        message m;
+        m.header.type = message_type::push;
+        m.header.flags = static_cast<std::uint8_t>(
+            frame_flags::range | (t == last ? frame_flags::end_of_clock : 0));
+        m.header.sender = opts_.id;
+        m.header.table = t;
+        m.header.clock = c;
+        m.header.seq = ++l.seq;
+        m.header.first_row = p.range.begin;
+        m.header.row_count = p.range.size();
+        m.header.width = w;
+        m.payload = grad.share(off, bytes);
+        ++p.pushed;
+        if (opts_.local_step > 0) {
+          local_apply(t, p.range, m.payload);
+          p.local.push_back(unapplied{p.pushed, grad.share(off, bytes)});
+        }
+        ++stats_.pushes;
+        stats_.bytes_out += bytes;
+        if (auto ec = co_await l.conn.async_send(std::move(m))) {
+          fail(l, ec, "");
+          break;
+        }
+      }
+    }
+    ++clock_;
+    ++stats_.clocks;
+    if (opts_.on_clock) opts_.on_clock(clock_report{opts_.id, c, loss, params});
+    co_return std::error_code{};
+  }
+
+  asio::awaitable<void> shutdown() {
+    for (auto& l : links_) {
+      if (l.up) {
+        message bye;
+        bye.header.type = message_type::bye;
+        bye.header.sender = opts_.id;
+        (void)co_await l.conn.async_send(std::move(bye));
+      }
+      l.up = false;
+      l.conn.close();
+    }
+    for (;;) {
+      bool reading = false;
+      for (auto& l : links_) reading = reading || l.reading;
+      if (!reading) break;
+      wake_.expires_after(std::chrono::milliseconds(100));
+      co_await wake_.async_wait(detail::use_tuple);
+    }
+    for (auto& l : links_)
+      for (auto& p : l.parts) p.local.clear();
+  }
+
+  Transport& transport_;
+  Model& model_;
+  options_type opts_;
+  std::optional<asio::any_io_executor> compute_;
+  asio::steady_timer wake_;
+  [[no_unique_address]] Consistency policy_{};
+  [[no_unique_address]] typename Recovery::worker_part recovery_{};
+  std::vector<table_spec> tables_;
+  std::vector<std::size_t> offsets_;
+  std::vector<float> cache_;
+  std::vector<float> snapshot_;
+  std::vector<link> links_;
+  clock_value clock_ = 0;
+  staleness_histogram staleness_{};
+  worker_stats stats_{};
+};
+
+}  // namespace asyncps

@@ -1,0 +1,67 @@
+// Test model whose parameter values count pushes, so consistency bounds can be checked
+// exactly: table 0 has one row per worker (width `width`); worker w's gradient is -1 on its
+// own row and 0 elsewhere, so with SGD (learning rate 1) row w holds the number of w's pushes
+// the reader has seen. Every read checks the SSP bound and read-my-writes.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "asyncps/model.hpp"
+#include "asyncps/table.hpp"
+
+namespace asyncps::test {
+
+struct counter_model {
+  counter_model(std::uint32_t id, std::uint32_t workers, std::int64_t staleness,
+                std::uint32_t width = 4, std::uint64_t seed = 1, int max_delay_us = 0)
+      : id(id), workers(workers), staleness(staleness), rng(seed * 7919 + id),
+        max_delay_us(max_delay_us) {
+    spec[0] = asyncps::table_spec{0, workers, width, 0.0f};
+  }
+
+  std::span<const asyncps::table_spec> tables() const { return spec; }
+
+  float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) {
+    const auto t = p.table(0);
+    const std::int64_t c = clock;
+    for (std::uint32_t w = 0; w < workers; ++w) {
+      const auto seen = static_cast<std::int64_t>(t(w, 0));
+      if (w == id) {
+        if (seen != c) ++own_write_violations;
+      } else if (staleness >= 0 && seen < c - staleness) {
+        ++bound_violations;
+      }
+      // Observed per-row lag (clocks of w's updates this reader has not seen, vs its own).
+      const std::int64_t lag = c - seen;
+      if (w != id && lag > max_lag) max_lag = lag;
+    }
+    auto gt = g.table(0);
+    gt.setZero();
+    gt.row(id).setConstant(-1.0f);
+    ++clock;
+    if (max_delay_us > 0) {
+      std::uniform_int_distribution<int> d(0, max_delay_us);
+      std::this_thread::sleep_for(std::chrono::microseconds(d(rng)));
+    }
+    return 0.0f;
+  }
+
+  std::uint32_t id;
+  std::uint32_t workers;
+  std::int64_t staleness;  // -1: unbounded (ASP)
+  std::array<asyncps::table_spec, 1> spec{};
+  std::mt19937_64 rng;
+  int max_delay_us;
+  std::int64_t clock = 0;
+  std::int64_t bound_violations = 0;
+  std::int64_t own_write_violations = 0;
+  std::int64_t max_lag = 0;
+};
+
+}  // namespace asyncps::test

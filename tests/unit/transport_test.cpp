@@ -1,0 +1,432 @@
+// Transport conformance (the same suite for TCP and in-process) and the server's handling of
+// malformed, truncated, oversized and wrong-version frames over real TCP.
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/read.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/write.hpp>
+#include <doctest/doctest.h>
+
+#include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/server.hpp"
+#include "asyncps/transport/in_process.hpp"
+#include "asyncps/transport/tcp.hpp"
+
+using namespace asyncps;
+
+namespace {
+
+// Runs `body` as a coroutine on `io` and fails the test if it takes longer than `limit`.
+template <class F>
+void run_coro(asio::io_context& io, F body, std::chrono::seconds limit = std::chrono::seconds(30)) {
+  bool finished = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        co_await body();
+        finished = true;
+      },
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+  io.run_for(limit);
+  REQUIRE_MESSAGE(finished, "test coroutine did not finish in time");
+}
+
+struct tcp_fixture {
+  using transport_type = tcp_transport;
+  asio::io_context io;
+  tcp_transport a{io.get_executor()};
+  tcp_transport b{io.get_executor(), tcp_options{.limits = {.max_frame_bytes = 1 << 20}}};
+  asio::ip::tcp::endpoint listen_at{asio::ip::make_address("127.0.0.1"), 0};
+  asio::ip::tcp::endpoint target(tcp_transport::acceptor& acc) { return acc.local_endpoint(); }
+  asio::ip::tcp::endpoint nowhere() {
+    // A port nobody listens on: bind, read the port, close.
+    asio::ip::tcp::acceptor tmp(io, listen_at);
+    auto ep = tmp.local_endpoint();
+    tmp.close();
+    return ep;
+  }
+  static constexpr bool moves_buffers = false;
+};
+
+struct in_process_fixture {
+  using transport_type = in_process_transport;
+  asio::io_context io;
+  in_process_network net;
+  in_process_transport a{io.get_executor(), net};
+  in_process_transport b{io.get_executor(), net, wire_limits{.max_frame_bytes = 1 << 20}};
+  std::string listen_at = "server";
+  std::string target(in_process_transport::acceptor&) { return listen_at; }
+  std::string nowhere() { return "nobody"; }
+  static constexpr bool moves_buffers = true;
+};
+
+template <class T>
+message make_message(T& t, std::uint64_t seq, std::size_t floats) {
+  message m;
+  m.header.type = message_type::push;
+  m.header.flags = frame_flags::range;
+  m.header.sender = 7;
+  m.header.table = 2;
+  m.header.clock = 11;
+  m.header.seq = seq;
+  m.header.row_count = static_cast<std::uint32_t>(floats);
+  m.header.width = 1;
+  m.payload = t.allocate(floats * sizeof(float));
+  for (std::size_t i = 0; i < floats; ++i)
+    m.payload.floats()[i] = static_cast<float>(seq * 1000 + i);
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) {
+  F f;
+  auto acc = f.b.listen(f.listen_at);
+  REQUIRE(acc.has_value());
+  const auto ep = f.target(acc.value());
+
+  SUBCASE("messages arrive whole, in order, with their header fields") {
+    run_coro(f.io, [&]() -> asio::awaitable<void> {
+      auto [ec, client] = co_await f.a.async_connect(ep);
+      REQUIRE(!ec);
+      auto [ec2, server] = co_await acc.value().async_accept();
+      REQUIRE(!ec2);
+      const void* sent_data = nullptr;
+      for (std::uint64_t i = 0; i < 50; ++i) {
+        auto m = make_message(f.a, i, i * 37 % 1000);
+        if (i == 3) sent_data = m.payload.data();
+        CHECK(!(co_await client.async_send(std::move(m))));
+      }
+      for (std::uint64_t i = 0; i < 50; ++i) {
+        auto [rec, m] = co_await server.async_receive();
+        REQUIRE(!rec);
+        CHECK(m.header.type == message_type::push);
+        CHECK(m.header.seq == i);
+        CHECK(m.header.sender == 7);
+        CHECK(m.header.table == 2);
+        CHECK(m.header.clock == 11);
+        CHECK(m.header.payload_bytes == i * 37 % 1000 * 4);
+        CHECK(m.payload.size() == m.header.payload_bytes);
+        bool same = true;
+        for (std::size_t k = 0; k < m.payload.floats().size(); ++k)
+          same = same && m.payload.floats()[k] == static_cast<float>(i * 1000 + k);
+        CHECK(same);
+        if (i == 3 && F::moves_buffers) CHECK(m.payload.data() == sent_data);  // zero-copy
+      }
+    });
+  }
+
+  SUBCASE("both directions at once") {
+    run_coro(f.io, [&]() -> asio::awaitable<void> {
+      auto [ec, client] = co_await f.a.async_connect(ep);
+      REQUIRE(!ec);
+      auto [ec2, server] = co_await acc.value().async_accept();
+      REQUIRE(!ec2);
+      int received = 0;
+      auto reader = [&](auto& conn) -> asio::awaitable<void> {
+        for (int i = 0; i < 20; ++i) {
+          auto [rec, m] = co_await conn.async_receive();
+          if (!rec && m.header.seq == static_cast<std::uint64_t>(i)) ++received;
+        }
+      };
+      asio::co_spawn(f.io, reader(server), asio::detached);
+      asio::co_spawn(f.io, reader(client), asio::detached);
+      for (std::uint64_t i = 0; i < 20; ++i) {
+        CHECK(!(co_await client.async_send(make_message(f.a, i, 5000))));
+        CHECK(!(co_await server.async_send(make_message(f.b, i, 5000))));
+      }
+      asio::steady_timer t(f.io);
+      for (int k = 0; k < 200 && received < 40; ++k) {
+        t.expires_after(std::chrono::milliseconds(5));
+        co_await t.async_wait(detail::use_tuple);
+      }
+      CHECK(received == 40);
+    });
+  }
+
+  SUBCASE("close: the peer gets connection_closed after what was sent") {
+    run_coro(f.io, [&]() -> asio::awaitable<void> {
+      auto [ec, client] = co_await f.a.async_connect(ep);
+      REQUIRE(!ec);
+      auto [ec2, server] = co_await acc.value().async_accept();
+      REQUIRE(!ec2);
+      CHECK(!(co_await client.async_send(make_message(f.a, 1, 10))));
+      client.close();
+      CHECK(!client.is_open());
+      auto [r1, m1] = co_await server.async_receive();
+      CHECK(!r1);
+      CHECK(m1.header.seq == 1);
+      auto [r2, m2] = co_await server.async_receive();
+      CHECK(r2 == errc::connection_closed);
+      CHECK(r2 == condition::transient);
+    });
+  }
+
+  SUBCASE("connecting to nobody fails") {
+    run_coro(f.io, [&]() -> asio::awaitable<void> {
+      auto [ec, c] = co_await f.a.async_connect(f.nowhere());
+      CHECK(ec);
+      CHECK(!c.is_open());
+    });
+  }
+
+  SUBCASE("a frame over the receiver's limit is rejected naming the field") {
+    run_coro(f.io, [&]() -> asio::awaitable<void> {
+      auto [ec, client] = co_await f.a.async_connect(ep);
+      REQUIRE(!ec);
+      auto [ec2, server] = co_await acc.value().async_accept();
+      REQUIRE(!ec2);
+      (void)co_await client.async_send(make_message(f.a, 1, (1 << 20) / 4 + 1));
+      auto [r, m] = co_await server.async_receive();
+      CHECK(r == errc::frame_too_large);
+      server.close();
+      CHECK(!server.is_open());
+    });
+  }
+
+  SUBCASE("listening twice on one address fails") {
+    if constexpr (F::moves_buffers) {
+      auto again = f.b.listen(f.listen_at);
+      CHECK(again.has_error());
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A real server over TCP receiving hostile bytes from raw sockets.
+
+namespace {
+
+using test_server = basic_server<tcp_transport, consistency::ssp<1>>;
+
+struct raw_result {
+  bool closed_by_server = false;
+  std::string error_reason;  // payload of an error frame, if one came
+};
+
+std::array<std::byte, header_size> encode(frame_header h, std::span<const std::byte> payload,
+                                          bool checksum = true) {
+  std::array<std::byte, header_size> out{};
+  encode_header(h, out, payload, checksum);
+  return out;
+}
+
+// Connects a raw socket, writes `bytes`, optionally half-closes, and reads until EOF.
+asio::awaitable<raw_result> raw_exchange(asio::ip::tcp::endpoint ep, std::vector<std::byte> bytes,
+                                         bool half_close) {
+  auto ex = co_await asio::this_coro::executor;
+  asio::ip::tcp::socket s(ex);
+  raw_result r;
+  auto [ec] = co_await s.async_connect(ep, detail::use_tuple);
+  REQUIRE(!ec);
+  auto [wec, n] = co_await asio::async_write(s, asio::buffer(bytes), detail::use_tuple);
+  (void)n;
+  (void)wec;
+  if (half_close) s.shutdown(asio::ip::tcp::socket::shutdown_send);
+  for (;;) {
+    std::array<std::byte, header_size> hb{};
+    auto [rec, rn] = co_await asio::async_read(s, asio::buffer(hb), detail::use_tuple);
+    (void)rn;
+    if (rec) {
+      r.closed_by_server = (rec == asio::error::eof || rec == asio::error::connection_reset);
+      break;
+    }
+    const auto h = decode_header(hb);
+    std::string payload(h.payload_bytes, '\0');
+    auto [pec, pn] = co_await asio::async_read(s, asio::buffer(payload), detail::use_tuple);
+    (void)pn;
+    if (pec) break;
+    if (h.type == message_type::error) r.error_reason = payload;
+  }
+  co_return r;
+}
+
+std::vector<std::byte> hello_frame(std::uint32_t worker, std::uint32_t rows, std::uint32_t width) {
+  frame_header h;
+  h.type = message_type::hello;
+  h.sender = worker;
+  h.row_count = 1;
+  h.payload_bytes = 8;
+  std::array<std::uint32_t, 2> layout{rows, width};
+  auto pl = std::as_bytes(std::span(layout));
+  auto hdr = encode(h, pl);
+  std::vector<std::byte> out(hdr.begin(), hdr.end());
+  out.insert(out.end(), pl.begin(), pl.end());
+  return out;
+}
+
+std::vector<std::byte> push_frame(std::uint32_t worker, std::uint32_t table, std::uint64_t first,
+                                  std::uint32_t rows, std::uint32_t width, float value,
+                                  bool corrupt_after_checksum = false) {
+  frame_header h;
+  h.type = message_type::push;
+  h.flags = frame_flags::range;
+  h.sender = worker;
+  h.table = table;
+  h.first_row = first;
+  h.row_count = rows;
+  h.width = width;
+  std::vector<float> vals(std::size_t{rows} * width, value);
+  h.payload_bytes = vals.size() * 4;
+  auto pl = std::as_bytes(std::span(vals));
+  auto hdr = encode(h, pl);
+  std::vector<std::byte> out(hdr.begin(), hdr.end());
+  out.insert(out.end(), pl.begin(), pl.end());
+  if (corrupt_after_checksum && !vals.empty()) out.back() ^= std::byte{0x40};
+  return out;
+}
+
+template <class... V>
+std::vector<std::byte> concat(const V&... parts) {
+  std::vector<std::byte> out;
+  (out.insert(out.end(), parts.begin(), parts.end()), ...);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unchanged") {
+  asio::io_context io;
+  tcp_transport st(io.get_executor(),
+                   tcp_options{.limits = {.max_frame_bytes = 1 << 16, .max_rows = 64}});
+  std::vector<std::string> logs;
+  server_options so;
+  so.num_workers = 4;
+  so.tables = {table_spec{0, 8, 4, 0.0f}};
+  so.log = [&](std::string_view line) { logs.emplace_back(line); };
+  test_server server(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+
+  tcp_transport wt(io.get_executor());
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    // A well-behaved worker 0 stays connected through everything.
+    auto [ec, good] = co_await wt.async_connect(ep);
+    REQUIRE(!ec);
+    {
+      message hello;
+      hello.header.type = message_type::hello;
+      hello.header.sender = 0;
+      hello.header.row_count = 1;
+      hello.payload = wt.allocate(8);
+      const std::array<std::uint32_t, 2> layout{8, 4};
+      std::memcpy(hello.payload.data(), layout.data(), 8);
+      REQUIRE(!(co_await good.async_send(std::move(hello))));
+      auto [wec, welcome] = co_await good.async_receive();
+      REQUIRE(!wec);
+      REQUIRE(welcome.header.type == message_type::welcome);
+    }
+    auto good_push = [&](float v) -> asio::awaitable<void> {
+      message m;
+      m.header.type = message_type::push;
+      m.header.flags = frame_flags::range | frame_flags::want_ack;
+      m.header.sender = 0;
+      m.header.row_count = 8;
+      m.header.width = 4;
+      m.payload = wt.allocate(8 * 4 * 4);
+      for (auto& x : m.payload.floats()) x = v;
+      REQUIRE(!(co_await good.async_send(std::move(m))));
+      auto [aec, ack] = co_await good.async_receive();
+      REQUIRE(!aec);
+      CHECK(ack.header.type == message_type::ack);
+    };
+    co_await good_push(-1.0f);  // sgd lr 1: every value becomes 1
+
+    struct hostile {
+      const char* name;
+      std::vector<std::byte> bytes;
+      const char* expected_in_log;
+      bool half_close = false;
+    };
+    frame_header bad;
+    bad.type = message_type::push;
+    auto raw_header = [&](auto mutate) {
+      frame_header h;
+      h.type = message_type::heartbeat;
+      mutate(h);
+      auto e = encode(h, {});
+      return std::vector<std::byte>(e.begin(), e.end());
+    };
+    std::vector<hostile> cases;
+    cases.push_back({"bad magic", raw_header([](frame_header& h) { h.magic = 0x12345678; }),
+                     "'magic'"});
+    cases.push_back({"wrong version", raw_header([](frame_header& h) { h.version = 2; }),
+                     "'version'"});
+    cases.push_back({"unknown type", raw_header([](frame_header& h) {
+                       h.type = static_cast<message_type>(77);
+                     }),
+                     "'type'"});
+    cases.push_back({"oversized", raw_header([](frame_header& h) {
+                       h.type = message_type::error;
+                       h.payload_bytes = std::uint64_t{1} << 40;
+                     }),
+                     "'payload_bytes' exceeds"});
+    cases.push_back({"too many rows", concat(hello_frame(1, 8, 4), raw_header([](frame_header& h) {
+                                               h.type = message_type::pull;
+                                               h.flags = frame_flags::range;
+                                               h.row_count = 65;
+                                             })),
+                     "'row_count'"});
+    {
+      auto whole = concat(hello_frame(1, 8, 4), push_frame(1, 0, 0, 8, 4, 5.0f));
+      whole.resize(whole.size() - 50);
+      cases.push_back({"truncated", whole, "truncated", true});
+    }
+    cases.push_back({"bad checksum",
+                     concat(hello_frame(1, 8, 4), push_frame(1, 0, 0, 8, 4, 5.0f, true)),
+                     "'checksum'"});
+    cases.push_back({"bad table", concat(hello_frame(1, 8, 4), push_frame(1, 3, 0, 8, 4, 5.0f)),
+                     "'table'"});
+    cases.push_back({"bad row range",
+                     concat(hello_frame(1, 8, 4), push_frame(1, 0, 6, 4, 4, 5.0f)), "rows [6, 10)"});
+    cases.push_back({"bad width", concat(hello_frame(1, 8, 4), push_frame(1, 0, 0, 8, 3, 5.0f)),
+                     "'width'"});
+    cases.push_back({"non-finite gradient",
+                     concat(hello_frame(1, 8, 4),
+                            push_frame(1, 0, 0, 8, 4, std::numeric_limits<float>::quiet_NaN())),
+                     "NaN"});
+    cases.push_back({"push before hello", push_frame(1, 0, 0, 8, 4, 5.0f), "expected hello"});
+    cases.push_back({"duplicate worker id", hello_frame(0, 8, 4), "already connected"});
+    cases.push_back({"worker id out of range", hello_frame(9, 8, 4), "'sender'"});
+    cases.push_back({"layout mismatch", hello_frame(1, 8, 5), "layouts differ"});
+    cases.push_back({"spoofed sender", concat(hello_frame(1, 8, 4), push_frame(2, 0, 0, 8, 4, 5.0f)),
+                     "'sender'"});
+
+    for (auto& c : cases) {
+      INFO("case: " << std::string(c.name));
+      const auto before = logs.size();
+      const auto r = co_await raw_exchange(ep, c.bytes, c.half_close);
+      CHECK(r.closed_by_server);
+      bool logged = false;
+      for (std::size_t i = before; i < logs.size(); ++i)
+        logged = logged || logs[i].find(c.expected_in_log) != std::string::npos;
+      CHECK_MESSAGE(logged, "no log line containing '" << c.expected_in_log << "'");
+      if (!c.half_close) CHECK(!r.error_reason.empty());  // the peer is told why
+      // Parameters untouched by the hostile connection.
+      bool unchanged = true;
+      for (float v : server.values(0)) unchanged = unchanged && v == 1.0f;
+      CHECK(unchanged);
+    }
+    // The good worker is still served.
+    co_await good_push(-1.0f);
+    bool two = true;
+    for (float v : server.values(0)) two = two && v == 2.0f;
+    CHECK(two);
+    CHECK(server.stats().rejected >= cases.size() - 1);
+    good.close();
+    server.stop();
+  });
+}

@@ -1,0 +1,231 @@
+// Wire format, buffers, tables, errors and optimizers: pure logic, no network.
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "asyncps/buffer.hpp"
+#include "asyncps/consistency/policies.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/optimizer/optimizers.hpp"
+#include "asyncps/staleness.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/wire.hpp"
+
+using namespace asyncps;
+
+namespace {
+frame_header push_header(std::uint32_t rows, std::uint32_t width) {
+  frame_header h;
+  h.type = message_type::push;
+  h.flags = frame_flags::range;
+  h.sender = 3;
+  h.table = 1;
+  h.clock = -5;
+  h.seq = 0x0102030405060708ull;
+  h.row_count = rows;
+  h.width = width;
+  h.first_row = 9;
+  h.payload_bytes = std::uint64_t{rows} * width * 4;
+  return h;
+}
+}  // namespace
+
+TEST_CASE("header encodes little-endian at the documented offsets and round-trips") {
+  buffer_pool pool;
+  auto h = push_header(2, 3);
+  buffer payload = pool.allocate(24);
+  for (int i = 0; i < 6; ++i) payload.floats()[static_cast<std::size_t>(i)] = static_cast<float>(i);
+  std::array<std::byte, header_size> bytes{};
+  encode_header(h, bytes, payload.bytes(), true);
+  CHECK(std::to_integer<int>(bytes[0]) == 'A');
+  CHECK(std::to_integer<int>(bytes[1]) == 'P');
+  CHECK(std::to_integer<int>(bytes[2]) == 'S');
+  CHECK(std::to_integer<int>(bytes[3]) == '1');
+  CHECK(std::to_integer<int>(bytes[6]) == static_cast<int>(message_type::push));
+  CHECK(std::to_integer<int>(bytes[24]) == 0x08);  // seq, least significant byte first
+  const auto d = decode_header(bytes);
+  CHECK(d.type == h.type);
+  CHECK(d.flags == h.flags);
+  CHECK(d.sender == 3);
+  CHECK(d.table == 1);
+  CHECK(d.clock == -5);
+  CHECK(d.seq == h.seq);
+  CHECK(d.row_count == 2);
+  CHECK(d.width == 3);
+  CHECK(d.first_row == 9);
+  CHECK(d.payload_bytes == 24);
+  CHECK(d.checksum == h.checksum);
+  CHECK(d.checksum == frame_checksum(bytes, payload.bytes()));
+  CHECK(!validate_header(d, wire_limits{}));
+  // Any flipped payload bit changes the checksum.
+  payload.floats()[4] = 4.5f;
+  CHECK(d.checksum != frame_checksum(bytes, payload.bytes()));
+}
+
+TEST_CASE("validate_header names the bad field") {
+  const wire_limits lim{.max_frame_bytes = 1024, .max_rows = 8, .max_width = 64, .max_tables = 4};
+  auto check = [&](auto mutate, errc expected) {
+    auto h = push_header(2, 3);
+    mutate(h);
+    const auto ec = validate_header(h, lim);
+    CHECK(ec == expected);
+    CHECK(ec == condition::protocol_violation);
+  };
+  check([](frame_header& h) { h.magic = 0xdeadbeef; }, errc::bad_magic);
+  check([](frame_header& h) { h.version = 99; }, errc::unsupported_version);
+  check([](frame_header& h) { h.type = static_cast<message_type>(0); }, errc::bad_message_type);
+  check([](frame_header& h) { h.type = static_cast<message_type>(200); }, errc::bad_message_type);
+  check([](frame_header& h) { h.flags = 0x80; }, errc::bad_flags);
+  check([](frame_header& h) { h.payload_bytes = 4096; }, errc::frame_too_large);
+  check([](frame_header& h) { h.row_count = 9; }, errc::too_many_rows);
+  check([](frame_header& h) { h.width = 65; }, errc::bad_width);
+  check([](frame_header& h) { h.payload_bytes = 20; }, errc::payload_size_mismatch);
+  check(
+      [](frame_header& h) {
+        h.type = message_type::clock;
+        h.payload_bytes = 4;
+      },
+      errc::payload_size_mismatch);
+  // Sparse frames carry 16-byte-padded keys before the floats.
+  auto h = push_header(3, 2);
+  h.flags = 0;
+  h.payload_bytes = 16 + 3 * 2 * 4;
+  CHECK(!validate_header(h, lim));
+}
+
+TEST_CASE("error codes and conditions") {
+  std::error_code ec = errc::bad_checksum;
+  CHECK(ec.category().name() == std::string("asyncps"));
+  CHECK(ec.message().find("checksum") != std::string::npos);
+  CHECK(ec == condition::protocol_violation);
+  CHECK(ec != condition::transient);
+  CHECK(std::error_code(errc::connection_closed) == condition::transient);
+  CHECK(std::make_error_code(std::errc::connection_refused) == condition::transient);
+  CHECK(std::error_code(errc::server_lost) == condition::fatal);
+  CHECK(std::error_code(errc::non_finite_value) == condition::protocol_violation);
+}
+
+TEST_CASE("buffer pool recycles aligned blocks and shares slices") {
+  buffer_pool pool;
+  const std::byte* first = nullptr;
+  {
+    buffer b = pool.allocate(1000);
+    CHECK(b.size() == 1000);
+    CHECK(reinterpret_cast<std::uintptr_t>(b.data()) % 64 == 0);
+    first = b.data();
+    buffer s = b.share(100, 200);
+    CHECK(s.data() == b.data() + 100);
+    CHECK(s.size() == 200);
+    b.reset();
+    CHECK(s.data() == first + 100);  // still alive through the slice
+  }
+  buffer again = pool.allocate(1024);  // same size class: the block is reused
+  CHECK(again.data() == first);
+  CHECK(pool.stats().fresh_blocks == 1);
+  CHECK(pool.stats().reused_blocks == 1);
+}
+
+TEST_CASE("buffers released concurrently from several threads") {
+  buffer_pool pool;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 2000; ++i) {
+        buffer b = pool.allocate(static_cast<std::size_t>(64 + (i % 7) * 100));
+        buffer s = b.share();
+        b.reset();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto st = pool.stats();
+  CHECK(st.fresh_blocks + st.reused_blocks == 8000);
+  CHECK(st.fresh_blocks <= 4 * 7);
+}
+
+TEST_CASE("shard ranges partition every table") {
+  for (std::uint32_t rows : {1u, 2u, 7u, 10u, 1000u}) {
+    for (std::uint32_t shards : {1u, 2u, 3u, 8u}) {
+      std::uint32_t next = 0;
+      for (std::uint32_t s = 0; s < shards; ++s) {
+        const auto r = shard_range(rows, s, shards);
+        CHECK(r.begin == next);
+        next = r.end;
+        for (row_id k = r.begin; k < r.end; ++k) CHECK(shard_of(rows, k, shards) == s);
+      }
+      CHECK(next == rows);
+    }
+  }
+  static_assert(shard_range(10, 1, 2) == key_range{5, 10});
+}
+
+TEST_CASE("parameter and gradient views map the table-major layout") {
+  const std::array<table_spec, 2> layout{table_spec{0, 2, 3}, table_spec{1, 4, 1}};
+  std::vector<float> data(layout_size(layout));
+  CHECK(data.size() == 10);
+  gradient_view g(layout, data.data());
+  g.table(1)(2, 0) = 5.0f;
+  g.table(0)(1, 2) = 7.0f;
+  CHECK(data[5] == 7.0f);
+  CHECK(data[8] == 5.0f);
+  const parameter_view p(layout, data.data());
+  CHECK(p.span(1).size() == 4);
+  CHECK(p.table(1)(2, 0) == 5.0f);
+}
+
+TEST_CASE("optimizers: sgd, momentum, adagrad and adam update in place") {
+  std::vector<float> p{1.0f, 2.0f}, g{0.5f, -1.0f};
+  optimizer::sgd{0.1f}.apply(p, g, {}, 1);
+  CHECK(p[0] == doctest::Approx(0.95));
+  CHECK(p[1] == doctest::Approx(2.1));
+
+  std::vector<float> pm{0.0f}, v{0.0f};
+  const optimizer::momentum mom{0.1f, 0.9f};
+  mom.apply(pm, std::vector<float>{1.0f}, {std::span<float>(v)}, 1);
+  mom.apply(pm, std::vector<float>{1.0f}, {std::span<float>(v)}, 2);
+  CHECK(v[0] == doctest::Approx(1.9));
+  CHECK(pm[0] == doctest::Approx(-0.1 - 0.19));
+
+  std::vector<float> pa{0.0f}, acc{0.0f};
+  optimizer::adagrad{0.1f}.apply(pa, std::vector<float>{2.0f}, {std::span<float>(acc)}, 1);
+  CHECK(acc[0] == doctest::Approx(4.0));
+  CHECK(pa[0] == doctest::Approx(-0.1));
+
+  std::vector<float> pd{0.0f}, m1{0.0f}, m2{0.0f};
+  optimizer::adam{0.01f}.apply(pd, std::vector<float>{3.0f},
+                               {std::span<float>(m1), std::span<float>(m2)}, 1);
+  CHECK(pd[0] == doctest::Approx(-0.01).epsilon(1e-3));  // first Adam step is lr * sign(g)
+}
+
+TEST_CASE("consistency policies decide reads from clocks alone") {
+  const consistency::ssp<2> ssp;
+  CHECK(ssp.on_read(5, 3, true) == read_action::read);
+  CHECK(ssp.on_read(5, 2, true) == read_action::fetch);
+  CHECK(ssp.on_read(5, 9, false) == read_action::fetch);
+  const consistency::bsp bsp;
+  CHECK(bsp.on_read(5, 5, true) == read_action::read);
+  CHECK(bsp.on_read(5, 4, true) == read_action::fetch);
+  const consistency::essp<2> essp;
+  CHECK(essp.on_read(5, 0, false) == read_action::fetch);
+  CHECK(essp.on_read(5, 2, true) == read_action::wait);
+  CHECK(essp.on_read(5, 3, true) == read_action::read);
+  const consistency::asp asp;
+  CHECK(asp.on_read(100, 0, true) == read_action::read_and_refresh);
+  CHECK(asp.min_server_clock(100) == no_clock);
+}
+
+TEST_CASE("staleness histogram") {
+  staleness_histogram h;
+  h.record(0);
+  h.record(2);
+  h.record(2);
+  h.record(100);
+  CHECK(h.total() == 4);
+  CHECK(h.max() == 31);
+  CHECK(h.mean() == doctest::Approx((0 + 2 + 2 + 31) / 4.0));
+  CHECK(h.to_string() == "0:1 2:2 31+:1");
+}
