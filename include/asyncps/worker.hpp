@@ -140,7 +140,62 @@ class basic_worker {
   /// reported, or a connect error. Precondition: runs on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
     std::error_code ec = co_await connect_all();
-    for (std::uint64_t k = 0; !ec && k < clocks; ++k) ec = co_await run_clock();
+    // The whole clock loop lives in this one coroutine frame: calling a coroutine per clock
+    // would allocate a frame per clock (too large for Asio's frame recycling).
+    for (std::uint64_t k = 0; !ec && k < clocks; ++k) {
+      const clock_value c = clock_;
+      const clock_value need = policy_.min_server_clock(c);
+      // 1. Consistency: decide per cached part; pull where needed.
+      for (auto& l : links_) {
+        for (table_id t = 0; t < l.parts.size() && l.up; ++t) {
+          if (auto m = decide_read(l, t, c, need)) {
+            if (auto sec = co_await l.conn.async_send(std::move(*m))) fail(l, sec, "");
+          }
+        }
+      }
+      // 2. Wait until every part is fresh enough.
+      const auto wait_start = std::chrono::steady_clock::now();
+      while (!(ec = check_links()) && !ready(need)) {
+        if (std::chrono::steady_clock::now() - wait_start > opts_.wait_timeout) {
+          log("no fresh rows for clock " + std::to_string(c) + " within the wait timeout");
+          ec = errc::timeout;
+          break;
+        }
+        wake_.expires_after(opts_.wait_timeout);
+        co_await wake_.async_wait(detail::use_tuple);
+      }
+      if (ec) break;
+      const auto computed = std::chrono::steady_clock::now();
+      stats_.wait_seconds += std::chrono::duration<double>(computed - wait_start).count();
+      record_staleness(c);
+      // 3. Snapshot and compute the gradient straight into a pooled buffer.
+      std::memcpy(snapshot_.data(), cache_.data(), cache_.size() * sizeof(float));
+      buffer grad = transport_.allocate(cache_.size() * sizeof(float));
+      const parameter_view params(tables_, snapshot_.data());
+      gradient_view gview(tables_, reinterpret_cast<float*>(grad.data()));
+      float loss = 0;
+      if (compute_) {
+        loss = co_await asio::co_spawn(
+            *compute_,
+            [&]() -> asio::awaitable<float> { co_return model_.compute_gradient(params, gview); },
+            asio::use_awaitable);
+      } else {
+        loss = model_.compute_gradient(params, gview);
+      }
+      stats_.compute_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - computed).count();
+      // 4. Push each shard's slice of the buffer (no copy); the last push ends the clock.
+      for (auto& l : links_) {
+        for (table_id t = 0; t <= l.parts.size() && l.up; ++t) {
+          if (auto m = make_push(l, t, c, grad)) {
+            if (auto sec = co_await l.conn.async_send(std::move(*m))) fail(l, sec, "");
+          }
+        }
+      }
+      ++clock_;
+      ++stats_.clocks;
+      if (opts_.on_clock) opts_.on_clock(clock_report{opts_.id, c, loss, params});
+    }
     co_await shutdown();
     co_return ec;
   }
@@ -346,130 +401,82 @@ class basic_worker {
     return {};
   }
 
-  asio::awaitable<std::error_code> send_pull(link& l, table_id t, clock_value min_clock) {
+  // The pull a part needs before reading at clock `c`, if any.
+  std::optional<message> decide_read(link& l, table_id t, clock_value c, clock_value need) {
     auto& p = l.parts[t];
+    if (p.range.empty() || p.pulling) return std::nullopt;
+    const auto action = policy_.on_read(c, p.clock, p.have);
+    if (action != read_action::fetch && action != read_action::read_and_refresh)
+      return std::nullopt;
     message m;
     m.header.type = message_type::pull;
     m.header.flags = frame_flags::range;
     m.header.sender = opts_.id;
     m.header.table = t;
-    m.header.clock = min_clock;
+    m.header.clock = action == read_action::fetch ? need : no_clock;
     m.header.seq = ++l.seq;
     m.header.first_row = p.range.begin;
     m.header.row_count = p.range.size();
     m.header.width = tables_[t].width;
     p.pulling = true;
     ++stats_.pulls;
-    auto ec = co_await l.conn.async_send(std::move(m));
-    if (ec) fail(l, ec, "");
-    co_return ec;
+    return m;
   }
 
-  asio::awaitable<std::error_code> run_clock() {
-    const clock_value c = clock_;
-    const clock_value need = policy_.min_server_clock(c);
-    // 1. Consistency: decide per cached part; pull where needed.
-    for (auto& l : links_) {
-      for (table_id t = 0; t < l.parts.size(); ++t) {
-        auto& p = l.parts[t];
-        if (p.range.empty()) continue;
-        const auto action = policy_.on_read(c, p.clock, p.have);
-        if ((action == read_action::fetch || action == read_action::read_and_refresh) &&
-            !p.pulling && l.up) {
-          co_await send_pull(l, t, action == read_action::fetch ? need : no_clock);
-        }
-      }
-    }
-    // 2. Wait until every part is fresh enough.
-    const auto wait_start = std::chrono::steady_clock::now();
-    for (;;) {
-      if (auto ec = check_links()) co_return ec;
-      bool ready = true;
-      for (auto& l : links_)
-        for (auto& p : l.parts)
-          if (!p.range.empty() && !(p.have && p.clock >= need)) ready = false;
-      if (ready) break;
-      if (std::chrono::steady_clock::now() - wait_start > opts_.wait_timeout) {
-        log("no fresh rows for clock " + std::to_string(c) + " within the wait timeout");
-        co_return errc::timeout;
-      }
-      wake_.expires_after(opts_.wait_timeout);
-      co_await wake_.async_wait(detail::use_tuple);
-    }
-    const auto computed = std::chrono::steady_clock::now();
-    stats_.wait_seconds += std::chrono::duration<double>(computed - wait_start).count();
-    for (auto& l : links_)
-      for (auto& p : l.parts)
+  bool ready(clock_value need) const noexcept {
+    for (const auto& l : links_)
+      for (const auto& p : l.parts)
+        if (!p.range.empty() && !(p.have && p.clock >= need)) return false;
+    return true;
+  }
+
+  void record_staleness(clock_value c) noexcept {
+    for (const auto& l : links_)
+      for (const auto& p : l.parts)
         if (!p.range.empty()) staleness_.record(c - p.clock);
-    // 3. Snapshot and compute the gradient straight into a pooled buffer.
-    std::memcpy(snapshot_.data(), cache_.data(), cache_.size() * sizeof(float));
-    buffer grad = transport_.allocate(cache_.size() * sizeof(float));
-    const parameter_view params(tables_, snapshot_.data());
-    gradient_view gview(tables_, reinterpret_cast<float*>(grad.data()));
-    float loss = 0;
-    if (compute_) {
-      loss = co_await asio::co_spawn(
-          *compute_,
-          [&]() -> asio::awaitable<float> { co_return model_.compute_gradient(params, gview); },
-          asio::use_awaitable);
-    } else {
-      loss = model_.compute_gradient(params, gview);
-    }
-    stats_.compute_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - computed).count();
-    // 4. Push each shard's slice of the buffer (no copy), ending the clock.
-    for (auto& l : links_) {
-      if (!l.up) continue;
-      table_id last = 0;
-      bool any = false;
-      for (table_id t = 0; t < l.parts.size(); ++t)
-        if (!l.parts[t].range.empty()) {
-          last = t;
-          any = true;
-        }
-      if (!any) {
-        message m;
-        m.header.type = message_type::clock;
-        m.header.sender = opts_.id;
-        m.header.clock = c;
-        if (auto ec = co_await l.conn.async_send(std::move(m))) fail(l, ec, "");
-        continue;
+  }
+
+  // Message `t` of the pushes to link `l` at clock `c`: the push of table t's slice of `grad`
+  // (t < tables), or for t == tables a bare clock message when the shard owns no rows at all.
+  // The last push to a shard carries end_of_clock.
+  std::optional<message> make_push(link& l, table_id t, clock_value c, const buffer& grad) {
+    table_id last = 0;
+    bool any = false;
+    for (table_id i = 0; i < l.parts.size(); ++i)
+      if (!l.parts[i].range.empty()) {
+        last = i;
+        any = true;
       }
-      for (table_id t = 0; t < l.parts.size(); ++t) {
-        auto& p = l.parts[t];
-        if (p.range.empty()) continue;
-        const std::uint32_t w = tables_[t].width;
-        const std::size_t off = (offsets_[t] + std::size_t{p.range.begin} * w) * sizeof(float);
-        const std::size_t bytes = std::size_t{p.range.size()} * w * sizeof(float);
-        message m;
-        m.header.type = message_type::push;
-        m.header.flags = static_cast<std::uint8_t>(
-            frame_flags::range | (t == last ? frame_flags::end_of_clock : 0));
-        m.header.sender = opts_.id;
-        m.header.table = t;
-        m.header.clock = c;
-        m.header.seq = ++l.seq;
-        m.header.first_row = p.range.begin;
-        m.header.row_count = p.range.size();
-        m.header.width = w;
-        m.payload = grad.share(off, bytes);
-        ++p.pushed;
-        if (opts_.local_step > 0) {
-          local_apply(t, p.range, m.payload);
-          p.local.push_back(unapplied{p.pushed, grad.share(off, bytes)});
-        }
-        ++stats_.pushes;
-        stats_.bytes_out += bytes;
-        if (auto ec = co_await l.conn.async_send(std::move(m))) {
-          fail(l, ec, "");
-          break;
-        }
-      }
+    message m;
+    m.header.sender = opts_.id;
+    m.header.clock = c;
+    if (t == l.parts.size()) {
+      if (any) return std::nullopt;
+      m.header.type = message_type::clock;
+      return m;
     }
-    ++clock_;
-    ++stats_.clocks;
-    if (opts_.on_clock) opts_.on_clock(clock_report{opts_.id, c, loss, params});
-    co_return std::error_code{};
+    auto& p = l.parts[t];
+    if (p.range.empty()) return std::nullopt;
+    const std::uint32_t w = tables_[t].width;
+    const std::size_t off = (offsets_[t] + std::size_t{p.range.begin} * w) * sizeof(float);
+    const std::size_t bytes = std::size_t{p.range.size()} * w * sizeof(float);
+    m.header.type = message_type::push;
+    m.header.flags =
+        static_cast<std::uint8_t>(frame_flags::range | (t == last ? frame_flags::end_of_clock : 0));
+    m.header.table = t;
+    m.header.seq = ++l.seq;
+    m.header.first_row = p.range.begin;
+    m.header.row_count = p.range.size();
+    m.header.width = w;
+    m.payload = grad.share(off, bytes);
+    ++p.pushed;
+    if (opts_.local_step > 0) {
+      local_apply(t, p.range, m.payload);
+      p.local.push_back(unapplied{p.pushed, grad.share(off, bytes)});
+    }
+    ++stats_.pushes;
+    stats_.bytes_out += bytes;
+    return m;
   }
 
   asio::awaitable<void> shutdown() {

@@ -1,5 +1,9 @@
 // Proves the push/pull path allocates nothing after warm-up: a global operator new counter
 // wraps a worker/server run, and the clocks after the warm-up must not touch the heap.
+// The test target defines ASIO_DISABLE_STD_ALIGNED_ALLOC (so Asio's coroutine frames and
+// handlers also go through the counted operator new), EIGEN_RUNTIME_NO_MALLOC (Eigen asserts
+// on any allocation in the window) and ASIO_RECYCLING_ALLOCATOR_CACHE_SIZE=32 (see the
+// top-level CMakeLists.txt and docs/performance.md).
 #include <atomic>
 #include <cstdlib>
 #include <new>
@@ -56,9 +60,15 @@ struct counting_model : test::counter_model {
   std::int64_t warmup = 20;
   std::int64_t measured = 200;
   float compute_gradient(const parameter_view& p, gradient_view& g) {
-    if (id == 0 && clock == warmup) counting = true;
-    if (id == 0 && clock == warmup + measured) counting = false;
+    if (id == 0 && clock == warmup) set_counting(true);
+    if (id == 0 && clock == warmup + measured) set_counting(false);
     return test::counter_model::compute_gradient(p, g);
+  }
+  static void set_counting(bool on) {
+    counting = on;
+#ifdef EIGEN_RUNTIME_NO_MALLOC
+    Eigen::internal::set_is_malloc_allowed(!on);  // Eigen asserts if it would allocate
+#endif
   }
 };
 

@@ -110,29 +110,35 @@ class in_process_transport {
     /// Moves `m` into the peer's queue (waits while it is full). Errors:
     /// `errc::connection_closed` when either side closed.
     asio::awaitable<std::error_code> async_send(message m) {
-      if (!open_) co_return make_error_code(errc::connection_closed);
-      m.header.payload_bytes = m.payload.size();
-      auto [ec] = co_await pipe_->dir[side_].async_send(std::error_code{}, std::move(m),
-                                                       detail::use_tuple);
-      if (ec) {
-        close();
-        co_return make_error_code(errc::connection_closed);
+      std::error_code out = make_error_code(errc::connection_closed);
+      if (open_) {
+        m.header.payload_bytes = m.payload.size();
+        auto [ec] = co_await pipe_->dir[side_].async_send(std::error_code{}, std::move(m),
+                                                         detail::use_tuple);
+        if (ec) {
+          close();
+        } else {
+          out = {};
+        }
       }
-      co_return std::error_code{};
+      co_return out;
     }
 
     /// The next message. Errors: `errc::connection_closed`, or a `validate_header` error.
     asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
-      if (!open_) co_return std::tuple{make_error_code(errc::connection_closed), message{}};
-      auto [ec, m] = co_await pipe_->dir[1 - side_].async_receive(detail::use_tuple);
-      if (ec) {
-        close();
-        co_return std::tuple{make_error_code(errc::connection_closed), message{}};
+      std::tuple<std::error_code, message> out{make_error_code(errc::connection_closed),
+                                               message{}};
+      if (open_) {
+        auto [ec, m] = co_await pipe_->dir[1 - side_].async_receive(detail::use_tuple);
+        if (ec) {
+          close();
+        } else if (auto v = validate_header(m.header, limits_)) {
+          std::get<0>(out) = v;  // the owner decides to close (as with TCP)
+        } else {
+          out = {std::error_code{}, std::move(m)};
+        }
       }
-      if (auto v = validate_header(m.header, limits_)) {
-        co_return std::tuple{v, message{}};  // the owner decides to close (as with TCP)
-      }
-      co_return std::tuple{std::error_code{}, std::move(m)};
+      co_return out;
     }
 
     /// Closes both directions: the peer receives `connection_closed` after the messages

@@ -95,41 +95,26 @@ class tcp_transport {
     /// the stream cannot be parsed any more, so later receives repeat that error, but sending
     /// still works (to tell the peer why) until the owner calls `close()`.
     asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
-      message m;
-      if (poisoned_) co_return std::tuple{poisoned_, std::move(m)};
-      auto [ec, n] = co_await asio::async_read(
-          socket_, asio::buffer(recv_header_.data(), header_size), detail::use_tuple);
-      if (ec) {
-        close();
-        co_return std::tuple{(ec == asio::error::eof && n == 0)
-                                 ? make_error_code(errc::connection_closed)
-                                 : (ec == asio::error::eof ? make_error_code(errc::truncated_frame)
-                                                           : ec),
-                             std::move(m)};
+      // One result object and no per-branch temporaries: keeps the coroutine frame small
+      // enough for Asio's per-thread frame recycling (no heap allocation per message).
+      std::tuple<std::error_code, message> out;
+      if (!poisoned_) {
+        auto [ec, n] = co_await asio::async_read(
+            socket_, asio::buffer(recv_header_.data(), header_size), detail::use_tuple);
+        std::get<0>(out) = on_header(ec, n, std::get<1>(out));
+      } else {
+        std::get<0>(out) = poisoned_;
       }
-      m.header = decode_header(std::span<const std::byte, header_size>(recv_header_));
-      if (auto v = validate_header(m.header, transport_->options_.limits)) {
-        poisoned_ = v;
-        co_return std::tuple{v, message{}};
+      if (!std::get<0>(out) && !std::get<1>(out).payload.empty()) {
+        auto& p = std::get<1>(out).payload;
+        auto [ec, n] = co_await asio::async_read(socket_, asio::buffer(p.data(), p.size()),
+                                                 detail::use_tuple);
+        (void)n;
+        if (ec) std::get<0>(out) = on_error(ec, true);
       }
-      m.payload = transport_->allocate(static_cast<std::size_t>(m.header.payload_bytes));
-      if (!m.payload.empty()) {
-        auto [ec2, n2] = co_await asio::async_read(
-            socket_, asio::buffer(m.payload.data(), m.payload.size()), detail::use_tuple);
-        (void)n2;
-        if (ec2) {
-          close();
-          co_return std::tuple{ec2 == asio::error::eof ? make_error_code(errc::truncated_frame)
-                                                       : ec2,
-                               message{}};
-        }
-      }
-      if (frame_checksum(std::span<const std::byte, header_size>(recv_header_),
-                         m.payload.bytes()) != m.header.checksum) {
-        poisoned_ = make_error_code(errc::bad_checksum);
-        co_return std::tuple{poisoned_, message{}};
-      }
-      co_return std::tuple{std::error_code{}, std::move(m)};
+      if (!std::get<0>(out)) std::get<0>(out) = verify(std::get<1>(out));
+      if (std::get<0>(out)) std::get<1>(out) = message{};
+      co_return out;
     }
 
     /// Closes the socket; outstanding operations complete with `asio::error::operation_aborted`.
@@ -150,6 +135,26 @@ class tcp_transport {
 
    private:
     friend class tcp_transport;
+    std::error_code on_error(std::error_code ec, bool inside_frame) noexcept {
+      close();
+      if (ec == asio::error::eof)
+        return inside_frame ? make_error_code(errc::truncated_frame)
+                            : make_error_code(errc::connection_closed);
+      return ec;
+    }
+    std::error_code on_header(std::error_code ec, std::size_t n, message& m) {
+      if (ec) return on_error(ec, n != 0);
+      m.header = decode_header(std::span<const std::byte, header_size>(recv_header_));
+      if (auto v = validate_header(m.header, transport_->options_.limits)) return poisoned_ = v;
+      m.payload = transport_->allocate(static_cast<std::size_t>(m.header.payload_bytes));
+      return {};
+    }
+    std::error_code verify(const message& m) noexcept {
+      if (frame_checksum(std::span<const std::byte, header_size>(recv_header_),
+                         m.payload.bytes()) != m.header.checksum)
+        return poisoned_ = make_error_code(errc::bad_checksum);
+      return {};
+    }
     connection(tcp_transport& t, asio::ip::tcp::socket s) : transport_(&t), socket_(std::move(s)) {
       if (t.options_.no_delay) {
         std::error_code ignored;
