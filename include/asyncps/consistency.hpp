@@ -41,6 +41,7 @@ template <class P>
 concept consistency_policy =
     std::default_initializable<P> && requires(const P& p, clock_value c, clock_value cached, bool have) {
       { P::name } -> std::convertible_to<std::string_view>;
+      typename std::bool_constant<P::eager>;  // a constant expression
       { P::eager } -> std::convertible_to<bool>;
       { p.min_server_clock(c) } -> std::same_as<clock_value>;
       { p.on_read(c, cached, have) } -> std::same_as<read_action>;

@@ -10,6 +10,10 @@
 
 namespace asyncps {
 
+/// The per-parameter state planes handed to `optimizer_policy::apply`.
+template <std::size_t N>
+using optimizer_state = std::array<std::span<float>, N>;
+
 /// A server-side optimizer. Per-parameter state (momentum, second moments, ...) is
 /// `P::state_per_param` floats per parameter, stored by the server next to the rows (and part
 /// of every snapshot, replica and replay).
@@ -22,10 +26,6 @@ namespace asyncps {
 ///
 /// `apply` must not allocate and must leave `params` unchanged for a zero gradient when the
 /// state is zero. Thread safety: called from the server's strand only.
-/// The per-parameter state planes handed to `optimizer_policy::apply`.
-template <std::size_t N>
-using optimizer_state = std::array<std::span<float>, N>;
-
 template <class P>
 concept optimizer_policy = std::copy_constructible<P> &&
     requires(const P& o, std::span<float> params, std::span<const float> grad,

@@ -64,9 +64,9 @@ struct server_options {
   std::uint32_t shard = 0;        ///< this shard's index, < num_shards
   std::uint32_t num_shards = 1;   ///< servers sharing the tables
   std::uint32_t num_workers = 1;  ///< workers in the vector clock (ids 0..num_workers-1)
-  std::vector<table_spec> tables; ///< the model layout (every shard and worker has the same)
-  std::uint64_t seed = 42;        ///< initial-value seed (see table_spec::init_scale)
-  log_function log;               ///< connection events and rejected frames
+  std::vector<table_spec> tables{};  ///< the model layout (every shard and worker has the same)
+  std::uint64_t seed = 42;          ///< initial-value seed (see table_spec::init_scale)
+  log_function log{};               ///< connection events and rejected frames
 };
 
 /// Counters of a server (read on its executor).
@@ -397,7 +397,8 @@ class basic_server {
       return errc::bad_width;
     }
     if (h.has(frame_flags::range)) {
-      if (h.first_row < t.range.begin || h.first_row + h.row_count > t.range.end) {
+      if (h.first_row < t.range.begin || h.first_row > t.range.end ||
+          h.row_count > t.range.end - h.first_row) {
         detail = " (rows [" + std::to_string(h.first_row) + ", " +
                  std::to_string(h.first_row + h.row_count) + ") vs shard rows [" +
                  std::to_string(t.range.begin) + ", " + std::to_string(t.range.end) + "))";
@@ -429,8 +430,9 @@ class basic_server {
         if (!Eigen::Map<const Eigen::ArrayXf>(grad.data(), static_cast<Eigen::Index>(grad.size()))
                  .allFinite())
           return errc::non_finite_value;
-        if (h.has(frame_flags::end_of_clock) && h.clock + 1 <= clocks_[s.worker]) {
-          detail = " (clock " + std::to_string(h.clock) + " already completed)";
+        if (h.clock != clocks_[s.worker]) {
+          detail = " (push for clock " + std::to_string(h.clock) + ", worker is at clock " +
+                   std::to_string(clocks_[s.worker]) + ")";
           return errc::unexpected_message;
         }
         apply(m);
@@ -449,13 +451,15 @@ class basic_server {
       }
       case message_type::clock:
         if (h.sender != s.worker) return errc::bad_sender;
-        if (h.clock + 1 <= clocks_[s.worker]) {
-          detail = " (clock " + std::to_string(h.clock) + " already completed)";
+        if (h.clock != clocks_[s.worker]) {
+          detail = " (clock " + std::to_string(h.clock) + ", worker is at clock " +
+                   std::to_string(clocks_[s.worker]) + ")";
           return errc::unexpected_message;
         }
         advance(s.worker, h.clock + 1);
         return {};
       case message_type::pull: {
+        if (h.sender != s.worker) return errc::bad_sender;
         if (auto ec = check_rows(m, detail)) return ec;
         if (server_clock_ >= h.clock) {
           answer(s, m, false);

@@ -27,6 +27,7 @@ namespace asyncps {
 /// |-----------------------|---------------------------------------------------|-----------|
 /// | `c.async_send(m)`     | `asio::awaitable<std::error_code>`                | sends `m` (moved in; header fields type..first_row set by the caller, `payload_bytes` = `m.payload.size()` set by the transport); at most one send outstanding |
 /// | `c.async_receive()`   | `asio::awaitable<std::tuple<std::error_code, message>>` | the next whole, validated message; at most one receive outstanding |
+/// | `C{}`                 | `C`                                               | a closed connection (placeholder before connecting) |
 /// | `c.close()`           | `void`, noexcept                                  | closes; outstanding operations complete with an error |
 /// | `c.is_open()`         | `bool`                                            | false after `close()` or a failure |
 ///
@@ -34,7 +35,8 @@ namespace asyncps {
 /// frame completes with the `errc` naming the bad field; the stream cannot be parsed after
 /// that (later receives repeat the error) but sends still work until the owner closes it.
 template <class C>
-concept connection = std::movable<C> && requires(C& c, message&& m) {
+concept connection = std::movable<C> && std::default_initializable<C> &&
+                     requires(C& c, message&& m) {
   { c.async_send(std::move(m)) } -> std::same_as<asio::awaitable<std::error_code>>;
   { c.async_receive() } -> std::same_as<asio::awaitable<std::tuple<std::error_code, message>>>;
   { c.close() } noexcept;

@@ -52,18 +52,19 @@ struct clock_report {
 template <class Endpoint>
 struct worker_options {
   std::uint32_t id = 0;            ///< worker id, < the servers' num_workers
-  std::vector<Endpoint> servers;   ///< shard s listens at servers[s]
+  std::vector<Endpoint> servers{};  ///< shard s listens at servers[s]
   /// Learning rate used to apply the worker's own gradient to its cache (read-my-writes,
-  /// as Bösen's oplog does). Negative: use the server optimizer's `local_step()` value the
-  /// user passes in; 0 disables. Exact when it equals the server's SGD learning rate.
+  /// as Bösen's oplog does); pass the server optimizer's `local_step()`. Exact when it equals
+  /// the server's SGD learning rate; <= 0 disables it (own writes then become visible only
+  /// through the server).
   float local_step = 0.0f;
   /// Longest wait for rows (or for a connection at start) before failing with `errc::timeout`.
   std::chrono::milliseconds wait_timeout{std::chrono::seconds(60)};
   /// How long to keep retrying the first connection to a server (servers may start later).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
   /// Called on the worker's executor after each clock (evaluation, progress). May be empty.
-  std::function<void(const clock_report&)> on_clock;
-  log_function log;  ///< connection events; empty: stderr
+  std::function<void(const clock_report&)> on_clock{};
+  log_function log{};  ///< connection events; empty: stderr
 };
 
 /// Counters of a worker (read on its executor).
@@ -107,7 +108,7 @@ class basic_worker {
         wake_(transport.get_executor()) {
     if (opts_.servers.empty())
       throw std::invalid_argument("asyncps::worker_options: servers must not be empty");
-    const auto layout = model_.tables();
+    const std::span<const table_spec> layout = model_.tables();
     tables_.assign(layout.begin(), layout.end());
     const std::size_t n = layout_size(tables_);
     cache_.assign(n, 0.0f);
@@ -136,8 +137,8 @@ class basic_worker {
   /// Runs `clocks` iterations of pull -> gradient -> push -> clock, then closes its
   /// connections. Completes with success, or: `errc::server_lost` (a connection failed and
   /// the recovery policy gave up), `errc::timeout` (no fresh rows within `wait_timeout`),
-  /// `errc::layout_mismatch` (a server has another layout), a protocol error a server
-  /// reported, or a connect error. Precondition: runs on `transport.get_executor()`.
+  /// `errc::layout_mismatch` (a server refused this worker's layout), `errc::unexpected_message`
+  /// (a server refused the handshake; the reason is logged), or a connect error. Precondition: runs on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
     std::error_code ec = co_await connect_all();
     // The whole clock loop lives in this one coroutine frame: calling a coroutine per clock
@@ -335,7 +336,8 @@ class basic_worker {
         float* base = cache_.data() + offsets_[h.table];
         const auto vals = payload_floats(m);
         if (h.has(frame_flags::range)) {
-          if (h.first_row < p.range.begin || h.first_row + h.row_count > p.range.end)
+          if (h.first_row < p.range.begin || h.first_row > p.range.end ||
+              h.row_count > p.range.end - h.first_row)
             return errc::bad_row_range;
           std::memcpy(base + h.first_row * t.width, vals.data(), vals.size_bytes());
         } else {

@@ -52,8 +52,8 @@ std::vector<float> random_parameters(std::span<const asyncps::table_spec> layout
   return params;
 }
 
-/// Compares `model`'s gradient with central differences of its loss at `count` coordinates
-/// of every table (random weights plus two biases). The model must draw the whole (single)
+/// Compares `model`'s gradient with central differences of its loss at 10 coordinates of
+/// every table (8 random weights and 2 random biases). The model must draw the whole (single)
 /// shard in every batch, so every call sees the same examples. Coordinates where the forward
 /// and backward one-sided differences disagree (a ReLU kink inside [-eps, eps]) are skipped;
 /// returns the number checked.
@@ -80,7 +80,6 @@ int check_gradient(Model& model, std::vector<float> params, float eps, std::uint
 
   std::mt19937_64 rng(seed);
   int checked = 0;
-  int skipped = 0;
   std::size_t offset = 0;
   for (const auto& t : layout) {
     std::vector<std::size_t> coords;
@@ -97,10 +96,7 @@ int check_gradient(Model& model, std::vector<float> params, float eps, std::uint
       const double backward = (loss0 - minus) / eps;
       const double numeric = (plus - minus) / (2.0 * eps);
       const double analytic = grad[k];
-      if (std::abs(forward - backward) > 0.1 * std::abs(numeric) + 2e-3) {
-        ++skipped;
-        continue;
-      }
+      if (std::abs(forward - backward) > 0.1 * std::abs(numeric) + 2e-3) continue;  // a kink
       INFO("table ", t.id, " index ", k - offset, ": analytic ", analytic, ", numeric ", numeric);
       CHECK(std::abs(analytic - numeric) <=
             2e-2 * std::max(std::abs(analytic), std::abs(numeric)) + 1e-4);
@@ -108,7 +104,6 @@ int check_gradient(Model& model, std::vector<float> params, float eps, std::uint
     }
     offset += t.size();
   }
-  MESSAGE(checked, " coordinates checked, ", skipped, " skipped at ReLU kinks");
   return checked;
 }
 

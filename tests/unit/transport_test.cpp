@@ -392,6 +392,19 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
                      "'table'"});
     cases.push_back({"bad row range",
                      concat(hello_frame(1, 8, 4), push_frame(1, 0, 6, 4, 4, 5.0f)), "rows [6, 10)"});
+    cases.push_back({"row range that wraps around",
+                     concat(hello_frame(1, 8, 4),
+                            push_frame(1, 0, std::numeric_limits<std::uint64_t>::max(), 2, 4, 5.0f)),
+                     "rows ["});
+    {
+      auto f = push_frame(1, 0, 0, 8, 4, 5.0f);
+      frame_header h = decode_header(std::span<const std::byte, header_size>(f.data(), header_size));
+      h.clock = std::numeric_limits<std::int64_t>::max();
+      std::vector<float> vals(32, 5.0f);
+      auto hdr = encode(h, std::as_bytes(std::span(vals)));
+      std::copy(hdr.begin(), hdr.end(), f.begin());
+      cases.push_back({"clock out of sequence", concat(hello_frame(1, 8, 4), f), "worker is at clock"});
+    }
     cases.push_back({"bad width", concat(hello_frame(1, 8, 4), push_frame(1, 0, 0, 8, 3, 5.0f)),
                      "'width'"});
     cases.push_back({"non-finite gradient",

@@ -1,0 +1,435 @@
+// asyncps_bench — push / pull throughput and round-trip latency against a real server shard,
+// next to the machine's raw loopback ceiling measured in the same run.
+//
+//   asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S] [--windows 1,16]
+//                 [--transport tcp|in-process] [--size BYTES] [--workers N]
+//                 [--op push|pull|push+pull] [--no-raw]
+//
+// Setup per (transport, value size, workers): one `basic_server<Transport, consistency::asp>`
+// shard holding one table of size / 4 KiB rows x 1024 floats, running on its own thread and
+// io_context; `workers` protocol clients (bench/client.hpp), each on its own connection, all
+// on the main thread's io_context. Each (op, window) is run once to warm up, then `reps` times
+// for `seconds` each; the figure is the median over the repetitions. See docs/performance.md.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/io_context.hpp>
+#include <asio/post.hpp>
+
+#include "asyncps/consistency/policies.hpp"
+#include "asyncps/server.hpp"
+#include "asyncps/transport/in_process.hpp"
+#include "asyncps/transport/tcp.hpp"
+
+#include "client.hpp"
+#include "raw_baseline.hpp"
+#include "report.hpp"
+
+namespace asyncps::bench {
+namespace {
+
+constexpr std::uint32_t row_width = 1024;  // floats per row: one row = 4 KiB
+
+struct config {
+  std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{64} << 10,
+                                 std::size_t{1} << 20, std::size_t{4} << 20};
+  std::vector<unsigned> workers{1, 2};
+  std::vector<std::string> transports{"tcp", "in-process"};
+  std::vector<op_kind> ops{op_kind::push, op_kind::pull, op_kind::push_pull};
+  std::vector<unsigned> windows{1, 16};  // requests in flight per connection
+  unsigned reps = 5;
+  double seconds = 0.2;  // per repetition
+  bool raw = true;
+  bool quick = false;
+  std::string json;
+};
+
+bench_clock::duration to_duration(double seconds) {
+  return std::chrono::duration_cast<bench_clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw loopback baseline
+// ---------------------------------------------------------------------------------------------
+struct baseline {
+  double one_way_mbps = 0.0;  // per size, MB/s
+  double rtt_us = 0.0;        // per size, median us (size-byte request, 8-byte reply)
+};
+
+baseline measure_raw(const config& cfg, std::size_t size, std::vector<row>& rows) {
+  raw::socket_pair pair;
+  // Warm up (and calibrate the message count so that one repetition takes ~cfg.seconds).
+  const std::size_t warm = std::max<std::size_t>(8, (std::size_t{16} << 20) / size);
+  const double rate = raw::one_way(pair, size, warm);
+  const auto count = std::max<std::size_t>(
+      8, static_cast<std::size_t>(rate * cfg.seconds / static_cast<double>(size)));
+  std::vector<double> mbps;
+  for (unsigned r = 0; r < cfg.reps; ++r) mbps.push_back(raw::one_way(pair, size, count) / 1e6);
+
+  std::vector<double> rtt;
+  (void)raw::round_trips(size, bench_clock::now() + to_duration(cfg.seconds / 4), 8);
+  for (unsigned r = 0; r < cfg.reps; ++r)
+    rtt.push_back(median(raw::round_trips(size, bench_clock::now() + to_duration(cfg.seconds), 8)));
+
+  row a{"raw-tcp", "one-way", size, 1, 1, "MB/s", summarize(mbps), 1.0};
+  row b{"raw-tcp", "rtt", size, 1, 1, "us", summarize(rtt), 1.0};
+  rows.push_back(a);
+  rows.push_back(b);
+  return {a.value.median, b.value.median};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transports: a server-side and a client-side endpoint object per setup
+// ---------------------------------------------------------------------------------------------
+struct tcp_env {
+  using transport_type = tcp_transport;
+  static constexpr const char* name = "tcp";
+  tcp_transport server;
+  tcp_transport client;
+  tcp_env(asio::io_context& s, asio::io_context& c)
+      : server(s.get_executor()), client(c.get_executor()) {}
+  result<tcp_transport::acceptor> listen() {
+    return server.listen({asio::ip::address_v4::loopback(), 0});
+  }
+  static tcp_transport::endpoint_type endpoint(const tcp_transport::acceptor& a) {
+    return a.local_endpoint();
+  }
+  std::uint64_t fresh_blocks() const {
+    return server.pool().stats().fresh_blocks + client.pool().stats().fresh_blocks;
+  }
+};
+
+struct in_process_env {
+  using transport_type = in_process_transport;
+  static constexpr const char* name = "in-process";
+  in_process_network net;
+  in_process_transport server;
+  in_process_transport client;
+  in_process_env(asio::io_context& s, asio::io_context& c)
+      : server(s.get_executor(), net), client(c.get_executor(), net) {}
+  result<in_process_transport::acceptor> listen() { return server.listen("asyncps-bench"); }
+  static std::string endpoint(const in_process_transport::acceptor&) { return "asyncps-bench"; }
+  std::uint64_t fresh_blocks() { return net.pool().stats().fresh_blocks; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// One setup: a server shard + `workers` clients; every (op, window) measured on it
+// ---------------------------------------------------------------------------------------------
+struct setup {
+  std::size_t size = 0;
+  unsigned workers = 1;
+  baseline raw{};
+};
+
+template <class Server, class Acceptor>
+asio::awaitable<void> serve(Server& server, Acceptor acceptor) {
+  if (auto ec = co_await server.async_serve(std::move(acceptor)))
+    std::fprintf(stderr, "asyncps_bench: server stopped: %s\n", ec.message().c_str());
+}
+
+template <class Env>
+asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_type ep,
+                            const config& cfg, const setup& su, std::vector<row>& rows,
+                            std::uint64_t& pushes) {
+  using connection = typename Env::transport_type::connection_type;
+  const auto rows_per_table = static_cast<std::uint32_t>(su.size / (row_width * sizeof(float)));
+
+  // A finite gradient, written once and shared into every push of every client.
+  buffer gradient = env.client.allocate(su.size);
+  for (float& f : gradient.floats()) f = 1e-6f;
+
+  std::vector<std::unique_ptr<client<connection>>> clients;
+  for (unsigned w = 0; w < su.workers; ++w) {
+    auto [ec, conn] = co_await env.client.async_connect(ep);
+    if (ec) throw std::runtime_error("connect: " + ec.message());
+    clients.push_back(std::make_unique<client<connection>>(std::move(conn), w, rows_per_table,
+                                                           row_width, gradient.share()));
+    co_await clients.back()->handshake(env.client.allocate(8));
+  }
+
+  const auto run_all = [&](const workload& w, std::vector<worker_result>& res) -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    res.assign(clients.size(), worker_result{});
+    if (clients.size() == 1) {
+      co_await clients[0]->run(w, res[0]);
+    } else {
+      co_await (clients[0]->run(w, res[0]) && clients[1]->run(w, res[1]));
+    }
+    for (const auto& r : res) pushes += r.pushes;
+  };
+
+  for (op_kind op : cfg.ops) {
+    for (unsigned window : cfg.windows) {
+      workload w;
+      w.op = op;
+      w.size = su.size;
+      w.window = window;
+      w.min_requests = std::max(4u, 2 * window);
+      w.record_latency = window == 1 && op != op_kind::push_pull;
+      std::vector<worker_result> res;
+
+      w.deadline = bench_clock::now() + to_duration(cfg.seconds / 2);  // warm-up
+      co_await run_all(w, res);
+
+      std::vector<double> mbps;
+      std::vector<double> lat;
+      for (unsigned r = 0; r < cfg.reps; ++r) {
+        const auto t0 = bench_clock::now();
+        w.deadline = t0 + to_duration(cfg.seconds);
+        co_await run_all(w, res);
+        std::uint64_t bytes = 0;
+        auto end = t0;
+        std::vector<double> samples;
+        for (const auto& x : res) {
+          bytes += x.bytes;
+          end = std::max(end, x.end);
+          samples.insert(samples.end(), x.latency_us.begin(), x.latency_us.end());
+        }
+        mbps.push_back(static_cast<double>(bytes) / 1e6 /
+                       std::chrono::duration<double>(end - t0).count());
+        if (w.record_latency) lat.push_back(median(std::move(samples)));
+      }
+      row t{Env::name, op_name(op), su.size, window, su.workers, "MB/s", summarize(mbps), 0.0};
+      t.ratio = su.raw.one_way_mbps > 0 ? t.value.median / su.raw.one_way_mbps : 0.0;
+      rows.push_back(t);
+      if (w.record_latency) {
+        row l{Env::name, std::string(op_name(op)) + "-rtt", su.size, 1, su.workers, "us",
+              summarize(lat), 0.0};
+        l.ratio = su.raw.rtt_us > 0 ? l.value.median / su.raw.rtt_us : 0.0;
+        rows.push_back(l);
+      }
+    }
+  }
+  for (auto& c : clients) c->close();
+}
+
+template <class Env>
+void run_setup(const config& cfg, const setup& su, std::vector<row>& rows) {
+  asio::io_context server_ctx{1};
+  asio::io_context client_ctx{1};
+  Env env(server_ctx, client_ctx);
+
+  server_options opts;
+  opts.num_workers = su.workers;
+  opts.tables = {table_spec{0, static_cast<std::uint32_t>(su.size / (row_width * sizeof(float))),
+                            row_width, 0.0f}};
+  basic_server<typename Env::transport_type, consistency::asp> server(env.server, opts);
+
+  auto acceptor = env.listen();
+  if (!acceptor) throw std::runtime_error("listen: " + acceptor.error().message());
+  const auto ep = Env::endpoint(acceptor.value());
+  asio::co_spawn(server_ctx, serve(server, std::move(acceptor).value()), asio::detached);
+  std::thread server_thread([&] { server_ctx.run(); });
+
+  std::exception_ptr failure;
+  std::uint64_t pushes = 0;
+  asio::co_spawn(client_ctx, drive(env, ep, cfg, su, rows, pushes),
+                 [&](std::exception_ptr e) { failure = e; });
+  client_ctx.run();
+
+  asio::post(server_ctx, [&] { server.stop(); });
+  server_thread.join();
+  if (failure) std::rethrow_exception(failure);
+  const server_stats& st = server.stats();
+  if (st.pushes != pushes)
+    throw std::runtime_error("server applied " + std::to_string(st.pushes) +
+                             " pushes, clients saw " + std::to_string(pushes) + " acks");
+  std::fprintf(stderr,
+               "  server: %llu pushes, %llu pulls, %.0f MB in, %.0f MB out; "
+               "%llu pool blocks taken from the heap\n",
+               static_cast<unsigned long long>(st.pushes),
+               static_cast<unsigned long long>(st.pulls), static_cast<double>(st.bytes_in) / 1e6,
+               static_cast<double>(st.bytes_out) / 1e6,
+               static_cast<unsigned long long>(env.fresh_blocks()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Command line, ordering, output
+// ---------------------------------------------------------------------------------------------
+[[noreturn]] void usage(const char* msg) {
+  std::fprintf(stderr,
+               "asyncps_bench: %s\n"
+               "usage: asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S]\n"
+               "                     [--windows 1,16] [--transport tcp|in-process] [--size BYTES]\n"
+               "                     [--workers N] [--op push|pull|push+pull] [--no-raw]\n",
+               msg);
+  std::exit(2);
+}
+
+config parse(int argc, char** argv) {
+  config cfg;
+  std::optional<unsigned> reps;
+  std::optional<double> seconds;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value");
+      return argv[++i];
+    };
+    if (a == "--quick") {
+      cfg.quick = true;
+    } else if (a == "--json") {
+      cfg.json = value();
+    } else if (a == "--reps") {
+      reps = static_cast<unsigned>(std::stoul(value()));
+    } else if (a == "--seconds") {
+      seconds = std::stod(value());
+    } else if (a == "--windows") {
+      cfg.windows.clear();
+      const std::string v = value();
+      for (std::size_t pos = 0; pos < v.size();) {
+        const std::size_t comma = std::min(v.find(',', pos), v.size());
+        cfg.windows.push_back(static_cast<unsigned>(std::stoul(v.substr(pos, comma - pos))));
+        pos = comma + 1;
+      }
+    } else if (a == "--transport") {
+      cfg.transports = {value()};
+      if (cfg.transports[0] != "tcp" && cfg.transports[0] != "in-process")
+        usage("--transport takes tcp or in-process");
+    } else if (a == "--size") {
+      cfg.sizes = {static_cast<std::size_t>(std::stoull(value()))};
+      if (cfg.sizes[0] == 0 || cfg.sizes[0] % (row_width * sizeof(float)) != 0)
+        usage("--size must be a positive multiple of 4096");
+    } else if (a == "--workers") {
+      cfg.workers = {static_cast<unsigned>(std::stoul(value()))};
+      if (cfg.workers[0] != 1 && cfg.workers[0] != 2) usage("--workers takes 1 or 2");
+    } else if (a == "--op") {
+      const std::string v = value();
+      if (v == "push") {
+        cfg.ops = {op_kind::push};
+      } else if (v == "pull") {
+        cfg.ops = {op_kind::pull};
+      } else if (v == "push+pull") {
+        cfg.ops = {op_kind::push_pull};
+      } else {
+        usage("--op takes push, pull or push+pull");
+      }
+    } else if (a == "--no-raw") {
+      cfg.raw = false;
+    } else if (a == "--help" || a == "-h") {
+      usage("help");
+    } else {
+      usage(("unknown argument " + std::string(a)).c_str());
+    }
+  }
+  if (cfg.quick) {
+    cfg.reps = 3;
+    cfg.seconds = 0.02;
+  }
+  if (reps) cfg.reps = *reps;
+  if (seconds) cfg.seconds = *seconds;
+  if (cfg.reps == 0 || cfg.seconds <= 0 || cfg.windows.empty() ||
+      std::count(cfg.windows.begin(), cfg.windows.end(), 0u) != 0)
+    usage("--reps must be > 0, --seconds > 0 and --windows a list of numbers >= 1");
+  return cfg;
+}
+
+// The 1-minute load average (Linux), to show how busy the machine was; -1 when unknown.
+double load_average() {
+  double load = -1.0;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1.0;
+    std::fclose(f);
+  }
+  return load;
+}
+
+int rank_transport(const std::string& t) { return t == "raw-tcp" ? 0 : t == "tcp" ? 1 : 2; }
+int rank_op(const std::string& op) {
+  static const char* order[] = {"one-way", "rtt",      "push",     "pull",
+                                "push+pull", "push-rtt", "pull-rtt"};
+  for (int i = 0; i < 7; ++i)
+    if (op == order[i]) return i;
+  return 7;
+}
+
+int run(int argc, char** argv) {
+  const config cfg = parse(argc, argv);
+  const auto started = bench_clock::now();
+  const double load_before = load_average();
+  std::vector<row> rows;
+
+  std::vector<baseline> raw(cfg.sizes.size());
+  if (cfg.raw) {
+    for (std::size_t i = 0; i < cfg.sizes.size(); ++i) {
+      std::fprintf(stderr, "raw baseline, %s\n", size_text(cfg.sizes[i]).c_str());
+      raw[i] = measure_raw(cfg, cfg.sizes[i], rows);
+    }
+  }
+  for (const auto& t : cfg.transports) {
+    for (std::size_t i = 0; i < cfg.sizes.size(); ++i) {
+      for (unsigned workers : cfg.workers) {
+        std::fprintf(stderr, "%s, %s, %u worker(s)\n", t.c_str(), size_text(cfg.sizes[i]).c_str(),
+                     workers);
+        const setup su{cfg.sizes[i], workers, raw[i]};
+        if (t == "tcp") {
+          run_setup<tcp_env>(cfg, su, rows);
+        } else {
+          run_setup<in_process_env>(cfg, su, rows);
+        }
+      }
+    }
+  }
+
+  std::stable_sort(rows.begin(), rows.end(), [](const row& a, const row& b) {
+    const auto key = [](const row& r) {
+      return std::tuple{rank_transport(r.transport), rank_op(r.op), r.size, r.window, r.workers};
+    };
+    return key(a) < key(b);
+  });
+  const double elapsed = std::chrono::duration<double>(bench_clock::now() - started).count();
+  std::string windows;
+  for (unsigned w : cfg.windows) windows += (windows.empty() ? "" : ",") + std::to_string(w);
+  const double load_after = load_average();
+  std::printf("asyncps_bench: %u repetitions x %.2f s per figure, windows %s, %u hardware "
+              "threads, %.0f s in all, load average %.2f before / %.2f after\n",
+              cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(), elapsed,
+              load_before, load_after);
+  std::printf("MB/s = 1e6 payload bytes/s; vs raw = median / raw-tcp of the same size "
+              "(one-way for MB/s, rtt for us)\n\n");
+  print_table_header();
+  for (const auto& r : rows) print_row(r);
+
+  if (!cfg.json.empty()) {
+    char meta[320];
+    std::snprintf(meta, sizeof meta,
+                  "{\"reps\": %u, \"seconds\": %.3f, \"windows\": [%s], "
+                  "\"hardware_threads\": %u, \"quick\": %s, \"elapsed_s\": %.1f, "
+                  "\"load_before\": %.2f, \"load_after\": %.2f}",
+                  cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(),
+                  cfg.quick ? "true" : "false", elapsed, load_before, load_after);
+    if (!write_json(cfg.json, rows, meta)) {
+      std::fprintf(stderr, "asyncps_bench: cannot write %s\n", cfg.json.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace asyncps::bench
+
+int main(int argc, char** argv) {
+  try {
+    return asyncps::bench::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "asyncps_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,385 @@
+// fashion — two `asyncps::model`s for Fashion-MNIST: softmax regression and a one-hidden-layer
+// ReLU network, each trained with minibatch gradients of the mean cross-entropy.
+//
+// One model object is one worker's: it owns an index permutation of its contiguous shard of the
+// training set and its own generator, and draws `batch_size` examples per `compute_gradient`.
+// Everything a step touches is allocated in the constructor; a step allocates nothing.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "asyncps/model.hpp"
+#include "asyncps/table.hpp"
+#include "dataset.hpp"
+
+namespace fashion {
+
+/// Quality of a parameter snapshot on a labelled set.
+struct evaluation {
+  double accuracy = 0.0;  ///< fraction of examples whose arg-max class is the label, in [0, 1]
+  double loss = 0.0;      ///< mean cross-entropy in nats (no regularisation term)
+};
+
+namespace detail {
+
+/// Draws minibatches from one worker's shard: a contiguous slice of the training set, visited
+/// in a fresh random order each epoch. Batches run across epoch boundaries, so every batch
+/// has exactly `batch_size` examples.
+class minibatch_sampler {
+ public:
+  minibatch_sampler(const dataset& train, std::uint32_t shard, std::uint32_t num_shards,
+                    std::uint32_t batch_size, std::uint64_t seed)
+      : train_(&train), batch_size_(batch_size) {
+    if (num_shards == 0 || shard >= num_shards) {
+      throw std::invalid_argument("fashion model: need shard < num_shards");
+    }
+    if (batch_size == 0) throw std::invalid_argument("fashion model: batch_size must be > 0");
+    if (train.size() > std::numeric_limits<std::uint32_t>::max() ||
+        train.images.rows() != static_cast<Eigen::Index>(train.size()) ||
+        train.images.cols() != static_cast<Eigen::Index>(image_pixels)) {
+      throw std::invalid_argument("fashion model: training set is not n x 784 with n labels");
+    }
+    if (std::any_of(train.labels.begin(), train.labels.end(),
+                    [](std::uint8_t y) { return y >= num_classes; })) {
+      throw std::invalid_argument("fashion model: a training label is >= 10");
+    }
+    const auto range =
+        asyncps::shard_range(static_cast<std::uint32_t>(train.size()), shard, num_shards);
+    if (range.empty()) throw std::invalid_argument("fashion model: the shard is empty");
+    order_.resize(range.size());
+    for (std::uint32_t i = 0; i < range.size(); ++i) order_[i] = range.begin + i;
+    // splitmix64 of (seed, shard): distinct, well-mixed streams per worker.
+    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (std::uint64_t{shard} + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    rng_.seed(z ^ (z >> 31));
+    std::shuffle(order_.begin(), order_.end(), rng_);
+  }
+
+  /// Copies the next `batch_size` examples into `x` (batch_size x 784) and `labels`.
+  void next(asyncps::row_matrix& x, std::vector<std::uint8_t>& labels) noexcept {
+    for (std::uint32_t i = 0; i < batch_size_; ++i) {
+      if (cursor_ == order_.size()) {
+        std::shuffle(order_.begin(), order_.end(), rng_);
+        cursor_ = 0;
+      }
+      const std::uint32_t k = order_[cursor_++];
+      x.row(i) = train_->images.row(k);
+      labels[i] = train_->labels[k];
+    }
+    seen_ += batch_size_;
+  }
+
+  std::uint64_t samples_seen() const noexcept { return seen_; }
+  double epoch() const noexcept {
+    return static_cast<double>(seen_) / static_cast<double>(order_.size());
+  }
+  std::uint32_t batch_size() const noexcept { return batch_size_; }
+
+ private:
+  const dataset* train_;
+  std::uint32_t batch_size_;
+  std::vector<std::uint32_t> order_;
+  std::size_t cursor_ = 0;
+  std::mt19937_64 rng_;
+  std::uint64_t seen_ = 0;
+};
+
+/// Floats one Eigen GEMM may pack on the stack: its packed lhs panel (kc x mc) and rhs panel
+/// (kc x nc) each go to the heap when larger than EIGEN_STACK_ALLOCATION_LIMIT bytes.
+inline constexpr Eigen::Index max_stack_panel =
+    std::max<Eigen::Index>(EIGEN_STACK_ALLOCATION_LIMIT / sizeof(float), 64 * 64);
+/// The largest depth of one sub-product of `product_into`.
+inline constexpr Eigen::Index max_product_depth = 128;
+
+/// `dst = lhs * rhs` without heap allocation: Eigen's GEMM packs panels of up to
+/// depth x rows and depth x cols, which go to the heap above 128 KiB (e.g. 784 x 64 floats), so
+/// the product is computed as a sum, over depth slices of at most `max_product_depth`, of
+/// sub-products on tiles of `dst` small enough that both panels stay on the stack.
+/// Preconditions: shapes agree; `dst` does not alias `lhs` or `rhs`.
+/// Complexity: that of the product, plus one extra read-modify-write of `dst` per depth slice.
+template <class Dst, class Lhs, class Rhs>
+void product_into(Dst&& dst, const Lhs& lhs, const Rhs& rhs) noexcept {
+  const Eigen::Index rows = lhs.rows();
+  const Eigen::Index cols = rhs.cols();
+  const Eigen::Index depth = lhs.cols();
+  const Eigen::Index slices =
+      std::max<Eigen::Index>(1, (depth + max_product_depth - 1) / max_product_depth);
+  const Eigen::Index step = std::max<Eigen::Index>(1, (depth + slices - 1) / slices);
+  const Eigen::Index side = std::max<Eigen::Index>(1, max_stack_panel / step);
+  for (Eigen::Index i = 0; i < rows; i += side) {
+    const Eigen::Index mi = std::min(side, rows - i);
+    for (Eigen::Index j = 0; j < cols; j += side) {
+      const Eigen::Index nj = std::min(side, cols - j);
+      auto tile = dst.block(i, j, mi, nj);
+      if (depth == 0) tile.setZero();
+      for (Eigen::Index k = 0; k < depth; k += step) {
+        const Eigen::Index dk = std::min(step, depth - k);
+        if (k == 0) {
+          tile.noalias() = lhs.block(i, k, mi, dk) * rhs.block(k, j, dk, nj);
+        } else {
+          tile.noalias() += lhs.block(i, k, mi, dk) * rhs.block(k, j, dk, nj);
+        }
+      }
+    }
+  }
+}
+
+/// Turns logits `z` (m x 10) in place into `scale * (softmax(z) - onehot(labels))`, the
+/// gradient of `scale * sum_i cross_entropy_i` with respect to `z`, and returns that sum of
+/// cross-entropies (nats, unscaled). Numerically stable (subtracts each row's maximum).
+/// When `correct` is non-null, adds the number of rows whose arg-max is the label.
+inline double softmax_cross_entropy(Eigen::Ref<asyncps::row_matrix> z, const std::uint8_t* labels,
+                                    float scale, std::size_t* correct = nullptr) noexcept {
+  double loss = 0.0;
+  for (Eigen::Index i = 0; i < z.rows(); ++i) {
+    auto row = z.row(i);
+    Eigen::Index arg_max = 0;
+    const float max = row.maxCoeff(&arg_max);
+    const Eigen::Index y = labels[i];
+    if (correct != nullptr && arg_max == y) ++*correct;
+    const float shifted_y = row(y) - max;
+    row.array() = (row.array() - max).exp();
+    const float sum = row.sum();
+    loss += static_cast<double>(std::log(sum) - shifted_y);
+    row *= scale / sum;
+    row(y) -= scale;
+  }
+  return loss;
+}
+
+/// Evaluates `forward(x, logits)` (which fills `logits`, m x 10, from images `x`, m x 784)
+/// over `test` in chunks of `chunk_rows`.
+template <class Forward>
+evaluation evaluate_chunks(const dataset& test, std::size_t chunk_rows, Forward&& forward) {
+  if (test.size() == 0) return {};
+  chunk_rows = std::clamp<std::size_t>(chunk_rows, 1, test.size());
+  asyncps::row_matrix logits(static_cast<Eigen::Index>(chunk_rows),
+                             static_cast<Eigen::Index>(num_classes));
+  double loss = 0.0;
+  std::size_t correct = 0;
+  for (std::size_t begin = 0; begin < test.size(); begin += chunk_rows) {
+    const auto m = static_cast<Eigen::Index>(std::min(chunk_rows, test.size() - begin));
+    auto z = logits.topRows(m);
+    forward(test.images.middleRows(static_cast<Eigen::Index>(begin), m), z);
+    loss += softmax_cross_entropy(z, test.labels.data() + begin, 1.0f, &correct);
+  }
+  const auto n = static_cast<double>(test.size());
+  return {static_cast<double>(correct) / n, loss / n};
+}
+
+}  // namespace detail
+
+/// Multinomial logistic regression: p(y | x) = softmax(W x + b), W 10 x 784, b 10.
+///
+/// Layout: table 0 is 10 rows x 785 (row c = [W_c | b_c]), initialised to zeros.
+/// Loss per minibatch: mean cross-entropy + (l2 / 2) * ||W||^2 (biases not regularised).
+/// Object lifetimes: the training set passed to the constructor must outlive the model.
+/// Thread safety: distinct objects are independent; one object is used by one thread at a time.
+class softmax_model {
+ public:
+  /// The only table.
+  static constexpr asyncps::table_id weights_table = 0;
+
+  /// A worker's model over shard `shard` of `num_shards` (a balanced contiguous split of
+  /// `train`, as `asyncps::shard_range`), drawing `batch_size` examples per step, shuffling its
+  /// shard each epoch with a `std::mt19937_64` seeded from (seed, shard); `l2` >= 0 is the
+  /// weight-decay coefficient.
+  /// Errors: throws `std::invalid_argument` unless `shard < num_shards`, `batch_size > 0`,
+  /// `train` is n x 784 with n labels, all < 10, and the shard is non-empty; `std::bad_alloc`.
+  /// Complexity: O(shard size + batch_size * 784) time and memory.
+  softmax_model(const dataset& train, std::uint32_t shard, std::uint32_t num_shards,
+                std::uint32_t batch_size, std::uint64_t seed, float l2 = 0.0f)
+      : sampler_(train, shard, num_shards, batch_size, seed), l2_(l2),
+        x_(batch_size, static_cast<Eigen::Index>(image_pixels)), labels_(batch_size),
+        logits_(batch_size, static_cast<Eigen::Index>(num_classes)) {}
+
+  /// The parameter layout (see the class comment). Valid while the model lives.
+  std::span<const asyncps::table_spec> tables() const noexcept { return tables_; }
+
+  /// Draws the next minibatch and writes into every value of `g` the gradient, at `p`, of the
+  /// minibatch's mean cross-entropy plus (l2 / 2) ||W||^2; returns that loss (nats).
+  /// Preconditions: `p` and `g` have the layout `tables()`.
+  /// Allocation: none. Complexity: O(batch_size * 7850).
+  float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) noexcept {
+    sampler_.next(x_, labels_);
+    const auto theta = p.table(weights_table);
+    const auto w = theta.leftCols(image_pixels);
+    detail::product_into(logits_, x_, w.transpose());
+    logits_.rowwise() += theta.col(image_pixels).transpose();
+    const auto batch = static_cast<float>(x_.rows());
+    double loss = detail::softmax_cross_entropy(logits_, labels_.data(), 1.0f / batch) / batch;
+
+    auto grad = g.table(weights_table);
+    detail::product_into(grad.leftCols(image_pixels), logits_.transpose(), x_);
+    grad.col(image_pixels) = logits_.colwise().sum().transpose();
+    if (l2_ != 0.0f) {
+      grad.leftCols(image_pixels) += l2_ * w;
+      loss += 0.5 * static_cast<double>(l2_) * static_cast<double>(w.squaredNorm());
+    }
+    return static_cast<float>(loss);
+  }
+
+  /// Examples drawn so far by this object.
+  std::uint64_t samples_seen() const noexcept { return sampler_.samples_seen(); }
+  /// Passes over this object's shard so far (fractional).
+  double epoch() const noexcept { return sampler_.epoch(); }
+
+  /// Accuracy and mean cross-entropy of parameters `p` (layout `tables()`) on `test`,
+  /// computed in chunks of `chunk_rows` rows. Preconditions: `test` is n x 784 with n labels,
+  /// all < 10 (as `load_idx` makes it). Allocates O(chunk_rows * 10) floats.
+  /// Thread safety: reentrant.
+  static evaluation evaluate(const asyncps::parameter_view& p, const dataset& test,
+                             std::size_t chunk_rows = 1000) {
+    const auto theta = p.table(weights_table);
+    return detail::evaluate_chunks(test, chunk_rows, [&](const auto& x, auto& z) {
+      z.noalias() = x * theta.leftCols(image_pixels).transpose();
+      z.rowwise() += theta.col(image_pixels).transpose();
+    });
+  }
+
+ private:
+  std::array<asyncps::table_spec, 1> tables_{
+      {{weights_table, static_cast<std::uint32_t>(num_classes),
+        static_cast<std::uint32_t>(image_pixels + 1), 0.0f}}};
+  detail::minibatch_sampler sampler_;
+  float l2_;
+  asyncps::row_matrix x_;             // batch x 784
+  std::vector<std::uint8_t> labels_;  // batch
+  asyncps::row_matrix logits_;        // batch x 10; then d(loss)/d(logits)
+};
+
+/// A 784 -> H (ReLU) -> 10 network: p(y | x) = softmax(W2 relu(W1 x + b1) + b2).
+///
+/// Layout: table 0 is H rows x 785 (row j = [W1_j | b1_j]), Glorot-uniform scale
+/// sqrt(6 / (784 + H)); table 1 is 10 rows x (H + 1) (row c = [W2_c | b2_c]), scale
+/// sqrt(6 / (H + 10)). (Biases start uniform too: the layout has one scale per table.)
+/// Loss per minibatch: mean cross-entropy + (l2 / 2) (||W1||^2 + ||W2||^2).
+/// Object lifetimes: the training set passed to the constructor must outlive the model.
+/// Thread safety: distinct objects are independent; one object is used by one thread at a time.
+class mlp_model {
+ public:
+  /// Hidden layer parameters [W1 | b1].
+  static constexpr asyncps::table_id hidden_table = 0;
+  /// Output layer parameters [W2 | b2].
+  static constexpr asyncps::table_id output_table = 1;
+  /// The default hidden width.
+  static constexpr std::uint32_t default_hidden = 128;
+
+  /// A worker's model; arguments as `softmax_model`'s, plus the hidden width `hidden` (> 0).
+  /// Errors: as `softmax_model`'s constructor, and `std::invalid_argument` if `hidden == 0`.
+  /// Complexity: O(shard size + batch_size * (784 + H)) time and memory.
+  mlp_model(const dataset& train, std::uint32_t shard, std::uint32_t num_shards,
+            std::uint32_t batch_size, std::uint64_t seed, float l2 = 0.0f,
+            std::uint32_t hidden = default_hidden)
+      : tables_{{{hidden_table, hidden, static_cast<std::uint32_t>(image_pixels + 1),
+                  std::sqrt(6.0f / static_cast<float>(image_pixels + hidden))},
+                 {output_table, static_cast<std::uint32_t>(num_classes), hidden + 1,
+                  std::sqrt(6.0f / static_cast<float>(hidden + num_classes))}}},
+        sampler_(train, shard, num_shards, batch_size, seed), l2_(l2),
+        x_(batch_size, static_cast<Eigen::Index>(image_pixels)), labels_(batch_size),
+        hidden_(batch_size, hidden), hidden_delta_(batch_size, hidden),
+        logits_(batch_size, static_cast<Eigen::Index>(num_classes)) {
+    if (hidden == 0) throw std::invalid_argument("fashion::mlp_model: hidden must be > 0");
+  }
+
+  /// The parameter layout (see the class comment). Valid while the model lives.
+  std::span<const asyncps::table_spec> tables() const noexcept { return tables_; }
+
+  /// Draws the next minibatch and writes into every value of `g` the gradient, at `p`, of the
+  /// minibatch's mean cross-entropy plus (l2 / 2)(||W1||^2 + ||W2||^2); returns that loss.
+  /// Preconditions: `p` and `g` have the layout `tables()`.
+  /// Allocation: none. Complexity: O(batch_size * H * 794).
+  float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) noexcept {
+    sampler_.next(x_, labels_);
+    const Eigen::Index h = hidden_.cols();
+    const auto theta1 = p.table(hidden_table);
+    const auto theta2 = p.table(output_table);
+    const auto w1 = theta1.leftCols(image_pixels);
+    const auto w2 = theta2.leftCols(h);
+
+    detail::product_into(hidden_, x_, w1.transpose());
+    hidden_.rowwise() += theta1.col(image_pixels).transpose();
+    hidden_ = hidden_.cwiseMax(0.0f);
+    detail::product_into(logits_, hidden_, w2.transpose());
+    logits_.rowwise() += theta2.col(h).transpose();
+    const auto batch = static_cast<float>(x_.rows());
+    double loss = detail::softmax_cross_entropy(logits_, labels_.data(), 1.0f / batch) / batch;
+
+    auto grad2 = g.table(output_table);
+    detail::product_into(grad2.leftCols(h), logits_.transpose(), hidden_);
+    grad2.col(h) = logits_.colwise().sum().transpose();
+    detail::product_into(hidden_delta_, logits_, w2);
+    hidden_delta_.array() *= (hidden_.array() > 0.0f).cast<float>();
+    auto grad1 = g.table(hidden_table);
+    detail::product_into(grad1.leftCols(image_pixels), hidden_delta_.transpose(), x_);
+    grad1.col(image_pixels) = hidden_delta_.colwise().sum().transpose();
+    if (l2_ != 0.0f) {
+      grad1.leftCols(image_pixels) += l2_ * w1;
+      grad2.leftCols(h) += l2_ * w2;
+      loss += 0.5 * static_cast<double>(l2_) *
+              (static_cast<double>(w1.squaredNorm()) + static_cast<double>(w2.squaredNorm()));
+    }
+    return static_cast<float>(loss);
+  }
+
+  /// Examples drawn so far by this object.
+  std::uint64_t samples_seen() const noexcept { return sampler_.samples_seen(); }
+  /// Passes over this object's shard so far (fractional).
+  double epoch() const noexcept { return sampler_.epoch(); }
+  /// The hidden width H.
+  std::uint32_t hidden() const noexcept { return tables_[hidden_table].rows; }
+
+  /// Accuracy and mean cross-entropy of parameters `p` on `test`, in chunks of `chunk_rows`
+  /// rows. H is read from `p.tables()`. Preconditions: `p` has an `mlp_model` layout; `test` is
+  /// n x 784 with n labels, all < 10.
+  /// Allocates O(chunk_rows * H) floats. Thread safety: reentrant.
+  static evaluation evaluate(const asyncps::parameter_view& p, const dataset& test,
+                             std::size_t chunk_rows = 1000) {
+    const auto theta1 = p.table(hidden_table);
+    const auto theta2 = p.table(output_table);
+    const Eigen::Index h = theta1.rows();
+    asyncps::row_matrix act(static_cast<Eigen::Index>(std::max<std::size_t>(chunk_rows, 1)), h);
+    return detail::evaluate_chunks(test, chunk_rows, [&](const auto& x, auto& z) {
+      auto a = act.topRows(x.rows());
+      a.noalias() = x * theta1.leftCols(image_pixels).transpose();
+      a.rowwise() += theta1.col(image_pixels).transpose();
+      a = a.cwiseMax(0.0f);
+      z.noalias() = a * theta2.leftCols(h).transpose();
+      z.rowwise() += theta2.col(h).transpose();
+    });
+  }
+
+ private:
+  std::array<asyncps::table_spec, 2> tables_;
+  detail::minibatch_sampler sampler_;
+  float l2_;
+  asyncps::row_matrix x_;             // batch x 784
+  std::vector<std::uint8_t> labels_;  // batch
+  asyncps::row_matrix hidden_;        // batch x H: relu(x W1^T + b1)
+  asyncps::row_matrix hidden_delta_;  // batch x H: d(loss)/d(pre-activation)
+  asyncps::row_matrix logits_;        // batch x 10; then d(loss)/d(logits)
+};
+
+static_assert(asyncps::model<softmax_model>);
+static_assert(asyncps::model<mlp_model>);
+
+/// `Model::evaluate(p, test)`: accuracy and mean cross-entropy of `p` on `test`.
+template <class Model>
+evaluation evaluate(const asyncps::parameter_view& p, const dataset& test,
+                    std::size_t chunk_rows = 1000) {
+  return Model::evaluate(p, test, chunk_rows);
+}
+
+}  // namespace fashion

@@ -1,0 +1,22 @@
+// asyncps — umbrella header for users (the library's own headers never include it).
+#pragma once
+
+#include "asyncps/buffer.hpp"
+#include "asyncps/consistency.hpp"
+#include "asyncps/consistency/policies.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/model.hpp"
+#include "asyncps/optimizer.hpp"
+#include "asyncps/optimizer/optimizers.hpp"
+#include "asyncps/options.hpp"
+#include "asyncps/recovery.hpp"
+#include "asyncps/recovery/none.hpp"
+#include "asyncps/result.hpp"
+#include "asyncps/server.hpp"
+#include "asyncps/staleness.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/transport.hpp"
+#include "asyncps/transport/in_process.hpp"
+#include "asyncps/transport/tcp.hpp"
+#include "asyncps/wire.hpp"
+#include "asyncps/worker.hpp"
