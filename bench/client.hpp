@@ -107,6 +107,9 @@ class client {
   void close() noexcept { conn_.close(); }
 
  private:
+  // Asio 1.22: a channel of `void(std::error_code)` alone does not compile (ambiguous traits),
+  // hence the dummy int; and a channel must not be moved (its moved-to copy is left pointing at
+  // freed state; seen with AddressSanitizer), hence the constructor.
   using window_tokens = asio::experimental::channel<void(std::error_code, int)>;
   struct pipeline {
     pipeline(const asio::any_io_executor& ex, unsigned window) : tokens(ex, window) {}

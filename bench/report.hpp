@@ -82,8 +82,7 @@ inline bool write_json(const std::string& path, const std::vector<row>& rows,
                  "\"workers\": %u, \"unit\": \"%s\", \"median\": %.3f, \"min\": %.3f, "
                  "\"max\": %.3f, \"ratio_to_raw\": %.4f}%s\n",
                  r.transport.c_str(), r.op.c_str(), r.size, r.window, r.workers, r.unit.c_str(),
-                 r.value.median, r.value.min, r.value.max, r.ratio,
-                 i + 1 < rows.size() ? "," : "");
+                 r.value.median, r.value.min, r.value.max, r.ratio, i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   return std::fclose(f) == 0;

@@ -47,8 +47,8 @@ namespace {
 constexpr std::uint32_t row_width = 1024;  // floats per row: one row = 4 KiB
 
 struct config {
-  std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{64} << 10,
-                                 std::size_t{1} << 20, std::size_t{4} << 20};
+  std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{64} << 10, std::size_t{1} << 20,
+                                 std::size_t{4} << 20};
   std::vector<unsigned> workers{1, 2};
   std::vector<std::string> transports{"tcp", "in-process"};
   std::vector<op_kind> ops{op_kind::push, op_kind::pull, op_kind::push_pull};
@@ -67,31 +67,29 @@ bench_clock::duration to_duration(double seconds) {
 // ---------------------------------------------------------------------------------------------
 // Raw loopback baseline
 // ---------------------------------------------------------------------------------------------
+// Repetitions of the raw baseline of one size. It is measured twice, before and after the
+// library runs, and the figure is the median of both sets: on this (virtualised, shared) machine
+// a blocked thread sometimes takes ~40 us to wake up for seconds at a time, and one unlucky
+// set would otherwise skew every ratio of that size.
 struct baseline {
-  double one_way_mbps = 0.0;  // per size, MB/s
-  double rtt_us = 0.0;        // per size, median us (size-byte request, 8-byte reply)
+  std::vector<double> one_way_mbps;  // MB/s per repetition
+  std::vector<double> rtt_us;        // median us per repetition (size-byte request, 8-byte reply)
 };
 
-baseline measure_raw(const config& cfg, std::size_t size, std::vector<row>& rows) {
+void measure_raw(const config& cfg, std::size_t size, baseline& out) {
   raw::socket_pair pair;
   // Warm up (and calibrate the message count so that one repetition takes ~cfg.seconds).
   const std::size_t warm = std::max<std::size_t>(8, (std::size_t{16} << 20) / size);
   const double rate = raw::one_way(pair, size, warm);
   const auto count = std::max<std::size_t>(
       8, static_cast<std::size_t>(rate * cfg.seconds / static_cast<double>(size)));
-  std::vector<double> mbps;
-  for (unsigned r = 0; r < cfg.reps; ++r) mbps.push_back(raw::one_way(pair, size, count) / 1e6);
+  for (unsigned r = 0; r < cfg.reps; ++r)
+    out.one_way_mbps.push_back(raw::one_way(pair, size, count) / 1e6);
 
-  std::vector<double> rtt;
   (void)raw::round_trips(size, bench_clock::now() + to_duration(cfg.seconds / 4), 8);
   for (unsigned r = 0; r < cfg.reps; ++r)
-    rtt.push_back(median(raw::round_trips(size, bench_clock::now() + to_duration(cfg.seconds), 8)));
-
-  row a{"raw-tcp", "one-way", size, 1, 1, "MB/s", summarize(mbps), 1.0};
-  row b{"raw-tcp", "rtt", size, 1, 1, "us", summarize(rtt), 1.0};
-  rows.push_back(a);
-  rows.push_back(b);
-  return {a.value.median, b.value.median};
+    out.rtt_us.push_back(
+        median(raw::round_trips(size, bench_clock::now() + to_duration(cfg.seconds), 8)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -134,7 +132,6 @@ struct in_process_env {
 struct setup {
   std::size_t size = 0;
   unsigned workers = 1;
-  baseline raw{};
 };
 
 template <class Server, class Acceptor>
@@ -163,7 +160,8 @@ asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_typ
     co_await clients.back()->handshake(env.client.allocate(8));
   }
 
-  const auto run_all = [&](const workload& w, std::vector<worker_result>& res) -> asio::awaitable<void> {
+  const auto run_all = [&](const workload& w,
+                           std::vector<worker_result>& res) -> asio::awaitable<void> {
     using namespace asio::experimental::awaitable_operators;
     res.assign(clients.size(), worker_result{});
     if (clients.size() == 1) {
@@ -205,14 +203,11 @@ asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_typ
                        std::chrono::duration<double>(end - t0).count());
         if (w.record_latency) lat.push_back(median(std::move(samples)));
       }
-      row t{Env::name, op_name(op), su.size, window, su.workers, "MB/s", summarize(mbps), 0.0};
-      t.ratio = su.raw.one_way_mbps > 0 ? t.value.median / su.raw.one_way_mbps : 0.0;
-      rows.push_back(t);
+      rows.push_back(
+          row{Env::name, op_name(op), su.size, window, su.workers, "MB/s", summarize(mbps), 0.0});
       if (w.record_latency) {
-        row l{Env::name, std::string(op_name(op)) + "-rtt", su.size, 1, su.workers, "us",
-              summarize(lat), 0.0};
-        l.ratio = su.raw.rtt_us > 0 ? l.value.median / su.raw.rtt_us : 0.0;
-        rows.push_back(l);
+        rows.push_back(row{Env::name, std::string(op_name(op)) + "-rtt", su.size, 1, su.workers,
+                           "us", summarize(lat), 0.0});
       }
     }
   }
@@ -352,7 +347,7 @@ double load_average() {
 
 int rank_transport(const std::string& t) { return t == "raw-tcp" ? 0 : t == "tcp" ? 1 : 2; }
 int rank_op(const std::string& op) {
-  static const char* order[] = {"one-way", "rtt",      "push",     "pull",
+  static const char* order[] = {"one-way",   "rtt",      "push",    "pull",
                                 "push+pull", "push-rtt", "pull-rtt"};
   for (int i = 0; i < 7; ++i)
     if (op == order[i]) return i;
@@ -366,24 +361,45 @@ int run(int argc, char** argv) {
   std::vector<row> rows;
 
   std::vector<baseline> raw(cfg.sizes.size());
-  if (cfg.raw) {
+  const auto measure_all_raw = [&](const char* when) {
+    if (!cfg.raw) return;
     for (std::size_t i = 0; i < cfg.sizes.size(); ++i) {
-      std::fprintf(stderr, "raw baseline, %s\n", size_text(cfg.sizes[i]).c_str());
-      raw[i] = measure_raw(cfg, cfg.sizes[i], rows);
+      std::fprintf(stderr, "raw baseline (%s), %s\n", when, size_text(cfg.sizes[i]).c_str());
+      measure_raw(cfg, cfg.sizes[i], raw[i]);
     }
-  }
+  };
+  measure_all_raw("before");
   for (const auto& t : cfg.transports) {
     for (std::size_t i = 0; i < cfg.sizes.size(); ++i) {
       for (unsigned workers : cfg.workers) {
         std::fprintf(stderr, "%s, %s, %u worker(s)\n", t.c_str(), size_text(cfg.sizes[i]).c_str(),
                      workers);
-        const setup su{cfg.sizes[i], workers, raw[i]};
+        const setup su{cfg.sizes[i], workers};
         if (t == "tcp") {
           run_setup<tcp_env>(cfg, su, rows);
         } else {
           run_setup<in_process_env>(cfg, su, rows);
         }
       }
+    }
+  }
+
+  measure_all_raw("after");
+
+  // Ratios to the raw baseline of the same size (one-way for MB/s, round trip for us).
+  if (cfg.raw) {
+    for (std::size_t i = 0; i < cfg.sizes.size(); ++i) {
+      const summary one_way = summarize(raw[i].one_way_mbps);
+      const summary rtt = summarize(raw[i].rtt_us);
+      rows.push_back(row{"raw-tcp", "one-way", cfg.sizes[i], 1, 1, "MB/s", one_way, 1.0});
+      rows.push_back(row{"raw-tcp", "rtt", cfg.sizes[i], 1, 1, "us", rtt, 1.0});
+    }
+    for (auto& r : rows) {
+      if (r.transport == "raw-tcp") continue;
+      const auto i = static_cast<std::size_t>(
+          std::find(cfg.sizes.begin(), cfg.sizes.end(), r.size) - cfg.sizes.begin());
+      const double base = median(r.unit == "us" ? raw[i].rtt_us : raw[i].one_way_mbps);
+      r.ratio = base > 0.0 ? r.value.median / base : 0.0;
     }
   }
 
@@ -402,7 +418,9 @@ int run(int argc, char** argv) {
               cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(), elapsed,
               load_before, load_after);
   std::printf("MB/s = 1e6 payload bytes/s; vs raw = median / raw-tcp of the same size "
-              "(one-way for MB/s, rtt for us)\n\n");
+              "(one-way for MB/s, rtt for us);\nraw-tcp = medians over %u repetitions before and "
+              "%u after the library runs\n\n",
+              cfg.reps, cfg.reps);
   print_table_header();
   for (const auto& r : rows) print_row(r);
 

@@ -170,27 +170,33 @@ int main() {
       server_net, so, aps::optimizer::sgd{learning_rate});
   auto acceptor = server_net.listen(where);
   if (!acceptor) return std::fprintf(stderr, "%s\n", acceptor.error().message().c_str()), 1;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    co_await server.async_serve(std::move(acceptor).value());  // until server.stop()
-  }, asio::detached);
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        co_await server.async_serve(std::move(acceptor).value());  // until server.stop()
+      },
+      asio::detached);
 
   linear_regression models[2]{linear_regression{1}, linear_regression{2}};
   std::error_code results[2];
   int running = 2;
   for (std::uint32_t id = 0; id < 2; ++id) {
-    asio::co_spawn(io, [&, id]() -> asio::awaitable<void> {
-      worker_type::options_type opts;
-      opts.id = id;
-      opts.servers = {where};           // servers[s]: where shard s listens
-      opts.local_step = learning_rate;  // read-my-writes in the worker's cache (exact for SGD)
-      opts.on_clock = [](const aps::clock_report& r) {  // runs after each clock
-        if (r.worker == 0 && r.clock % 100 == 0)
-          std::printf("clock %3d: minibatch loss %.6f\n", static_cast<int>(r.clock), r.loss);
-      };
-      worker_type worker(worker_nets[id], models[id], std::move(opts));
-      results[id] = co_await worker.async_run(300);  // clocks
-      if (--running == 0) server.stop();
-    }, asio::detached);
+    asio::co_spawn(
+        io,
+        [&, id]() -> asio::awaitable<void> {
+          worker_type::options_type opts;
+          opts.id = id;
+          opts.servers = {where};           // servers[s]: where shard s listens
+          opts.local_step = learning_rate;  // read-my-writes in the worker's cache (exact for SGD)
+          opts.on_clock = [](const aps::clock_report& r) {  // runs after each clock
+            if (r.worker == 0 && r.clock % 100 == 0)
+              std::printf("clock %3d: minibatch loss %.6f\n", static_cast<int>(r.clock), r.loss);
+          };
+          worker_type worker(worker_nets[id], models[id], std::move(opts));
+          results[id] = co_await worker.async_run(300);  // clocks
+          if (--running == 0) server.stop();
+        },
+        asio::detached);
   }
   io.run();
   std::filesystem::remove_all(dir);

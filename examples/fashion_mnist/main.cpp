@@ -52,7 +52,7 @@ struct config {
   std::uint32_t worker_id = 0;
   std::string listen = "127.0.0.1:0";
   std::vector<std::string> connect;
-  double epochs = 0;    // 0: the model's default
+  double epochs = 0;     // 0: the model's default
   double decay_at = -1;  // epoch after which gradients are scaled by decay_factor; <0: default
   float decay_factor = 0.1f;
   std::uint32_t batch = 0;
@@ -73,11 +73,10 @@ class any_model {
   using variant = std::variant<fashion::softmax_model, fashion::mlp_model>;
   any_model(const config& c, const fashion::dataset& train, std::uint32_t shard,
             std::uint32_t shards)
-      : m_(c.model == "mlp"
-               ? variant(std::in_place_type<fashion::mlp_model>, train, shard, shards, c.batch,
-                         c.seed, c.l2, c.hidden)
-               : variant(std::in_place_type<fashion::softmax_model>, train, shard, shards,
-                         c.batch, c.seed, c.l2)),
+      : m_(c.model == "mlp" ? variant(std::in_place_type<fashion::mlp_model>, train, shard, shards,
+                                      c.batch, c.seed, c.l2, c.hidden)
+                            : variant(std::in_place_type<fashion::softmax_model>, train, shard,
+                                      shards, c.batch, c.seed, c.l2)),
         decay_at_(c.decay_at), factor_(c.decay_factor) {}
   std::span<const asyncps::table_spec> tables() const {
     return std::visit([](const auto& m) { return m.tables(); }, m_);
@@ -139,8 +138,8 @@ struct monitor {
       next_eval += cfg.eval_every;
       const auto e = m.evaluate(r.params, test);
       last_accuracy = e.accuracy;
-      metrics << nlohmann::json{{"time_s", t},       {"clock", r.clock},
-                                {"epoch", epoch},    {"test_accuracy", e.accuracy},
+      metrics << nlohmann::json{{"time_s", t},         {"clock", r.clock},
+                                {"epoch", epoch},      {"test_accuracy", e.accuracy},
                                 {"test_loss", e.loss}, {"train_loss", loss_ema}}
                      .dump()
               << '\n';
@@ -253,18 +252,18 @@ int run(const config& c, Optimizer opt) {
           std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
       auto acc = t->listen(ep.value());
       if (!acc) {
-        std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": "
-                  << acc.error().message() << '\n';
+        std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
+                  << '\n';
         return 2;
       }
       endpoints.push_back(acc.value().local_endpoint());
       auto& srv = servers.emplace_back(std::make_unique<server_type<Consistency, Optimizer>>(
           *t, server_opts(c, s, layout), opt));
-      asio::co_spawn(t->get_executor(),
-                     serve_until_done(*srv, std::move(acc).value(), c.workers), asio::detached);
+      asio::co_spawn(t->get_executor(), serve_until_done(*srv, std::move(acc).value(), c.workers),
+                     asio::detached);
       if (c.role == "server")
-        std::cout << "server " << s << " of " << c.servers << " listening on "
-                  << endpoints.back() << " (" << Consistency::name << ")" << std::endl;
+        std::cout << "server " << s << " of " << c.servers << " listening on " << endpoints.back()
+                  << " (" << Consistency::name << ")" << std::endl;
     }
   }
   if (c.role == "worker") {
@@ -324,10 +323,11 @@ int run(const config& c, Optimizer opt) {
   }
 
   std::cout << "fashion_mnist: " << c.model << ", " << Consistency::name;
-  if constexpr (requires { Consistency::staleness; }) std::cout << "(" << Consistency::staleness << ")";
+  if constexpr (requires { Consistency::staleness; })
+    std::cout << "(" << Consistency::staleness << ")";
   std::cout << ", " << c.servers << " servers, " << c.workers << " workers, " << epochs
-            << " epochs (" << clocks << " clocks of " << c.batch << " per worker), role "
-            << c.role << std::endl;
+            << " epochs (" << clocks << " clocks of " << c.batch << " per worker), role " << c.role
+            << std::endl;
 
   std::vector<std::thread> pool;
   for (unsigned i = 1; i < threads; ++i) pool.emplace_back([&] { io.run(); });
@@ -347,7 +347,9 @@ int run(const config& c, Optimizer opt) {
         const auto v = s->values(static_cast<asyncps::table_id>(t));
         std::copy(v.begin(), v.end(),
                   final_params.begin() +
-                      static_cast<std::ptrdiff_t>(off + std::size_t{s->range(static_cast<asyncps::table_id>(t)).begin} * layout[t].width));
+                      static_cast<std::ptrdiff_t>(
+                          off + std::size_t{s->range(static_cast<asyncps::table_id>(t)).begin} *
+                                    layout[t].width));
       }
       off += layout[t].size();
     }
@@ -447,8 +449,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (c.role == "worker" && c.connect.size() != c.servers) {
-    std::cerr << "fashion_mnist: --connect needs one host:port per server (--servers "
-              << c.servers << ")\n";
+    std::cerr << "fashion_mnist: --connect needs one host:port per server (--servers " << c.servers
+              << ")\n";
     return 2;
   }
   // Defaults tuned per model (see README): softmax converges in a few epochs, the MLP needs more.

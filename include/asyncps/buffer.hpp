@@ -105,8 +105,8 @@ class buffer {
 
 /// Counters of a `buffer_pool` (for tests and benchmarks).
 struct buffer_pool_stats {
-  std::uint64_t fresh_blocks = 0;  ///< blocks obtained from the heap
-  std::uint64_t reused_blocks = 0; ///< allocations served from the free lists
+  std::uint64_t fresh_blocks = 0;   ///< blocks obtained from the heap
+  std::uint64_t reused_blocks = 0;  ///< allocations served from the free lists
 };
 
 /// A thread-safe pool of 64-byte-aligned blocks in power-of-two size classes (64 B .. 4 GiB).

@@ -3,7 +3,8 @@
 // Policies are pure logic over clocks (no network), following Ho et al. (NIPS 2013, SSP) and
 // Dai et al. (AAAI 2015, ESSP/VAP) as implemented in Petuum Bösen. Clocks count completed
 // iterations; a server's clock is the minimum over its workers' clocks, so rows stamped with
-// server clock m reflect every update from clocks <= m-1. Requirements: docs/concepts/consistency.md.
+// server clock m reflect every update from clocks <= m-1. Requirements:
+// docs/concepts/consistency.md.
 #pragma once
 
 #include <concepts>
@@ -38,13 +39,13 @@ inline constexpr clock_value no_clock = std::numeric_limits<clock_value>::min() 
 /// Invariant every policy must keep: `on_read` returns `read`/`read_and_refresh` only when
 /// `have_cache && cached >= min_server_clock(c)`.
 template <class P>
-concept consistency_policy =
-    std::default_initializable<P> && requires(const P& p, clock_value c, clock_value cached, bool have) {
-      { P::name } -> std::convertible_to<std::string_view>;
-      typename std::bool_constant<P::eager>;  // a constant expression
-      { P::eager } -> std::convertible_to<bool>;
-      { p.min_server_clock(c) } -> std::same_as<clock_value>;
-      { p.on_read(c, cached, have) } -> std::same_as<read_action>;
-    };
+concept consistency_policy = std::default_initializable<P> &&
+                             requires(const P& p, clock_value c, clock_value cached, bool have) {
+                               { P::name } -> std::convertible_to<std::string_view>;
+                               typename std::bool_constant<P::eager>;  // a constant expression
+                               { P::eager } -> std::convertible_to<bool>;
+                               { p.min_server_clock(c) } -> std::same_as<clock_value>;
+                               { p.on_read(c, cached, have) } -> std::same_as<read_action>;
+                             };
 
 }  // namespace asyncps

@@ -17,23 +17,23 @@ namespace asyncps {
 /// Error codes produced by asyncps. Values are stable (they may appear in logs).
 enum class errc {
   // --- wire format (remote input); each names the header field that was wrong ---
-  bad_magic = 1,         ///< header `magic` is not "APS1"
-  unsupported_version,   ///< header `version` differs from `wire_version`
-  bad_message_type,      ///< header `type` is not a known message type
-  bad_flags,             ///< header `flags` has unknown bits set
-  frame_too_large,       ///< header `payload_bytes` exceeds `wire_limits::max_frame_bytes`
-  too_many_rows,         ///< header `row_count` exceeds `wire_limits::max_rows`
-  bad_checksum,          ///< header `checksum` does not match header + payload
-  truncated_frame,       ///< the stream ended inside a frame
-  payload_size_mismatch, ///< `payload_bytes` disagrees with `row_count` x `width`
-  bad_table,             ///< header `table` names no table of this shard
-  bad_row_range,         ///< rows outside the shard's key range (or outside the table)
-  bad_width,             ///< header `width` differs from the table's row width
-  bad_sender,            ///< header `sender` is not a valid worker id
-  unexpected_message,    ///< a message type that is not valid in this protocol state
-  duplicate_worker,      ///< a second connection claimed a worker id that is connected
-  layout_mismatch,       ///< worker and server disagree on the table layout
-  non_finite_value,      ///< a pushed gradient holds NaN or infinity
+  bad_magic = 1,          ///< header `magic` is not "APS1"
+  unsupported_version,    ///< header `version` differs from `wire_version`
+  bad_message_type,       ///< header `type` is not a known message type
+  bad_flags,              ///< header `flags` has unknown bits set
+  frame_too_large,        ///< header `payload_bytes` exceeds `wire_limits::max_frame_bytes`
+  too_many_rows,          ///< header `row_count` exceeds `wire_limits::max_rows`
+  bad_checksum,           ///< header `checksum` does not match header + payload
+  truncated_frame,        ///< the stream ended inside a frame
+  payload_size_mismatch,  ///< `payload_bytes` disagrees with `row_count` x `width`
+  bad_table,              ///< header `table` names no table of this shard
+  bad_row_range,          ///< rows outside the shard's key range (or outside the table)
+  bad_width,              ///< header `width` differs from the table's row width
+  bad_sender,             ///< header `sender` is not a valid worker id
+  unexpected_message,     ///< a message type that is not valid in this protocol state
+  duplicate_worker,       ///< a second connection claimed a worker id that is connected
+  layout_mismatch,        ///< worker and server disagree on the table layout
+  non_finite_value,       ///< a pushed gradient holds NaN or infinity
   // --- local / operational ---
   connection_closed,  ///< the peer closed the connection
   server_lost,        ///< a server stayed unreachable past the recovery policy's timeout

@@ -27,7 +27,8 @@ using optimizer_state = std::array<std::span<float>, N>;
 /// `apply` must not allocate and must leave `params` unchanged for a zero gradient when the
 /// state is zero. Thread safety: called from the server's strand only.
 template <class P>
-concept optimizer_policy = std::copy_constructible<P> &&
+concept optimizer_policy =
+    std::copy_constructible<P> &&
     requires(const P& o, std::span<float> params, std::span<const float> grad,
              const optimizer_state<P::state_per_param>& state, std::uint64_t step) {
       { P::state_per_param } -> std::convertible_to<std::size_t>;

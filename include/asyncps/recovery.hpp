@@ -14,8 +14,8 @@ namespace asyncps {
 
 /// What a worker does when it loses a server connection.
 enum class recovery_action {
-  fail,       ///< end the run with `errc::server_lost`
-  reconnect,  ///< reconnect with backoff and resume (idle meanwhile)
+  fail,            ///< end the run with `errc::server_lost`
+  reconnect,       ///< reconnect with backoff and resume (idle meanwhile)
   continue_local,  ///< keep computing locally and buffer updates (stateless server)
 };
 
@@ -32,11 +32,12 @@ enum class recovery_action {
 /// Optional server hooks (detected): `s.on_update(table, first_row, rows, grad)`,
 /// `s.on_clock(server_clock)`.
 template <class R>
-concept recovery_policy = requires {
-  { R::name } -> std::convertible_to<std::string_view>;
-  typename R::server_part;
-  typename R::worker_part;
-} && std::default_initializable<typename R::server_part> &&
+concept recovery_policy =
+    requires {
+      { R::name } -> std::convertible_to<std::string_view>;
+      typename R::server_part;
+      typename R::worker_part;
+    } && std::default_initializable<typename R::server_part> &&
     std::default_initializable<typename R::worker_part> &&
     requires(typename R::worker_part& w, std::error_code ec) {
       { w.on_server_lost(ec) } -> std::same_as<recovery_action>;

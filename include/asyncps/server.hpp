@@ -61,12 +61,12 @@ inline void emit(const log_function& f, const std::string& line) {
 
 /// Configuration of one server shard.
 struct server_options {
-  std::uint32_t shard = 0;        ///< this shard's index, < num_shards
-  std::uint32_t num_shards = 1;   ///< servers sharing the tables
-  std::uint32_t num_workers = 1;  ///< workers in the vector clock (ids 0..num_workers-1)
+  std::uint32_t shard = 0;           ///< this shard's index, < num_shards
+  std::uint32_t num_shards = 1;      ///< servers sharing the tables
+  std::uint32_t num_workers = 1;     ///< workers in the vector clock (ids 0..num_workers-1)
   std::vector<table_spec> tables{};  ///< the model layout (every shard and worker has the same)
-  std::uint64_t seed = 42;          ///< initial-value seed (see table_spec::init_scale)
-  log_function log{};               ///< connection events and rejected frames
+  std::uint64_t seed = 42;           ///< initial-value seed (see table_spec::init_scale)
+  log_function log{};                ///< connection events and rejected frames
 };
 
 /// Counters of a server (read on its executor).
@@ -91,8 +91,7 @@ struct server_stats {
 /// Object lifetime: the transport outlives the server; `async_serve` must have completed before
 /// the server is destroyed.
 template <transport Transport, consistency_policy Consistency,
-          recovery_policy Recovery = recovery::none,
-          optimizer_policy Optimizer = optimizer::sgd>
+          recovery_policy Recovery = recovery::none, optimizer_policy Optimizer = optimizer::sgd>
 class basic_server {
  public:
   using transport_type = Transport;
@@ -117,9 +116,8 @@ class basic_server {
     for (std::size_t i = 0; i < opts_.tables.size(); ++i) {
       const auto& spec = opts_.tables[i];
       if (spec.id != i || spec.rows == 0 || spec.width == 0)
-        throw std::invalid_argument(
-            "asyncps::server_options: tables[" + std::to_string(i) +
-            "] needs id == index, rows > 0 and width > 0");
+        throw std::invalid_argument("asyncps::server_options: tables[" + std::to_string(i) +
+                                    "] needs id == index, rows > 0 and width > 0");
       table_state t;
       t.spec = spec;
       t.range = shard_range(spec.rows, opts_.shard, opts_.num_shards);
@@ -196,7 +194,7 @@ class basic_server {
   };
   struct session {
     session(typename Transport::connection_type c, const typename Transport::executor_type& ex)
-        : conn(std::move(c)), wake(ex) {}
+        : conn(std::move(c)), wake(ex, asio::steady_timer::time_point::max()) {}
     typename Transport::connection_type conn;
     asio::steady_timer wake;
     typename std::list<session>::iterator self;
@@ -219,8 +217,8 @@ class basic_server {
       return;
     }
     for (row_id r = t.range.begin; r < t.range.end; ++r) {
-      std::seed_seq seq{static_cast<std::uint32_t>(opts_.seed), static_cast<std::uint32_t>(opts_.seed >> 32),
-                        t.spec.id, r};
+      std::seed_seq seq{static_cast<std::uint32_t>(opts_.seed),
+                        static_cast<std::uint32_t>(opts_.seed >> 32), t.spec.id, r};
       std::mt19937 gen(seq);
       std::uniform_real_distribution<float> dist(-t.spec.init_scale, t.spec.init_scale);
       float* row = t.values.data() + std::size_t{r - t.range.begin} * t.spec.width;
@@ -281,7 +279,8 @@ class basic_server {
     for (;;) {
       if (s.outbox.empty()) {
         if (!s.open) break;
-        s.wake.expires_at(asio::steady_timer::time_point::max());
+        // `wake` expires at time_point::max() (set once, in the session's constructor); enqueue
+        // cancels the wait. Not re-arming it here saves a timerfd_settime call per wake-up.
         co_await s.wake.async_wait(detail::use_tuple);
         continue;
       }
@@ -392,8 +391,8 @@ class basic_server {
     }
     const auto& t = tables_[h.table];
     if (h.type != message_type::pull && h.width != t.spec.width) {
-      detail = " (got " + std::to_string(h.width) + ", table " + std::to_string(h.table) +
-               " has " + std::to_string(t.spec.width) + ")";
+      detail = " (got " + std::to_string(h.width) + ", table " + std::to_string(h.table) + " has " +
+               std::to_string(t.spec.width) + ")";
       return errc::bad_width;
     }
     if (h.has(frame_flags::range)) {
@@ -427,9 +426,7 @@ class basic_server {
         }
         if (auto ec = check_rows(m, detail)) return ec;
         const auto grad = payload_floats(m);
-        if (!Eigen::Map<const Eigen::ArrayXf>(grad.data(), static_cast<Eigen::Index>(grad.size()))
-                 .allFinite())
-          return errc::non_finite_value;
+        if (!all_finite(grad)) return errc::non_finite_value;
         if (h.clock != clocks_[s.worker]) {
           detail = " (push for clock " + std::to_string(h.clock) + ", worker is at clock " +
                    std::to_string(clocks_[s.worker]) + ")";
@@ -484,6 +481,13 @@ class basic_server {
     }
   }
 
+  // Vectorised (Eigen 3.4's allFinite is a scalar loop): g - g is 0 for finite values and
+  // NaN for NaN or infinity, and NaN survives the sum.
+  static bool all_finite(std::span<const float> g) noexcept {
+    const Eigen::Map<const Eigen::ArrayXf> a(g.data(), static_cast<Eigen::Index>(g.size()));
+    return std::isfinite((a - a).sum());
+  }
+
   void apply(const message& m) {
     const auto& h = m.header;
     auto& t = tables_[h.table];
@@ -496,7 +500,8 @@ class basic_server {
     } else {
       const auto keys = payload_keys(m);
       for (std::uint32_t i = 0; i < h.row_count; ++i)
-        apply_rows(t, std::size_t{keys[i] - t.range.begin} * w, w, grad.data() + std::size_t{i} * w);
+        apply_rows(t, std::size_t{keys[i] - t.range.begin} * w, w,
+                   grad.data() + std::size_t{i} * w);
     }
     if constexpr (requires(typename Recovery::server_part& p) {
                     p.on_update(h.table, h.first_row, h.row_count, grad);
@@ -543,7 +548,8 @@ class basic_server {
     r.payload = transport_.allocate(kb + std::size_t{count} * w * sizeof(float));
     auto* out = reinterpret_cast<float*>(r.payload.data() + kb);
     if (ranged) {
-      std::memcpy(out, t.values.data() + std::size_t{static_cast<row_id>(first) - t.range.begin} * w,
+      std::memcpy(out,
+                  t.values.data() + std::size_t{static_cast<row_id>(first) - t.range.begin} * w,
                   std::size_t{count} * w * sizeof(float));
     } else {
       if (kb != 0) {
@@ -562,9 +568,9 @@ class basic_server {
     if (req.header.has(frame_flags::range)) {
       const key_range r{static_cast<row_id>(req.header.first_row),
                         static_cast<row_id>(req.header.first_row + req.header.row_count)};
-      sub.range = sub.ranged ? key_range{std::min(sub.range.begin, r.begin),
-                                         std::max(sub.range.end, r.end)}
-                             : r;
+      sub.range =
+          sub.ranged ? key_range{std::min(sub.range.begin, r.begin), std::max(sub.range.end, r.end)}
+                     : r;
       sub.ranged = true;
     } else {
       const auto keys = payload_keys(req);

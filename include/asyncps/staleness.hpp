@@ -18,7 +18,8 @@ struct staleness_histogram {
 
   void record(clock_value staleness) noexcept {
     const auto s = staleness < 0 ? 0 : staleness;
-    ++counts[s >= static_cast<clock_value>(buckets - 1) ? buckets - 1 : static_cast<std::size_t>(s)];
+    ++counts[s >= static_cast<clock_value>(buckets - 1) ? buckets - 1
+                                                        : static_cast<std::size_t>(s)];
   }
   std::uint64_t total() const noexcept {
     std::uint64_t n = 0;

@@ -35,13 +35,13 @@ namespace asyncps {
 /// frame completes with the `errc` naming the bad field; the stream cannot be parsed after
 /// that (later receives repeat the error) but sends still work until the owner closes it.
 template <class C>
-concept connection = std::movable<C> && std::default_initializable<C> &&
-                     requires(C& c, message&& m) {
-  { c.async_send(std::move(m)) } -> std::same_as<asio::awaitable<std::error_code>>;
-  { c.async_receive() } -> std::same_as<asio::awaitable<std::tuple<std::error_code, message>>>;
-  { c.close() } noexcept;
-  { c.is_open() } -> std::convertible_to<bool>;
-};
+concept connection =
+    std::movable<C> && std::default_initializable<C> && requires(C& c, message&& m) {
+      { c.async_send(std::move(m)) } -> std::same_as<asio::awaitable<std::error_code>>;
+      { c.async_receive() } -> std::same_as<asio::awaitable<std::tuple<std::error_code, message>>>;
+      { c.close() } noexcept;
+      { c.is_open() } -> std::convertible_to<bool>;
+    };
 
 /// Accepts incoming connections of type `C`.
 ///
@@ -79,8 +79,7 @@ concept transport =
       { t.listen(ep) } -> std::same_as<result<typename T::acceptor_type>>;
       {
         t.async_connect(ep)
-      } -> std::same_as<
-          asio::awaitable<std::tuple<std::error_code, typename T::connection_type>>>;
+      } -> std::same_as<asio::awaitable<std::tuple<std::error_code, typename T::connection_type>>>;
       { t.allocate(n) } -> std::same_as<buffer>;
       { t.limits() } -> std::convertible_to<wire_limits>;
     } && connection<typename T::connection_type> &&

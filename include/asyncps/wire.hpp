@@ -70,7 +70,7 @@ inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(messa
 
 /// Bits of header field `flags`.
 struct frame_flags {
-  static constexpr std::uint8_t range = 1;  ///< rows are [first_row, first_row + row_count)
+  static constexpr std::uint8_t range = 1;         ///< rows are [first_row, first_row + row_count)
   static constexpr std::uint8_t end_of_clock = 2;  ///< push: the sender's last push of its clock
   static constexpr std::uint8_t want_ack = 4;      ///< push: reply with an ack
   static constexpr std::uint8_t eager = 8;         ///< rows: pushed by the server unrequested

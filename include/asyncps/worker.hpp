@@ -51,7 +51,7 @@ struct clock_report {
 /// Configuration of one worker.
 template <class Endpoint>
 struct worker_options {
-  std::uint32_t id = 0;            ///< worker id, < the servers' num_workers
+  std::uint32_t id = 0;             ///< worker id, < the servers' num_workers
   std::vector<Endpoint> servers{};  ///< shard s listens at servers[s]
   /// Learning rate used to apply the worker's own gradient to its cache (read-my-writes,
   /// as Bösen's oplog does); pass the server optimizer's `local_step()`. Exact when it equals
@@ -138,7 +138,8 @@ class basic_worker {
   /// connections. Completes with success, or: `errc::server_lost` (a connection failed and
   /// the recovery policy gave up), `errc::timeout` (no fresh rows within `wait_timeout`),
   /// `errc::layout_mismatch` (a server refused this worker's layout), `errc::unexpected_message`
-  /// (a server refused the handshake; the reason is logged), or a connect error. Precondition: runs on `transport.get_executor()`.
+  /// (a server refused the handshake; the reason is logged), or a connect error. Precondition: runs
+  /// on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
     std::error_code ec = co_await connect_all();
     // The whole clock loop lives in this one coroutine frame: calling a coroutine per clock
@@ -218,10 +219,10 @@ class basic_worker {
   struct part {
     key_range range;
     bool have = false;
-    clock_value clock = no_clock;          // server clock of the cached rows
-    bool pulling = false;                  // a pull is outstanding
-    std::uint64_t pushed = 0;              // pushes sent for this part
-    std::vector<unapplied> local;          // own pushes not yet reflected in `have` rows
+    clock_value clock = no_clock;  // server clock of the cached rows
+    bool pulling = false;          // a pull is outstanding
+    std::uint64_t pushed = 0;      // pushes sent for this part
+    std::vector<unapplied> local;  // own pushes not yet reflected in `have` rows
   };
   struct link {
     std::uint32_t shard = 0;
@@ -344,14 +345,14 @@ class basic_worker {
           const auto keys = payload_keys(m);
           for (std::uint32_t i = 0; i < h.row_count; ++i) {
             if (!p.range.contains(keys[i])) return errc::bad_row_range;
-            std::memcpy(base + std::size_t{keys[i]} * t.width, vals.data() + std::size_t{i} * t.width,
-                        t.width * sizeof(float));
+            std::memcpy(base + std::size_t{keys[i]} * t.width,
+                        vals.data() + std::size_t{i} * t.width, t.width * sizeof(float));
           }
         }
         // Own pushes the server had not applied when it sent these rows: re-apply locally.
         std::erase_if(p.local, [&](const unapplied& u) { return u.index <= h.seq; });
-        if (opts_.local_step > 0 && h.has(frame_flags::range) &&
-            h.first_row == p.range.begin && h.row_count == p.range.size()) {
+        if (opts_.local_step > 0 && h.has(frame_flags::range) && h.first_row == p.range.begin &&
+            h.row_count == p.range.size()) {
           for (const auto& u : p.local) local_apply(h.table, p.range, u.grad);
         }
         const bool covers = !h.has(frame_flags::range) ||
@@ -367,8 +368,7 @@ class basic_worker {
       case message_type::ack:
       case message_type::heartbeat: return {};
       case message_type::error: {
-        const std::string reason(reinterpret_cast<const char*>(m.payload.data()),
-                                 m.payload.size());
+        const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
         log("server " + std::to_string(l.shard) + " closed the connection: " + reason);
         fail(l, errc::unexpected_message, reason);
         return {};

@@ -65,8 +65,8 @@ run_result run(std::int64_t bound, std::uint64_t seed, int max_delay_us, std::ui
     so.num_shards = shards;
     so.num_workers = workers;
     so.tables = {models[0].spec[0]};
-    servers.push_back(std::make_unique<basic_server<Transport, Policy>>(*sts.back(), so,
-                                                                        optimizer::sgd{1.0f}));
+    servers.push_back(
+        std::make_unique<basic_server<Transport, Policy>>(*sts.back(), so, optimizer::sgd{1.0f}));
     endpoint ep{};
     if constexpr (std::is_same_v<Transport, tcp_transport>) {
       ep = endpoint{asio::ip::make_address("127.0.0.1"), 0};
@@ -77,8 +77,8 @@ run_result run(std::int64_t bound, std::uint64_t seed, int max_delay_us, std::ui
     REQUIRE(acc.has_value());
     if constexpr (std::is_same_v<Transport, tcp_transport>) ep = acc.value().local_endpoint();
     eps.push_back(ep);
-    asio::co_spawn(sts.back()->get_executor(),
-                   servers.back()->async_serve(std::move(acc).value()), asio::detached);
+    asio::co_spawn(sts.back()->get_executor(), servers.back()->async_serve(std::move(acc).value()),
+                   asio::detached);
   }
   using worker_t = basic_worker<test::counter_model, Transport, Policy>;
   std::vector<std::unique_ptr<Transport>> wts;

@@ -109,7 +109,9 @@ struct worker_part_archetype {
   worker_part_archetype() = default;
   worker_part_archetype(const worker_part_archetype&) = delete;
   worker_part_archetype& operator=(const worker_part_archetype&) = delete;
-  asyncps::recovery_action on_server_lost(std::error_code) { return asyncps::recovery_action::fail; }
+  asyncps::recovery_action on_server_lost(std::error_code) {
+    return asyncps::recovery_action::fail;
+  }
   std::chrono::seconds reconnect_timeout() const { return {}; }  // converts to milliseconds
 };
 
@@ -393,8 +395,8 @@ int read_invariant_violations() {
   const Policy p{};
   int violations = 0;
   for (clock_value c = -2; c <= 12; ++c) {
-    for (clock_value cached : {asyncps::no_clock, clock_value{-3}, clock_value{0}, c - 3, c - 2,
-                               c - 1, c, c + 1}) {
+    for (clock_value cached :
+         {asyncps::no_clock, clock_value{-3}, clock_value{0}, c - 3, c - 2, c - 1, c, c + 1}) {
       for (bool have : {false, true}) {
         const read_action a = p.on_read(c, cached, have);
         const bool reads = a == read_action::read || a == read_action::read_and_refresh;

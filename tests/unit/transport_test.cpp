@@ -209,6 +209,7 @@ TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) 
 namespace {
 
 using test_server = basic_server<tcp_transport, consistency::ssp<1>>;
+using test_server_in_process = basic_server<in_process_transport, consistency::ssp<1>>;
 
 struct raw_result {
   bool closed_by_server = false;
@@ -261,8 +262,9 @@ std::vector<std::byte> hello_frame(std::uint32_t worker, std::uint32_t rows, std
   std::array<std::uint32_t, 2> layout{rows, width};
   auto pl = std::as_bytes(std::span(layout));
   auto hdr = encode(h, pl);
-  std::vector<std::byte> out(hdr.begin(), hdr.end());
-  out.insert(out.end(), pl.begin(), pl.end());
+  std::vector<std::byte> out(header_size + pl.size());
+  std::memcpy(out.data(), hdr.data(), header_size);
+  std::memcpy(out.data() + header_size, pl.data(), pl.size());
   return out;
 }
 
@@ -281,16 +283,18 @@ std::vector<std::byte> push_frame(std::uint32_t worker, std::uint32_t table, std
   h.payload_bytes = vals.size() * 4;
   auto pl = std::as_bytes(std::span(vals));
   auto hdr = encode(h, pl);
-  std::vector<std::byte> out(hdr.begin(), hdr.end());
-  out.insert(out.end(), pl.begin(), pl.end());
+  std::vector<std::byte> out(header_size + pl.size());
+  std::memcpy(out.data(), hdr.data(), header_size);
+  std::memcpy(out.data() + header_size, pl.data(), pl.size());
   if (corrupt_after_checksum && !vals.empty()) out.back() ^= std::byte{0x40};
   return out;
 }
 
 template <class... V>
 std::vector<std::byte> concat(const V&... parts) {
-  std::vector<std::byte> out;
-  (out.insert(out.end(), parts.begin(), parts.end()), ...);
+  std::vector<std::byte> out((parts.size() + ...));
+  std::size_t off = 0;
+  ((std::memcpy(out.data() + off, parts.data(), parts.size()), off += parts.size()), ...);
   return out;
 }
 
@@ -361,13 +365,12 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
       return std::vector<std::byte>(e.begin(), e.end());
     };
     std::vector<hostile> cases;
-    cases.push_back({"bad magic", raw_header([](frame_header& h) { h.magic = 0x12345678; }),
-                     "'magic'"});
-    cases.push_back({"wrong version", raw_header([](frame_header& h) { h.version = 2; }),
-                     "'version'"});
-    cases.push_back({"unknown type", raw_header([](frame_header& h) {
-                       h.type = static_cast<message_type>(77);
-                     }),
+    cases.push_back(
+        {"bad magic", raw_header([](frame_header& h) { h.magic = 0x12345678; }), "'magic'"});
+    cases.push_back(
+        {"wrong version", raw_header([](frame_header& h) { h.version = 2; }), "'version'"});
+    cases.push_back({"unknown type",
+                     raw_header([](frame_header& h) { h.type = static_cast<message_type>(77); }),
                      "'type'"});
     cases.push_back({"oversized", raw_header([](frame_header& h) {
                        h.type = message_type::error;
@@ -388,25 +391,28 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
     cases.push_back({"bad checksum",
                      concat(hello_frame(1, 8, 4), push_frame(1, 0, 0, 8, 4, 5.0f, true)),
                      "'checksum'"});
-    cases.push_back({"bad table", concat(hello_frame(1, 8, 4), push_frame(1, 3, 0, 8, 4, 5.0f)),
-                     "'table'"});
-    cases.push_back({"bad row range",
-                     concat(hello_frame(1, 8, 4), push_frame(1, 0, 6, 4, 4, 5.0f)), "rows [6, 10)"});
-    cases.push_back({"row range that wraps around",
-                     concat(hello_frame(1, 8, 4),
-                            push_frame(1, 0, std::numeric_limits<std::uint64_t>::max(), 2, 4, 5.0f)),
-                     "rows ["});
+    cases.push_back(
+        {"bad table", concat(hello_frame(1, 8, 4), push_frame(1, 3, 0, 8, 4, 5.0f)), "'table'"});
+    cases.push_back({"bad row range", concat(hello_frame(1, 8, 4), push_frame(1, 0, 6, 4, 4, 5.0f)),
+                     "rows [6, 10)"});
+    cases.push_back(
+        {"row range that wraps around",
+         concat(hello_frame(1, 8, 4),
+                push_frame(1, 0, std::numeric_limits<std::uint64_t>::max(), 2, 4, 5.0f)),
+         "rows ["});
     {
       auto f = push_frame(1, 0, 0, 8, 4, 5.0f);
-      frame_header h = decode_header(std::span<const std::byte, header_size>(f.data(), header_size));
+      frame_header h =
+          decode_header(std::span<const std::byte, header_size>(f.data(), header_size));
       h.clock = std::numeric_limits<std::int64_t>::max();
       std::vector<float> vals(32, 5.0f);
       auto hdr = encode(h, std::as_bytes(std::span(vals)));
-      std::copy(hdr.begin(), hdr.end(), f.begin());
-      cases.push_back({"clock out of sequence", concat(hello_frame(1, 8, 4), f), "worker is at clock"});
+      std::memcpy(f.data(), hdr.data(), header_size);
+      cases.push_back(
+          {"clock out of sequence", concat(hello_frame(1, 8, 4), f), "worker is at clock"});
     }
-    cases.push_back({"bad width", concat(hello_frame(1, 8, 4), push_frame(1, 0, 0, 8, 3, 5.0f)),
-                     "'width'"});
+    cases.push_back(
+        {"bad width", concat(hello_frame(1, 8, 4), push_frame(1, 0, 0, 8, 3, 5.0f)), "'width'"});
     cases.push_back({"non-finite gradient",
                      concat(hello_frame(1, 8, 4),
                             push_frame(1, 0, 0, 8, 4, std::numeric_limits<float>::quiet_NaN())),
@@ -415,8 +421,8 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
     cases.push_back({"duplicate worker id", hello_frame(0, 8, 4), "already connected"});
     cases.push_back({"worker id out of range", hello_frame(9, 8, 4), "'sender'"});
     cases.push_back({"layout mismatch", hello_frame(1, 8, 5), "layouts differ"});
-    cases.push_back({"spoofed sender", concat(hello_frame(1, 8, 4), push_frame(2, 0, 0, 8, 4, 5.0f)),
-                     "'sender'"});
+    cases.push_back({"spoofed sender",
+                     concat(hello_frame(1, 8, 4), push_frame(2, 0, 0, 8, 4, 5.0f)), "'sender'"});
 
     for (auto& c : cases) {
       INFO("case: " << std::string(c.name));
@@ -440,6 +446,85 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
     CHECK(two);
     CHECK(server.stats().rejected >= cases.size() - 1);
     good.close();
+    server.stop();
+  });
+}
+
+TEST_CASE("server applies sparse pushes and answers sparse pulls (row sets)") {
+  asio::io_context io;
+  in_process_network net;
+  in_process_transport st(io.get_executor(), net), wt(io.get_executor(), net);
+  server_options so;
+  so.num_workers = 1;
+  so.shard = 1;
+  so.num_shards = 2;
+  so.tables = {table_spec{0, 100, 3, 0.0f}};  // shard 1 owns rows [50, 100)
+  test_server_in_process server(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen("s");
+  REQUIRE(acc.has_value());
+  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    auto [ec, c] = co_await wt.async_connect("s");
+    REQUIRE(!ec);
+    message hello;
+    hello.header.type = message_type::hello;
+    hello.header.row_count = 1;
+    hello.payload = wt.allocate(8);
+    const std::array<std::uint32_t, 2> layout{100, 3};
+    std::memcpy(hello.payload.data(), layout.data(), 8);
+    REQUIRE(!(co_await c.async_send(std::move(hello))));
+    auto [wec, welcome] = co_await c.async_receive();
+    REQUIRE(!wec);
+    // Push gradient -k on rows {97, 51, 60}: sgd lr 1 makes those rows hold +k.
+    const std::array<std::uint32_t, 3> keys{97, 51, 60};
+    message push;
+    push.header.type = message_type::push;
+    push.header.flags = frame_flags::end_of_clock;
+    push.header.row_count = 3;
+    push.header.width = 3;
+    push.payload = wt.allocate(key_bytes(3) + 3 * 3 * 4);
+    std::memcpy(push.payload.data(), keys.data(), sizeof keys);
+    auto* vals = reinterpret_cast<float*>(push.payload.data() + key_bytes(3));
+    for (int r = 0; r < 3; ++r)
+      for (int j = 0; j < 3; ++j)
+        vals[r * 3 + j] = -static_cast<float>(keys[static_cast<std::size_t>(r)]);
+    REQUIRE(!(co_await c.async_send(std::move(push))));
+    // Pull rows {60, 50, 97} (needs server clock >= 1: our push ended clock 0).
+    const std::array<std::uint32_t, 3> want{60, 50, 97};
+    message pull;
+    pull.header.type = message_type::pull;
+    pull.header.clock = 1;
+    pull.header.row_count = 3;
+    pull.payload = wt.allocate(key_bytes(3));
+    std::memcpy(pull.payload.data(), want.data(), sizeof want);
+    REQUIRE(!(co_await c.async_send(std::move(pull))));
+    auto [rec, rows] = co_await c.async_receive();
+    REQUIRE(!rec);
+    REQUIRE(rows.header.type == message_type::rows);
+    CHECK(rows.header.clock == 1);
+    CHECK(rows.header.seq == 1);  // one of our pushes to this table is reflected
+    const auto k = payload_keys(rows);
+    const auto v = payload_floats(rows);
+    REQUIRE(k.size() == 3);
+    REQUIRE(v.size() == 9);
+    CHECK(k[0] == 60);
+    CHECK(v[0] == 60.0f);
+    CHECK(k[1] == 50);
+    CHECK(v[3] == 0.0f);
+    CHECK(k[2] == 97);
+    CHECK(v[8] == 97.0f);
+    // A key outside the shard is rejected.
+    message bad;
+    bad.header.type = message_type::pull;
+    bad.header.row_count = 1;
+    bad.payload = wt.allocate(key_bytes(1));
+    const std::uint32_t outside = 10;
+    std::memcpy(bad.payload.data(), &outside, 4);
+    REQUIRE(!(co_await c.async_send(std::move(bad))));
+    auto [eec, err] = co_await c.async_receive();
+    CHECK(!eec);
+    CHECK(err.header.type == message_type::error);
+    c.close();
     server.stop();
   });
 }

@@ -32,7 +32,8 @@ struct bsp : ssp<0> {
 /// staleness concentrates at 0-1 clocks. Costs more bandwidth (rows sent every clock).
 template <clock_value Staleness>
 struct essp {
-  static_assert(Staleness >= 0, "asyncps::consistency::essp<s>: the staleness bound s must be >= 0");
+  static_assert(Staleness >= 0,
+                "asyncps::consistency::essp<s>: the staleness bound s must be >= 0");
   static constexpr std::string_view name = "essp";
   static constexpr bool eager = true;
   static constexpr clock_value staleness = Staleness;

@@ -86,7 +86,7 @@ struct adam {
   float local_step() const noexcept { return 0.0f; }
 };
 
-static_assert(optimizer_policy<sgd> && optimizer_policy<momentum> &&
-              optimizer_policy<adagrad> && optimizer_policy<adam>);
+static_assert(optimizer_policy<sgd> && optimizer_policy<momentum> && optimizer_policy<adagrad> &&
+              optimizer_policy<adam>);
 
 }  // namespace asyncps::optimizer

@@ -50,7 +50,8 @@ class in_process_network {
   using accept_channel = asio::experimental::concurrent_channel<void(std::error_code, void*)>;
 
   struct pipe {
-    pipe(const asio::any_io_executor& ex, std::size_t cap) : dir{channel(ex, cap), channel(ex, cap)} {}
+    pipe(const asio::any_io_executor& ex, std::size_t cap)
+        : dir{channel(ex, cap), channel(ex, cap)} {}
     channel dir[2];  // dir[0]: connector -> acceptor, dir[1]: acceptor -> connector
     std::atomic<int> alive{2};
     std::list<pipe>::iterator self;
@@ -114,7 +115,7 @@ class in_process_transport {
       if (open_) {
         m.header.payload_bytes = m.payload.size();
         auto [ec] = co_await pipe_->dir[side_].async_send(std::error_code{}, std::move(m),
-                                                         detail::use_tuple);
+                                                          detail::use_tuple);
         if (ec) {
           close();
         } else {
@@ -126,8 +127,7 @@ class in_process_transport {
 
     /// The next message. Errors: `errc::connection_closed`, or a `validate_header` error.
     asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
-      std::tuple<std::error_code, message> out{make_error_code(errc::connection_closed),
-                                               message{}};
+      std::tuple<std::error_code, message> out{make_error_code(errc::connection_closed), message{}};
       if (open_) {
         auto [ec, m] = co_await pipe_->dir[1 - side_].async_receive(detail::use_tuple);
         if (ec) {
@@ -180,10 +180,9 @@ class in_process_transport {
       if (!listener_) co_return std::tuple{make_error_code(errc::stopped), connection{}};
       auto [ec, p] = co_await listener_->pending.async_receive(detail::use_tuple);
       if (ec) co_return std::tuple{make_error_code(errc::stopped), connection{}};
-      co_return std::tuple{
-          std::error_code{},
-          connection{*transport_->net_, static_cast<in_process_network::pipe*>(p), 1,
-                     transport_->limits_}};
+      co_return std::tuple{std::error_code{},
+                           connection{*transport_->net_, static_cast<in_process_network::pipe*>(p),
+                                      1, transport_->limits_}};
     }
     /// Unregisters the name; later connects fail with `connection_refused`.
     void close() noexcept {
@@ -200,8 +199,7 @@ class in_process_transport {
         pp->dir[0].close();
         pp->dir[1].close();
         transport_->net_->release(pp);
-      })) {
-      }
+      })) {}
       listener_.reset();
     }
 

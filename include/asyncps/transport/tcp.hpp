@@ -27,9 +27,9 @@ namespace asyncps {
 
 /// Options of a `tcp_transport`.
 struct tcp_options {
-  wire_limits limits{};       ///< validation limits for received frames
-  bool no_delay = true;       ///< set TCP_NODELAY on every connection
-  int listen_backlog = 128;   ///< accept queue length
+  wire_limits limits{};                                 ///< validation limits for received frames
+  bool no_delay = true;                                 ///< set TCP_NODELAY on every connection
+  int listen_backlog = 128;                             ///< accept queue length
   std::size_t pool_cache_bytes = std::size_t{1} << 30;  ///< see `buffer_pool`
 };
 
@@ -78,8 +78,8 @@ class tcp_transport {
     /// checksum. Completes with the socket's error, or success.
     asio::awaitable<std::error_code> async_send(message m) {
       m.header.payload_bytes = m.payload.size();
-      encode_header(m.header, std::span<std::byte, header_size>(send_header_),
-                    m.payload.bytes(), true);
+      encode_header(m.header, std::span<std::byte, header_size>(send_header_), m.payload.bytes(),
+                    true);
       const std::array<asio::const_buffer, 2> bufs{
           asio::buffer(send_header_.data(), header_size),
           asio::buffer(m.payload.data(), m.payload.size())};
@@ -107,8 +107,8 @@ class tcp_transport {
       }
       if (!std::get<0>(out) && !std::get<1>(out).payload.empty()) {
         auto& p = std::get<1>(out).payload;
-        auto [ec, n] = co_await asio::async_read(socket_, asio::buffer(p.data(), p.size()),
-                                                 detail::use_tuple);
+        auto [ec, n] =
+            co_await asio::async_read(socket_, asio::buffer(p.data(), p.size()), detail::use_tuple);
         (void)n;
         if (ec) std::get<0>(out) = on_error(ec, true);
       }
@@ -192,7 +192,8 @@ class tcp_transport {
 
    private:
     friend class tcp_transport;
-    acceptor(tcp_transport& t, asio::ip::tcp::acceptor a) : transport_(&t), acceptor_(std::move(a)) {}
+    acceptor(tcp_transport& t, asio::ip::tcp::acceptor a)
+        : transport_(&t), acceptor_(std::move(a)) {}
     tcp_transport* transport_;
     asio::ip::tcp::acceptor acceptor_;
   };
