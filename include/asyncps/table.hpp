@@ -65,6 +65,14 @@ constexpr std::uint32_t shard_of(std::uint32_t rows, row_id row,
   return s;
 }
 
+/// Offset, in floats, of table `t` in the table-major layout of `tables` (the sum of the sizes
+/// of the tables before it). Precondition: `t <= tables.size()`. Complexity: O(t).
+constexpr std::size_t table_offset(std::span<const table_spec> tables, table_id t) noexcept {
+  std::size_t off = 0;
+  for (table_id i = 0; i < t; ++i) off += tables[i].size();
+  return off;
+}
+
 /// Row-major float matrix type used for table views.
 using row_matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
@@ -90,11 +98,7 @@ class parameter_view {
   }
 
  private:
-  std::size_t offset(table_id t) const noexcept {
-    std::size_t off = 0;
-    for (table_id i = 0; i < t; ++i) off += tables_[i].size();
-    return off;
-  }
+  std::size_t offset(table_id t) const noexcept { return table_offset(tables_, t); }
   std::span<const table_spec> tables_{};
   const float* data_ = nullptr;
 };
@@ -119,11 +123,7 @@ class gradient_view {
   }
 
  private:
-  std::size_t offset(table_id t) const noexcept {
-    std::size_t off = 0;
-    for (table_id i = 0; i < t; ++i) off += tables_[i].size();
-    return off;
-  }
+  std::size_t offset(table_id t) const noexcept { return table_offset(tables_, t); }
   std::span<const table_spec> tables_{};
   float* data_ = nullptr;
 };

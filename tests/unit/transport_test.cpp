@@ -290,6 +290,23 @@ std::vector<std::byte> push_frame(std::uint32_t worker, std::uint32_t table, std
   return out;
 }
 
+// Hello as worker `id` with a one-table layout `rows x width`; expects the welcome.
+template <class T, class C>
+asio::awaitable<void> handshake(T& transport, C& conn, std::uint32_t id, std::uint32_t rows,
+                                std::uint32_t width) {
+  message hello;
+  hello.header.type = message_type::hello;
+  hello.header.sender = id;
+  hello.header.row_count = 1;
+  hello.payload = transport.allocate(8);
+  const std::array<std::uint32_t, 2> layout{rows, width};
+  std::memcpy(hello.payload.data(), layout.data(), 8);
+  REQUIRE(!(co_await conn.async_send(std::move(hello))));
+  auto [ec, welcome] = co_await conn.async_receive();
+  REQUIRE(!ec);
+  REQUIRE(welcome.header.type == message_type::welcome);
+}
+
 template <class... V>
 std::vector<std::byte> concat(const V&... parts) {
   std::vector<std::byte> out((parts.size() + ...));
@@ -320,19 +337,7 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
     // A well-behaved worker 0 stays connected through everything.
     auto [ec, good] = co_await wt.async_connect(ep);
     REQUIRE(!ec);
-    {
-      message hello;
-      hello.header.type = message_type::hello;
-      hello.header.sender = 0;
-      hello.header.row_count = 1;
-      hello.payload = wt.allocate(8);
-      const std::array<std::uint32_t, 2> layout{8, 4};
-      std::memcpy(hello.payload.data(), layout.data(), 8);
-      REQUIRE(!(co_await good.async_send(std::move(hello))));
-      auto [wec, welcome] = co_await good.async_receive();
-      REQUIRE(!wec);
-      REQUIRE(welcome.header.type == message_type::welcome);
-    }
+    co_await handshake(wt, good, 0, 8, 4);
     auto good_push = [&](float v) -> asio::awaitable<void> {
       message m;
       m.header.type = message_type::push;
@@ -466,15 +471,7 @@ TEST_CASE("server applies sparse pushes and answers sparse pulls (row sets)") {
   run_coro(io, [&]() -> asio::awaitable<void> {
     auto [ec, c] = co_await wt.async_connect("s");
     REQUIRE(!ec);
-    message hello;
-    hello.header.type = message_type::hello;
-    hello.header.row_count = 1;
-    hello.payload = wt.allocate(8);
-    const std::array<std::uint32_t, 2> layout{100, 3};
-    std::memcpy(hello.payload.data(), layout.data(), 8);
-    REQUIRE(!(co_await c.async_send(std::move(hello))));
-    auto [wec, welcome] = co_await c.async_receive();
-    REQUIRE(!wec);
+    co_await handshake(wt, c, 0, 100, 3);
     // Push gradient -k on rows {97, 51, 60}: sgd lr 1 makes those rows hold +k.
     const std::array<std::uint32_t, 3> keys{97, 51, 60};
     message push;
