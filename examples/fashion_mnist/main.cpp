@@ -438,6 +438,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--compute-threads", c.compute_threads, "gradient threads (default 2)");
   app.add_flag("--quiet", c.quiet, "no progress line");
+  // One line per error, naming the flag and (for choices) the accepted values.
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return "fashion_mnist: " + std::string(e.what()) + " (see --help)\n";
+  });
   CLI11_PARSE(app, argc, argv);
 
   if (c.role == "server" && c.shard >= c.servers) {
