@@ -34,6 +34,7 @@ enum class errc {
   duplicate_worker,       ///< a second connection claimed a worker id that is connected
   layout_mismatch,        ///< worker and server disagree on the table layout
   non_finite_value,       ///< a pushed gradient holds NaN or infinity
+  too_many_requests,      ///< a peer exceeded a per-connection limit (e.g. waiting pulls)
   // --- local / operational ---
   connection_closed,  ///< the peer closed the connection
   server_lost,        ///< a server stayed unreachable past the recovery policy's timeout
@@ -77,6 +78,7 @@ class error_category_impl final : public std::error_category {
       case errc::duplicate_worker: return "worker id already connected";
       case errc::layout_mismatch: return "worker and server table layouts differ";
       case errc::non_finite_value: return "pushed gradient holds NaN or infinity";
+      case errc::too_many_requests: return "too many outstanding requests on one connection";
       case errc::connection_closed: return "connection closed by peer";
       case errc::server_lost: return "parameter server lost";
       case errc::timeout: return "operation timed out";
@@ -129,7 +131,7 @@ inline std::error_condition make_error_condition(condition c) noexcept {
 /// True when `e` is one of the codes a peer's malformed input produces.
 constexpr bool is_protocol_violation(errc e) noexcept {
   return static_cast<int>(e) >= static_cast<int>(errc::bad_magic) &&
-         static_cast<int>(e) <= static_cast<int>(errc::non_finite_value);
+         static_cast<int>(e) <= static_cast<int>(errc::too_many_requests);
 }
 
 namespace detail {

@@ -66,7 +66,13 @@ struct server_options {
   std::uint32_t num_workers = 1;     ///< workers in the vector clock (ids 0..num_workers-1)
   std::vector<table_spec> tables{};  ///< the model layout (every shard and worker has the same)
   std::uint64_t seed = 42;           ///< initial-value seed (see table_spec::init_scale)
-  log_function log{};                ///< connection events and rejected frames
+  /// Pulls one connection may have waiting for the server clock; one more is a protocol
+  /// violation (`errc::too_many_requests`) that closes that connection.
+  std::uint32_t max_pending_pulls = 256;
+  /// Messages queued to one connection that it has not read yet; beyond this the peer is too
+  /// slow (or not reading) and its connection is closed, so it cannot grow server memory.
+  std::uint32_t max_queued_messages = 4096;
+  log_function log{};  ///< connection events and rejected frames
 };
 
 /// Counters of a server (read on its executor).
@@ -204,6 +210,7 @@ class basic_server {
     std::vector<message> outbox;
     std::vector<message> sending;
     std::vector<subscription> subs;
+    std::uint32_t pending_pulls = 0;  // entries of pending_ for this session
   };
   struct pending_pull {
     session* s;
@@ -237,6 +244,12 @@ class basic_server {
 
   void enqueue(session& s, message m) {
     if (!s.open) return;
+    if (s.outbox.size() >= opts_.max_queued_messages) {
+      log("closing connection of " + who(s) + ": it does not read its messages (" +
+          std::to_string(s.outbox.size()) + " queued)");
+      close_session(s);
+      return;
+    }
     stats_.bytes_out += m.payload.size();
     s.outbox.push_back(std::move(m));
     s.wake.cancel();
@@ -462,6 +475,10 @@ class basic_server {
           answer(s, m, false);
         } else {
           ++stats_.deferred_pulls;
+          if (++s.pending_pulls > opts_.max_pending_pulls) {
+            detail = " (more than " + std::to_string(opts_.max_pending_pulls) + " pulls waiting)";
+            return errc::too_many_requests;
+          }
           pending_.push_back(pending_pull{&s, std::move(m)});
         }
         return {};
@@ -593,6 +610,7 @@ class basic_server {
     for (std::size_t i = 0; i < pending_.size(); ++i) {
       auto& p = pending_[i];
       if (server_clock_ >= p.request.header.clock && p.s->open) {
+        --p.s->pending_pulls;
         answer(*p.s, p.request, false);
       } else if (p.s->open) {
         if (keep != i) pending_[keep] = std::move(p);

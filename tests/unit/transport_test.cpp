@@ -525,3 +525,38 @@ TEST_CASE("server applies sparse pushes and answers sparse pulls (row sets)") {
     server.stop();
   });
 }
+
+TEST_CASE("a peer that does not read its replies is disconnected, not buffered forever") {
+  asio::io_context io;
+  in_process_network net(4);  // small channels: the server's writer blocks quickly
+  in_process_transport st(io.get_executor(), net), wt(io.get_executor(), net);
+  std::vector<std::string> logs;
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {table_spec{0, 8, 4, 0.0f}};
+  so.max_queued_messages = 16;
+  so.log = [&](std::string_view line) { logs.emplace_back(line); };
+  test_server_in_process server(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen("s");
+  REQUIRE(acc.has_value());
+  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    auto [ec, c] = co_await wt.async_connect("s");
+    REQUIRE(!ec);
+    co_await handshake(wt, c, 0, 8, 4);
+    bool send_failed = false;
+    for (int i = 0; i < 200 && !send_failed; ++i) {
+      message pull;
+      pull.header.type = message_type::pull;
+      pull.header.flags = frame_flags::range;
+      pull.header.row_count = 8;
+      pull.header.clock = no_clock;
+      send_failed = static_cast<bool>(co_await c.async_send(std::move(pull)));
+    }
+    CHECK(send_failed);  // the server closed the connection
+    bool logged = false;
+    for (const auto& l : logs) logged = logged || l.find("does not read") != std::string::npos;
+    CHECK(logged);
+    server.stop();
+  });
+}
