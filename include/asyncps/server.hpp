@@ -72,6 +72,7 @@ struct server_options {
   /// Messages queued to one connection that it has not read yet; beyond this the peer is too
   /// slow (or not reading) and its connection is closed, so it cannot grow server memory.
   std::uint32_t max_queued_messages = 4096;
+  std::uint64_t max_queued_bytes = std::uint64_t{256} << 20;  ///< same, in payload bytes
   log_function log{};  ///< connection events and rejected frames
 };
 
@@ -146,6 +147,13 @@ class basic_server {
     std::error_code result;
     while (!stopped_) {
       auto [ec, conn] = co_await acceptor.async_accept();
+      if (ec && !stopped_ && transient_accept_error(ec)) {
+        // Out of descriptors or memory: keep serving the connected workers, retry later.
+        log("accept failed (" + ec.message() + "); retrying in 100 ms");
+        done_.expires_after(std::chrono::milliseconds(100));
+        co_await done_.async_wait(detail::use_tuple);
+        continue;
+      }
       if (ec) {
         if (!stopped_) result = ec;
         break;
@@ -211,6 +219,7 @@ class basic_server {
     std::vector<message> sending;
     std::vector<subscription> subs;
     std::uint32_t pending_pulls = 0;  // entries of pending_ for this session
+    std::uint64_t queued_bytes = 0;   // payload bytes in outbox + sending
   };
   struct pending_pull {
     session* s;
@@ -233,6 +242,14 @@ class basic_server {
     }
   }
 
+  static bool transient_accept_error(std::error_code ec) noexcept {
+    const auto e = std::errc(ec.value());
+    return ec.category() == std::system_category() &&
+           (e == std::errc::too_many_files_open || e == std::errc::too_many_files_open_in_system ||
+            e == std::errc::no_buffer_space || e == std::errc::not_enough_memory ||
+            e == std::errc::connection_aborted);
+  }
+
   void log(const std::string& line) const {
     detail::emit(opts_.log, "asyncps server " + std::to_string(opts_.shard) + ": " + line);
   }
@@ -244,19 +261,23 @@ class basic_server {
 
   void enqueue(session& s, message m) {
     if (!s.open) return;
-    if (s.outbox.size() >= opts_.max_queued_messages) {
+    if (s.outbox.size() + s.sending.size() >= opts_.max_queued_messages ||
+        s.queued_bytes + m.payload.size() > opts_.max_queued_bytes) {
       log("closing connection of " + who(s) + ": it does not read its messages (" +
-          std::to_string(s.outbox.size()) + " queued)");
+          std::to_string(s.outbox.size() + s.sending.size()) + " messages, " +
+          std::to_string(s.queued_bytes) + " bytes queued)");
       close_session(s);
       return;
     }
+    s.queued_bytes += m.payload.size();
     stats_.bytes_out += m.payload.size();
     s.outbox.push_back(std::move(m));
     s.wake.cancel();
   }
 
+  // Closes the connection now (even if the session was already flushing its last messages),
+  // so both of its coroutines finish.
   void close_session(session& s) {
-    if (!s.open) return;
     s.open = false;
     s.conn.close();
     s.wake.cancel();
@@ -300,6 +321,7 @@ class basic_server {
       std::swap(s.outbox, s.sending);
       bool failed = false;
       for (auto& m : s.sending) {
+        s.queued_bytes -= m.payload.size();
         if (!failed && (co_await s.conn.async_send(std::move(m)))) failed = true;
       }
       s.sending.clear();
@@ -470,6 +492,11 @@ class basic_server {
         return {};
       case message_type::pull: {
         if (h.sender != s.worker) return errc::bad_sender;
+        if (h.clock > clocks_[s.worker]) {  // no reader needs rows fresher than its own clock
+          detail = " (pull wants server clock " + std::to_string(h.clock) + ", worker is at " +
+                   std::to_string(clocks_[s.worker]) + ")";
+          return errc::unexpected_message;
+        }
         if (auto ec = check_rows(m, detail)) return ec;
         if (server_clock_ >= h.clock) {
           answer(s, m, false);
@@ -538,19 +565,41 @@ class basic_server {
   // Replies to a pull (or pushes eagerly) with the requested rows as of the server clock.
   void answer(session& s, const message& req, bool eager) {
     const auto& h = req.header;
-    send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, payload_keys(req),
-              eager);
+    send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, eager,
+              rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
+                           payload_keys(req)));
     if (!eager) ++stats_.pulls;
     if constexpr (Consistency::eager) {
       if (!eager) subscribe(s, req);
     }
   }
 
-  void send_rows(session& s, table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
-                 std::span<const row_id> keys, bool eager) {
+  // A snapshot of rows of table `tid` (keys first when sparse), in a pooled buffer.
+  buffer rows_payload(table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
+                      std::span<const row_id> keys) {
     const auto& t = tables_[tid];
     const std::uint32_t w = t.spec.width;
     const std::size_t kb = ranged ? 0 : key_bytes(count);
+    buffer b = transport_.allocate(kb + std::size_t{count} * w * sizeof(float));
+    auto* out = reinterpret_cast<float*>(b.data() + kb);
+    if (ranged) {
+      std::memcpy(out,
+                  t.values.data() + std::size_t{static_cast<row_id>(first) - t.range.begin} * w,
+                  std::size_t{count} * w * sizeof(float));
+    } else {
+      if (kb != 0) {
+        std::memset(b.data(), 0, kb);
+        std::memcpy(b.data(), keys.data(), keys.size() * sizeof(row_id));
+      }
+      for (std::uint32_t i = 0; i < count; ++i)
+        std::memcpy(out + std::size_t{i} * w,
+                    t.values.data() + std::size_t{keys[i] - t.range.begin} * w, w * sizeof(float));
+    }
+    return b;
+  }
+
+  void send_rows(session& s, table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
+                 bool eager, buffer payload) {
     message r;
     r.header.type = message_type::rows;
     r.header.flags = static_cast<std::uint8_t>((ranged ? frame_flags::range : 0) |
@@ -560,23 +609,9 @@ class basic_server {
     r.header.clock = server_clock_;
     r.header.seq = s.worker == no_worker ? 0 : applied_[s.worker][tid];
     r.header.row_count = count;
-    r.header.width = w;
+    r.header.width = tables_[tid].spec.width;
     r.header.first_row = ranged ? first : 0;
-    r.payload = transport_.allocate(kb + std::size_t{count} * w * sizeof(float));
-    auto* out = reinterpret_cast<float*>(r.payload.data() + kb);
-    if (ranged) {
-      std::memcpy(out,
-                  t.values.data() + std::size_t{static_cast<row_id>(first) - t.range.begin} * w,
-                  std::size_t{count} * w * sizeof(float));
-    } else {
-      if (kb != 0) {
-        std::memset(r.payload.data(), 0, kb);
-        std::memcpy(r.payload.data(), keys.data(), keys.size() * sizeof(row_id));
-      }
-      for (std::uint32_t i = 0; i < count; ++i)
-        std::memcpy(out + std::size_t{i} * w,
-                    t.values.data() + std::size_t{keys[i] - t.range.begin} * w, w * sizeof(float));
-    }
+    r.payload = std::move(payload);
     enqueue(s, std::move(r));
   }
 
@@ -619,16 +654,28 @@ class basic_server {
     }
     pending_.resize(keep);
     if constexpr (Consistency::eager) {
-      for (auto& s : sessions_) {
-        if (!s.open || s.worker == no_worker) continue;
-        for (table_id t = 0; t < s.subs.size(); ++t) {
+      // Workers of a dense model all subscribe to the whole shard of a table: snapshot it
+      // once per table and share that buffer between their messages.
+      for (table_id t = 0; t < tables_.size(); ++t) {
+        buffer whole;
+        const key_range all = tables_[t].range;
+        for (auto& s : sessions_) {
+          if (!s.open || s.worker == no_worker) continue;
           const auto& sub = s.subs[t];
           if (sub.ranged) {
-            send_rows(s, t, true, sub.range.begin, sub.range.size(), {}, true);
+            buffer payload;
+            if (sub.range == all) {
+              if (whole.empty()) whole = rows_payload(t, true, all.begin, all.size(), {});
+              payload = whole.share();
+            } else {
+              payload = rows_payload(t, true, sub.range.begin, sub.range.size(), {});
+            }
+            send_rows(s, t, true, sub.range.begin, sub.range.size(), true, std::move(payload));
             ++stats_.eager_messages;
           }
           if (!sub.keys.empty()) {
-            send_rows(s, t, false, 0, static_cast<std::uint32_t>(sub.keys.size()), sub.keys, true);
+            const auto n = static_cast<std::uint32_t>(sub.keys.size());
+            send_rows(s, t, false, 0, n, true, rows_payload(t, false, 0, n, sub.keys));
             ++stats_.eager_messages;
           }
         }

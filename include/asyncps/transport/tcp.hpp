@@ -4,6 +4,7 @@
 #include <array>
 #include <charconv>
 #include <cstddef>
+#include <optional>
 #include <string_view>
 #include <system_error>
 #include <tuple>
@@ -77,13 +78,14 @@ class tcp_transport {
     /// Sends `m` (header + payload) with one gathered write. Computes `payload_bytes` and the
     /// checksum. Completes with the socket's error, or success.
     asio::awaitable<std::error_code> async_send(message m) {
+      if (!socket_) co_return make_error_code(errc::connection_closed);
       m.header.payload_bytes = m.payload.size();
       encode_header(m.header, std::span<std::byte, header_size>(send_header_), m.payload.bytes(),
                     true);
       const std::array<asio::const_buffer, 2> bufs{
           asio::buffer(send_header_.data(), header_size),
           asio::buffer(m.payload.data(), m.payload.size())};
-      auto [ec, n] = co_await asio::async_write(socket_, bufs, detail::use_tuple);
+      auto [ec, n] = co_await asio::async_write(*socket_, bufs, detail::use_tuple);
       (void)n;
       if (ec) close();
       co_return ec;
@@ -98,17 +100,19 @@ class tcp_transport {
       // One result object and no per-branch temporaries: keeps the coroutine frame small
       // enough for Asio's per-thread frame recycling (no heap allocation per message).
       std::tuple<std::error_code, message> out;
-      if (!poisoned_) {
+      if (!socket_) {
+        std::get<0>(out) = make_error_code(errc::connection_closed);
+      } else if (!poisoned_) {
         auto [ec, n] = co_await asio::async_read(
-            socket_, asio::buffer(recv_header_.data(), header_size), detail::use_tuple);
+            *socket_, asio::buffer(recv_header_.data(), header_size), detail::use_tuple);
         std::get<0>(out) = on_header(ec, n, std::get<1>(out));
       } else {
         std::get<0>(out) = poisoned_;
       }
       if (!std::get<0>(out) && !std::get<1>(out).payload.empty()) {
         auto& p = std::get<1>(out).payload;
-        auto [ec, n] =
-            co_await asio::async_read(socket_, asio::buffer(p.data(), p.size()), detail::use_tuple);
+        auto [ec, n] = co_await asio::async_read(*socket_, asio::buffer(p.data(), p.size()),
+                                                 detail::use_tuple);
         (void)n;
         if (ec) std::get<0>(out) = on_error(ec, true);
       }
@@ -119,19 +123,21 @@ class tcp_transport {
 
     /// Closes the socket; outstanding operations complete with `asio::error::operation_aborted`.
     void close() noexcept {
+      if (!socket_) return;
       std::error_code ignored;
-      socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-      socket_.close(ignored);
+      socket_->shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+      socket_->close(ignored);
     }
-    bool is_open() const noexcept { return socket_.is_open(); }
+    bool is_open() const noexcept { return socket_ && socket_->is_open(); }
 
     /// The peer's address (for logs). Empty endpoint when closed.
     endpoint_type remote_endpoint() const noexcept {
       std::error_code ec;
-      return socket_.remote_endpoint(ec);
+      return socket_ ? socket_->remote_endpoint(ec) : endpoint_type{};
     }
-    /// The underlying socket (for options such as buffer sizes).
-    asio::ip::tcp::socket& socket() noexcept { return socket_; }
+    /// The underlying socket (for options such as buffer sizes). Precondition: connected
+    /// (not a default-constructed placeholder).
+    asio::ip::tcp::socket& socket() noexcept { return *socket_; }
 
    private:
     friend class tcp_transport;
@@ -158,11 +164,11 @@ class tcp_transport {
     connection(tcp_transport& t, asio::ip::tcp::socket s) : transport_(&t), socket_(std::move(s)) {
       if (t.options_.no_delay) {
         std::error_code ignored;
-        socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+        socket_->set_option(asio::ip::tcp::no_delay(true), ignored);
       }
     }
     tcp_transport* transport_ = nullptr;
-    asio::ip::tcp::socket socket_{asio::system_executor{}};
+    std::optional<asio::ip::tcp::socket> socket_;  // empty for a placeholder connection
     std::error_code poisoned_;
     alignas(64) std::array<std::byte, header_size> send_header_{};
     alignas(64) std::array<std::byte, header_size> recv_header_{};
