@@ -24,7 +24,10 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/consistency.hpp"
+#include "asyncps/consistency/policies.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/recovery.hpp"
+#include "asyncps/recovery/none.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps::bench {
@@ -85,6 +88,7 @@ class client {
     message hello;
     hello.header.type = message_type::hello;
     hello.header.sender = worker_;
+    hello.header.table = policy_fingerprint<consistency::asp, recovery::none>();  // the server's
     hello.header.row_count = 1;
     hello.payload = std::move(layout);
     if (auto ec = co_await conn_.async_send(std::move(hello))) fail("send hello", ec);

@@ -5,399 +5,127 @@
 //   fashion_mnist --model mlp --consistency essp --staleness 3
 //   fashion_mnist --role server --shard 0 --servers 2 --workers 2 --listen 127.0.0.1:7000
 //   fashion_mnist --role worker --worker-id 0 --workers 2 --connect 127.0.0.1:7000,127.0.0.1:7001
+//   fashion_mnist --recovery stateless --kill-at 3,8 --downtime 2   # kill -9 server 0 twice
 //
-// The consistency model and the server optimizer are compile-time policies; the command line
-// picks one of the instantiations compiled below.
-#include <asio/co_spawn.hpp>
-#include <asio/io_context.hpp>
-#include <asio/signal_set.hpp>
-#include <asio/steady_timer.hpp>
-#include <asio/strand.hpp>
-#include <asio/thread_pool.hpp>
-
+// The consistency model, the recovery policy and the server optimizer are compile-time
+// policies; the command line picks one of the instantiations compiled in train_*.cpp.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
-#include <atomic>
-#include <chrono>
-#include <cstdio>
-#include <fstream>
-#include <iostream>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <thread>
-#include <unistd.h>
-#include <variant>
-#include <vector>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
 
-#include "asyncps/asyncps.hpp"
-#include "dataset.hpp"
-#include "models.hpp"
+#include <csignal>
+#include <sys/types.h>
+#include <sys/wait.h>
+
+#include "trainer.hpp"
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
+using fashion::config;
 
-struct config {
-  std::string role = "all";
-  std::string model = "softmax";
-  std::string consistency = "ssp";
-  int staleness = 3;
-  std::string optimizer = "sgd";
-  std::uint32_t servers = 2;
-  std::uint32_t workers = 4;
-  std::uint32_t shard = 0;
-  std::uint32_t worker_id = 0;
-  std::string listen = "127.0.0.1:0";
-  std::vector<std::string> connect;
-  double epochs = 0;     // 0: the model's default
-  double decay_at = -1;  // epoch after which gradients are scaled by decay_factor; <0: default
-  float decay_factor = 0.1f;
-  std::uint32_t batch = 0;
-  float lr = 0;
-  float l2 = 0;
-  std::uint32_t hidden = 128;
-  std::uint64_t seed = 1;
-  std::string data = fashion::default_data_dir();
-  std::string metrics = "fashion_mnist_metrics.jsonl";
-  double eval_every = 0.25;  // epochs
-  unsigned compute_threads = 0;
-  bool quiet = false;
-};
-
-// One worker's model: softmax regression or the MLP, chosen at run time.
-class any_model {
+// Fault injection: the servers run as child processes of this one (the same binary with
+// --role server), and shard `kill_shard` is killed with SIGKILL at each `kill_at` time and
+// started again `downtime` seconds later. The workers run here, as in the default run.
+class server_supervisor {
  public:
-  using variant = std::variant<fashion::softmax_model, fashion::mlp_model>;
-  any_model(const config& c, const fashion::dataset& train, std::uint32_t shard,
-            std::uint32_t shards)
-      : m_(c.model == "mlp" ? variant(std::in_place_type<fashion::mlp_model>, train, shard, shards,
-                                      c.batch, c.seed, c.l2, c.hidden)
-                            : variant(std::in_place_type<fashion::softmax_model>, train, shard,
-                                      shards, c.batch, c.seed, c.l2)),
-        decay_at_(c.decay_at), factor_(c.decay_factor) {}
-  std::span<const asyncps::table_spec> tables() const {
-    return std::visit([](const auto& m) { return m.tables(); }, m_);
+  server_supervisor(const config& c, std::vector<std::string> base_args)
+      : cfg_(c), base_(std::move(base_args)), start_(std::chrono::steady_clock::now()) {}
+  ~server_supervisor() { stop(); }
+
+  // Starts every shard on a free loopback port; returns their host:port strings.
+  std::vector<std::string> start() {
+    asio::io_context io;
+    for (std::uint32_t s = 0; s < cfg_.servers; ++s) {
+      asio::ip::tcp::acceptor probe(io, {asio::ip::make_address("127.0.0.1"), 0});
+      ports_.push_back(probe.local_endpoint().port());
+    }
+    pids_.assign(cfg_.servers, -1);
+    for (std::uint32_t s = 0; s < cfg_.servers; ++s) spawn(s);
+    killer_ = std::thread([this] { kill_schedule(); });
+    std::vector<std::string> eps;
+    for (auto p : ports_) eps.push_back("127.0.0.1:" + std::to_string(p));
+    return eps;
   }
-  // Learning-rate step schedule, applied as gradient scaling so it works with every server
-  // optimizer and keeps read-my-writes exact: after `decay_at` epochs of this worker's shard,
-  // gradients are multiplied by `decay_factor`.
-  float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) {
-    const float loss = std::visit([&](auto& m) { return m.compute_gradient(p, g); }, m_);
-    if (decay_at_ >= 0 && epoch() >= decay_at_) {
-      for (asyncps::table_id t = 0; t < g.tables().size(); ++t) {
-        const auto s = g.span(t);
-        Eigen::Map<Eigen::ArrayXf>(s.data(), static_cast<Eigen::Index>(s.size())) *= factor_;
+
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (killer_.joinable()) killer_.join();
+    for (auto& pid : pids_) {
+      if (pid > 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+        pid = -1;
       }
     }
-    return loss;
-  }
-  double epoch() const {
-    return std::visit([](const auto& m) { return m.epoch(); }, m_);
-  }
-  fashion::evaluation evaluate(const asyncps::parameter_view& p, const fashion::dataset& t) const {
-    return std::visit(
-        [&](const auto& m) { return std::decay_t<decltype(m)>::evaluate(p, t, 1000); }, m_);
   }
 
  private:
-  variant m_;
-  double decay_at_;
-  float factor_;
+  double now() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+  void spawn(std::uint32_t s) {
+    std::vector<std::string> args = base_;
+    for (std::string a :
+         {std::string("--role"), std::string("server"), std::string("--shard"), std::to_string(s),
+          std::string("--listen"), "127.0.0.1:" + std::to_string(ports_[s]), std::string("--quiet"),
+          std::string("--metrics"), std::string("/dev/null")})
+      args.push_back(std::move(a));
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::execv("/proc/self/exe", argv.data());
+      std::perror("fashion_mnist: exec of a server process failed");
+      std::_Exit(127);
+    }
+    pids_[s] = pid;
+  }
+
+  // Waits `seconds` or until stop(); false when stopping.
+  bool sleep_until(double t) {
+    std::unique_lock lock(mutex_);
+    return !cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, t - now())),
+                         [this] { return stopping_; });
+  }
+
+  void kill_schedule() {
+    for (double t : cfg_.kill_at) {
+      if (!sleep_until(t)) return;
+      const std::uint32_t s = cfg_.kill_shard;
+      ::kill(pids_[s], SIGKILL);
+      ::waitpid(pids_[s], nullptr, 0);
+      pids_[s] = -1;
+      std::printf("\n[fault] killed server %u (SIGKILL) at %.1f s\n", s, now());
+      std::fflush(stdout);
+      if (!sleep_until(t + cfg_.downtime)) return;
+      spawn(s);
+      std::printf("\n[fault] restarted server %u at %.1f s\n", s, now());
+      std::fflush(stdout);
+    }
+  }
+
+  const config& cfg_;
+  std::vector<std::string> base_;
+  std::chrono::steady_clock::time_point start_;
+  std::vector<unsigned short> ports_;
+  std::vector<pid_t> pids_;
+  std::thread killer_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
 };
 
-// Progress and metrics shared by the workers of this process.
-struct monitor {
-  monitor(const config& c, const fashion::dataset& t) : cfg(c), test(t), metrics(c.metrics) {}
-  const config& cfg;
-  const fashion::dataset& test;
-  std::ofstream metrics;
-  clock_type::time_point start = clock_type::now();
-  std::mutex mutex;
-  std::atomic<std::uint64_t> samples{0};
-  double last_print = -1;
-  double next_eval = 0;
-  double last_accuracy = -1;
-  float loss_ema = -1;
-  bool tty = isatty(STDOUT_FILENO) != 0;
-
-  double elapsed() const {
-    return std::chrono::duration<double>(clock_type::now() - start).count();
-  }
-
-  // Called by worker 0 after each clock (on its executor).
-  void on_clock(const asyncps::clock_report& r, const any_model& m,
-                const asyncps::staleness_histogram& st) {
-    std::lock_guard lock(mutex);
-    loss_ema = loss_ema < 0 ? r.loss : 0.98f * loss_ema + 0.02f * r.loss;
-    const double epoch = m.epoch();
-    const double t = elapsed();
-    if (epoch >= next_eval) {
-      next_eval += cfg.eval_every;
-      const auto e = m.evaluate(r.params, test);
-      last_accuracy = e.accuracy;
-      metrics << nlohmann::json{{"time_s", t},         {"clock", r.clock},
-                                {"epoch", epoch},      {"test_accuracy", e.accuracy},
-                                {"test_loss", e.loss}, {"train_loss", loss_ema}}
-                     .dump()
-              << '\n';
-      metrics.flush();
-    }
-    if (!cfg.quiet && (t - last_print >= 1.0 || last_print < 0)) {
-      last_print = t;
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "epoch %5.2f  clock %6lld  %8.0f samples/s  loss %.4f  staleness mean %.2f "
-                    "max %d  test acc %s",
-                    epoch, static_cast<long long>(r.clock),
-                    static_cast<double>(samples.load()) / (t > 0 ? t : 1), loss_ema, st.mean(),
-                    st.max(),
-                    last_accuracy < 0 ? "-" : std::to_string(last_accuracy).substr(0, 6).c_str());
-      std::cout << (tty ? "\r" : "") << line << (tty ? "" : "\n") << std::flush;
-    }
-  }
-};
-
-// A server only uses its policy's `eager` flag (the staleness bound travels in each pull as
-// the minimum clock wanted), so the example instantiates one server per (eager, optimizer)
-// rather than one per staleness value: this keeps its build time reasonable on 2 cores.
-template <class Consistency>
-using server_policy = std::conditional_t<Consistency::eager, asyncps::consistency::essp<0>,
-                                         asyncps::consistency::bsp>;
-template <class Consistency, class Optimizer>
-using server_type = asyncps::basic_server<asyncps::tcp_transport, server_policy<Consistency>,
-                                          asyncps::recovery::none, Optimizer>;
-template <class Consistency>
-using worker_type =
-    asyncps::basic_worker<any_model, asyncps::tcp_transport, Consistency, asyncps::recovery::none>;
-
-asyncps::server_options server_opts(const config& c, std::uint32_t shard,
-                                    std::span<const asyncps::table_spec> layout) {
-  asyncps::server_options o;
-  o.shard = shard;
-  o.num_shards = c.servers;
-  o.num_workers = c.workers;
-  o.tables.assign(layout.begin(), layout.end());
-  o.seed = c.seed;
-  return o;
-}
-
-// Serves until every worker has connected and disconnected again.
-template <class Server>
-asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor,
-                                       std::uint32_t workers) {
-  auto ex = co_await asio::this_coro::executor;
-  asio::steady_timer poll(ex);
-  asio::co_spawn(
-      ex,
-      [&]() -> asio::awaitable<void> {
-        for (;;) {
-          poll.expires_after(std::chrono::milliseconds(50));
-          co_await poll.async_wait(asyncps::detail::use_tuple);
-          if (s.stats().connections >= workers && s.connections() == 0) {
-            s.stop();
-            co_return;
-          }
-        }
-      },
-      asio::detached);
-  if (auto ec = co_await s.async_serve(std::move(acceptor)))
-    std::cerr << "server " << s.options().shard << ": " << ec.message() << '\n';
-  poll.cancel();
-}
-
-template <class Consistency, class Optimizer>
-int run(const config& c, Optimizer opt) {
-  // Data: workers need the training set; the evaluating worker also the test set.
-  const bool need_data = c.role != "server";
-  fashion::dataset train, test;
-  std::vector<asyncps::table_spec> layout;
-  {
-    auto loaded = fashion::load_fashion_mnist(c.data);
-    if (!loaded) {
-      std::cerr << "fashion_mnist: " << loaded.error().message << '\n';
-      return 2;
-    }
-    std::tie(train, test) = std::move(loaded).value();
-    any_model probe(c, train, 0, 1);
-    layout.assign(probe.tables().begin(), probe.tables().end());
-    if (!need_data) train = {};
-  }
-
-  asio::io_context io(2);
-  const unsigned threads = c.role == "all" ? 2 : 1;
-  asio::thread_pool compute(c.compute_threads != 0 ? c.compute_threads : 2);
-  monitor mon(c, test);
-  if (!mon.metrics) {
-    std::cerr << "fashion_mnist: --metrics: cannot write " << c.metrics << '\n';
-    return 2;
-  }
-
-  // Servers of this process.
-  std::vector<std::unique_ptr<asyncps::tcp_transport>> server_transports;
-  std::vector<std::unique_ptr<server_type<Consistency, Optimizer>>> servers;
-  std::vector<asyncps::tcp_transport::endpoint_type> endpoints;
-  if (c.role == "all" || c.role == "server") {
-    const std::uint32_t first = c.role == "all" ? 0 : c.shard;
-    const std::uint32_t last = c.role == "all" ? c.servers : c.shard + 1;
-    for (std::uint32_t s = first; s < last; ++s) {
-      auto ep = asyncps::parse_tcp_endpoint(c.role == "all" ? "127.0.0.1:0" : c.listen);
-      if (!ep) {
-        std::cerr << "fashion_mnist: --listen: expected host:port, got '" << c.listen << "'\n";
-        return 2;
-      }
-      auto& t = server_transports.emplace_back(
-          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
-      auto acc = t->listen(ep.value());
-      if (!acc) {
-        std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
-                  << '\n';
-        return 2;
-      }
-      endpoints.push_back(acc.value().local_endpoint());
-      auto& srv = servers.emplace_back(std::make_unique<server_type<Consistency, Optimizer>>(
-          *t, server_opts(c, s, layout), opt));
-      asio::co_spawn(t->get_executor(), serve_until_done(*srv, std::move(acc).value(), c.workers),
-                     asio::detached);
-      if (c.role == "server")
-        std::cout << "server " << s << " of " << c.servers << " listening on " << endpoints.back()
-                  << " (" << Consistency::name << ")" << std::endl;
-    }
-  }
-  if (c.role == "worker") {
-    for (const auto& text : c.connect) {
-      auto ep = asyncps::parse_tcp_endpoint(text);
-      if (!ep) {
-        std::cerr << "fashion_mnist: --connect: expected host:port, got '" << text << "'\n";
-        return 2;
-      }
-      endpoints.push_back(ep.value());
-    }
-  }
-
-  // Workers of this process.
-  const double epochs = c.epochs;
-  const auto shard_size = train.size() / c.workers;
-  const auto clocks = static_cast<std::uint64_t>(epochs * static_cast<double>(shard_size) /
-                                                 static_cast<double>(c.batch));
-  std::vector<std::unique_ptr<asyncps::tcp_transport>> worker_transports;
-  std::vector<std::unique_ptr<any_model>> models;
-  std::vector<std::unique_ptr<worker_type<Consistency>>> workers;
-  std::atomic<int> failures{0};
-  if (c.role == "all" || c.role == "worker") {
-    const std::uint32_t first = c.role == "all" ? 0 : c.worker_id;
-    const std::uint32_t last = c.role == "all" ? c.workers : c.worker_id + 1;
-    for (std::uint32_t w = first; w < last; ++w) {
-      const std::size_t i = w - first;
-      auto& t = worker_transports.emplace_back(
-          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
-      auto& m = models.emplace_back(std::make_unique<any_model>(c, train, w, c.workers));
-      typename worker_type<Consistency>::options_type o;
-      o.id = w;
-      o.servers = endpoints;
-      o.local_step = opt.local_step();  // read-my-writes (exact for SGD)
-      o.connect_timeout = std::chrono::seconds(30);
-      // The first worker of this process reports progress and evaluates; `samples` counts
-      // every worker's (in separate processes each worker reports for all, assuming equal speed).
-      const std::uint64_t per_clock = std::uint64_t{c.batch} * (c.role == "all" ? 1 : c.workers);
-      o.on_clock = [&, i, per_clock, model = m.get()](const asyncps::clock_report& r) {
-        mon.samples += per_clock;
-        if (i == 0) mon.on_clock(r, *model, workers[0]->staleness());
-      };
-      workers.push_back(
-          std::make_unique<worker_type<Consistency>>(*t, *m, o, compute.get_executor()));
-    }
-    for (std::size_t i = 0; i < workers.size(); ++i) {
-      asio::co_spawn(
-          worker_transports[i]->get_executor(),
-          [&, p = workers[i].get()]() -> asio::awaitable<void> {
-            if (auto ec = co_await p->async_run(clocks)) {
-              std::cerr << "\nworker " << p->options().id << ": " << ec.message() << '\n';
-              ++failures;
-            }
-          },
-          asio::detached);
-    }
-  }
-
-  std::cout << "fashion_mnist: " << c.model << ", " << Consistency::name;
-  if constexpr (requires { Consistency::staleness; })
-    std::cout << "(" << Consistency::staleness << ")";
-  std::cout << ", " << c.servers << " servers, " << c.workers << " workers, " << epochs
-            << " epochs (" << clocks << " clocks of " << c.batch << " per worker), role " << c.role
-            << std::endl;
-
-  std::vector<std::thread> pool;
-  for (unsigned i = 1; i < threads; ++i) pool.emplace_back([&] { io.run(); });
-  io.run();
-  for (auto& t : pool) t.join();
-  compute.join();
-  if (mon.tty && !c.quiet) std::cout << '\n';
-
-  if (c.role == "server") return failures == 0 ? 0 : 1;
-  // Final model: the servers' parameters when they live in this process, else worker 0's cache.
-  std::vector<float> final_params;
-  if (!servers.empty() && servers.size() == c.servers) {
-    final_params.resize(asyncps::layout_size(layout));
-    std::size_t off = 0;
-    for (std::size_t t = 0; t < layout.size(); ++t) {
-      for (auto& s : servers) {
-        const auto v = s->values(static_cast<asyncps::table_id>(t));
-        std::copy(v.begin(), v.end(),
-                  final_params.begin() +
-                      static_cast<std::ptrdiff_t>(
-                          off + std::size_t{s->range(static_cast<asyncps::table_id>(t)).begin} *
-                                    layout[t].width));
-      }
-      off += layout[t].size();
-    }
-  } else {
-    const auto view = workers.front()->cache();
-    for (std::size_t t = 0; t < layout.size(); ++t) {
-      const auto sp = view.span(static_cast<asyncps::table_id>(t));
-      final_params.insert(final_params.end(), sp.begin(), sp.end());
-    }
-  }
-  const asyncps::parameter_view final_view(layout, final_params.data());
-  const auto e = models.front()->evaluate(final_view, test);
-  asyncps::staleness_histogram st;
-  for (auto& w : workers) st += w->staleness();
-  const double secs = mon.elapsed();
-  mon.metrics << nlohmann::json{{"time_s", secs},
-                                {"clock", clocks},
-                                {"final", true},
-                                {"test_accuracy", e.accuracy},
-                                {"test_loss", e.loss}}
-                     .dump()
-              << '\n';
-  std::printf("observed staleness (clocks:reads): %s\n", st.to_string().c_str());
-  std::printf("final test accuracy %.4f (loss %.4f) after %.1f s; metrics in %s\n", e.accuracy,
-              e.loss, secs, c.metrics.c_str());
-  return failures == 0 ? 0 : 1;
-}
-
-template <class Consistency>
-int with_optimizer(const config& c) {
-  namespace opt = asyncps::optimizer;
-  if (c.optimizer == "sgd") return run<Consistency>(c, opt::sgd{c.lr});
-  if (c.optimizer == "momentum") return run<Consistency>(c, opt::momentum{c.lr, 0.9f});
-  if (c.optimizer == "adagrad") return run<Consistency>(c, opt::adagrad{c.lr});
-  return run<Consistency>(c, opt::adam{c.lr});
-}
-
-// Each (--consistency, --staleness) pair maps to one compile-time instantiation.
-constexpr int supported_staleness[] = {1, 2, 3, 4, 7, 15};
-
-template <template <asyncps::clock_value> class Policy, std::size_t... I>
-int with_staleness(const config& c, std::index_sequence<I...>) {
-  int rc = -1;
-  ((c.staleness == supported_staleness[I]
-        ? (rc = with_optimizer<Policy<supported_staleness[I]>>(c), true)
-        : false) ||
-   ...);
-  return rc;
+int train(const config& c) {
+  if (c.recovery == "checkpoint") return fashion::train_checkpoint(c);
+  if (c.recovery == "stateless") return fashion::train_stateless(c);
+  return fashion::train_none(c);
 }
 
 }  // namespace
@@ -438,6 +166,27 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--compute-threads", c.compute_threads, "gradient threads (default 2)");
   app.add_flag("--quiet", c.quiet, "no progress line");
+  app.add_option("--recovery", c.recovery, "what happens when a server fails")
+      ->check(CLI::IsMember({"none", "checkpoint", "stateless"}));
+  app.add_option("--merge", c.merge, "--recovery stateless: how a worker's backlog is merged")
+      ->check(CLI::IsMember({"sum", "mean", "lr-scaled", "staleness-aware"}));
+  app.add_option("--checkpoint-dir", c.checkpoint_dir, "--recovery checkpoint: directory");
+  app.add_option("--checkpoint-every", c.checkpoint_every,
+                 "--recovery checkpoint: clocks between checkpoints (default: adaptive)");
+  app.add_option("--checkpoint-seconds", c.checkpoint_seconds,
+                 "--recovery checkpoint: seconds between checkpoints")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--reconnect-timeout", c.reconnect_timeout,
+                 "seconds a worker keeps reconnecting to a lost server")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--kill-at", c.kill_at,
+                 "seconds after start at which server --kill-shard is killed (SIGKILL); "
+                 "servers then run as child processes")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--downtime", c.downtime, "seconds a killed server stays down")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--kill-shard", c.kill_shard, "which server --kill-at kills");
   // One line per error, naming the flag and (for choices) the accepted values.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return "fashion_mnist: " + std::string(e.what()) + " (see --help)\n";
@@ -467,13 +216,43 @@ int main(int argc, char** argv) {
   if (c.epochs == 0) c.epochs = mlp ? 20 : 30;
   if (c.decay_at < 0) c.decay_at = c.epochs * (mlp ? 0.75 : 2.0 / 3.0);
 
+  if (c.recovery != "none" && c.optimizer != "sgd") {
+    std::cerr << "fashion_mnist: --recovery " << c.recovery
+              << " is compiled with --optimizer sgd only in this example\n";
+    return 2;
+  }
+  if (!c.kill_at.empty() && c.kill_shard >= c.servers) {
+    std::cerr << "fashion_mnist: --kill-shard must be < --servers (" << c.servers << ")\n";
+    return 2;
+  }
+  if (!c.kill_at.empty() && c.role != "all") {
+    std::cerr << "fashion_mnist: --kill-at needs --role all (it starts the server processes)\n";
+    return 2;
+  }
+  std::sort(c.kill_at.begin(), c.kill_at.end());
+
   try {
-    using namespace asyncps::consistency;
-    if (c.consistency == "bsp") return with_optimizer<bsp>(c);
-    if (c.consistency == "asp") return with_optimizer<asp>(c);
-    const auto seq = std::make_index_sequence<std::size(supported_staleness)>{};
-    if (c.consistency == "ssp") return with_staleness<ssp>(c, seq);
-    return with_staleness<essp>(c, seq);
+    if (c.kill_at.empty()) return train(c);
+    // Servers as child processes: the same command line, minus the fault flags.
+    std::vector<std::string> base{argv[0]};
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--kill-at" || a == "--downtime" || a == "--kill-shard" || a == "--metrics" ||
+          a == "--role" || a == "--listen" || a == "--shard") {
+        ++i;  // drop the flag and its value
+        continue;
+      }
+      if (a.rfind("--kill-at=", 0) == 0 || a.rfind("--downtime=", 0) == 0 ||
+          a.rfind("--kill-shard=", 0) == 0 || a.rfind("--metrics=", 0) == 0 || a == "--quiet")
+        continue;
+      base.push_back(a);
+    }
+    server_supervisor supervisor(c, base);
+    c.connect = supervisor.start();
+    c.external_servers = true;
+    const int rc = train(c);
+    supervisor.stop();
+    return rc;
   } catch (const std::exception& e) {
     std::cerr << "fashion_mnist: " << e.what() << '\n';
     return 1;

@@ -42,6 +42,9 @@ enum class errc {
   stopped,            ///< the object was stopped by its owner
   invalid_argument,   ///< a precondition on a local argument was violated
   bad_file,           ///< a data or checkpoint file is missing, truncated or corrupt
+  /// (remote input) a worker's hello names a different consistency or recovery policy than
+  /// the server's: servers and workers must be instantiated with the same policy types
+  policy_mismatch,
 };
 
 /// Categories of errors that callers (and recovery policies) act on.
@@ -85,6 +88,9 @@ class error_category_impl final : public std::error_category {
       case errc::stopped: return "stopped";
       case errc::invalid_argument: return "invalid argument";
       case errc::bad_file: return "bad file";
+      case errc::policy_mismatch:
+        return "frame header field 'table' of hello: the worker's consistency/recovery policy "
+               "differs from the server's";
     }
     return "unknown asyncps error";
   }
@@ -130,8 +136,9 @@ inline std::error_condition make_error_condition(condition c) noexcept {
 
 /// True when `e` is one of the codes a peer's malformed input produces.
 constexpr bool is_protocol_violation(errc e) noexcept {
-  return static_cast<int>(e) >= static_cast<int>(errc::bad_magic) &&
-         static_cast<int>(e) <= static_cast<int>(errc::too_many_requests);
+  return (static_cast<int>(e) >= static_cast<int>(errc::bad_magic) &&
+          static_cast<int>(e) <= static_cast<int>(errc::too_many_requests)) ||
+         e == errc::policy_mismatch;
 }
 
 namespace detail {

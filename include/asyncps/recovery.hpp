@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <concepts>
+#include <cstdint>
 #include <string_view>
 #include <system_error>
 
@@ -24,8 +25,8 @@ enum class recovery_action {
 /// | expression                              | type                 | semantics |
 /// |-----------------------------------------|----------------------|-----------|
 /// | `R::name`                               | `std::string_view`   | for logs and reports |
-/// | `R::server_part`                        | default-constructible| per-server state and hooks |
-/// | `R::worker_part`                        | default-constructible| per-worker state and hooks |
+/// | `R::server_part`                        | default-constructible, movable | per-server state and hooks (configured parts are moved into `basic_server`) |
+/// | `R::worker_part`                        | default-constructible, movable | per-worker state and hooks (moved into `basic_worker`) |
 /// | `w.on_server_lost(ec)`                  | `recovery_action`    | called by the worker loop when a shard's connection fails |
 /// | `w.reconnect_timeout()`                 | `std::chrono::milliseconds` | how long the worker may try before giving up |
 ///
@@ -38,10 +39,31 @@ concept recovery_policy =
       typename R::server_part;
       typename R::worker_part;
     } && std::default_initializable<typename R::server_part> &&
+    std::move_constructible<typename R::server_part> &&
     std::default_initializable<typename R::worker_part> &&
+    std::move_constructible<typename R::worker_part> &&
     requires(typename R::worker_part& w, std::error_code ec) {
       { w.on_server_lost(ec) } -> std::same_as<recovery_action>;
       { w.reconnect_timeout() } -> std::convertible_to<std::chrono::milliseconds>;
     };
+
+namespace detail {
+/// FNV-1a (32 bit) of `s`, continuing from `h`.
+constexpr std::uint32_t fnv1a(std::string_view s, std::uint32_t h = 2166136261u) noexcept {
+  for (char c : s) h = (h ^ static_cast<std::uint8_t>(c)) * 16777619u;
+  return h;
+}
+}  // namespace detail
+
+/// The policy fingerprint a worker sends in its hello (header field `table`) and a server
+/// checks: FNV-1a of "<eager|lazy>/<recovery name>". It covers what both sides must agree on:
+/// whether the server pushes rows eagerly (an ESSP worker waits for those pushes; a lazy
+/// server never sends them) and the recovery protocol. The staleness bound is not part of it:
+/// it travels in every pull. A mismatch is refused with `errc::policy_mismatch` instead of
+/// a silent disagreement about what the messages mean.
+template <class Consistency, class Recovery>
+constexpr std::uint32_t policy_fingerprint() noexcept {
+  return detail::fnv1a(Recovery::name, detail::fnv1a(Consistency::eager ? "eager/" : "lazy/"));
+}
 
 }  // namespace asyncps

@@ -40,6 +40,7 @@
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/none.hpp"
+#include "asyncps/shard_state.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/transport.hpp"
 #include "asyncps/wire.hpp"
@@ -78,14 +79,18 @@ struct server_options {
 
 /// Counters of a server (read on its executor).
 struct server_stats {
-  std::uint64_t connections = 0;     ///< connections accepted
-  std::uint64_t rejected = 0;        ///< connections closed for a protocol violation
-  std::uint64_t pushes = 0;          ///< push messages applied
-  std::uint64_t pulls = 0;           ///< pull requests answered
-  std::uint64_t deferred_pulls = 0;  ///< pulls that had to wait for the clock
-  std::uint64_t eager_messages = 0;  ///< rows messages pushed unrequested (ESSP)
-  std::uint64_t bytes_in = 0;        ///< payload bytes received
-  std::uint64_t bytes_out = 0;       ///< payload bytes sent
+  std::uint64_t connections = 0;         ///< connections accepted
+  std::uint64_t rejected = 0;            ///< connections closed for a protocol violation
+  std::uint64_t pushes = 0;              ///< push messages applied
+  std::uint64_t pulls = 0;               ///< pull requests answered
+  std::uint64_t deferred_pulls = 0;      ///< pulls that had to wait for the clock
+  std::uint64_t eager_messages = 0;      ///< rows messages pushed unrequested (ESSP)
+  std::uint64_t bytes_in = 0;            ///< payload bytes received
+  std::uint64_t bytes_out = 0;           ///< payload bytes sent
+  std::uint64_t rejoins = 0;             ///< hellos from workers ahead of their clock here
+  std::uint64_t replicas_installed = 0;  ///< tables rebuilt from a worker's replica
+  std::uint64_t backlogs_merged = 0;     ///< backlog pushes merged (stateless recovery)
+  std::uint64_t backlog_clocks = 0;      ///< clocks of worker updates those backlogs held
 };
 
 /// A parameter-server shard.
@@ -109,9 +114,12 @@ class basic_server {
   /// Throws `std::invalid_argument` naming the bad field when `opts` is inconsistent
   /// (shard >= num_shards, no workers, empty layout, a table with 0 rows or width, ids out of
   /// order).
-  basic_server(Transport& transport, server_options opts, Optimizer opt = {})
+  /// `recovery` is the server part of the recovery policy, configured by the caller (for
+  /// example the checkpoint directory); it is default-constructed when omitted.
+  basic_server(Transport& transport, server_options opts, Optimizer opt = {},
+               typename Recovery::server_part recovery = {})
       : transport_(transport), opts_(std::move(opts)), optimizer_(opt),
-        clocks_(opts_.num_workers, 0), applied_(opts_.num_workers),
+        recovery_(std::move(recovery)), clocks_(opts_.num_workers, 0), applied_(opts_.num_workers),
         done_(transport.get_executor()) {
     if (opts_.num_shards == 0 || opts_.shard >= opts_.num_shards)
       throw std::invalid_argument("asyncps::server_options: shard must be < num_shards");
@@ -145,6 +153,9 @@ class basic_server {
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     acceptor_ = &acceptor;
     std::error_code result;
+    if constexpr (requires(typename Recovery::server_part& p) { p.on_start(*this); }) {
+      recovery_.on_start(*this);  // e.g. restore the newest valid checkpoint
+    }
     while (!stopped_) {
       auto [ec, conn] = co_await acceptor.async_accept();
       if (ec && !stopped_ && transient_accept_error(ec)) {
@@ -170,6 +181,9 @@ class basic_server {
       done_.expires_after(std::chrono::seconds(1));
       co_await done_.async_wait(detail::use_tuple);
     }
+    if constexpr (requires(typename Recovery::server_part& p) { p.on_stop(); }) {
+      recovery_.on_stop();  // e.g. finish a checkpoint being persisted
+    }
     co_return result;
   }
 
@@ -192,6 +206,67 @@ class basic_server {
   const server_stats& stats() const noexcept { return stats_; }
   /// Connected sessions.
   std::size_t connections() const noexcept { return sessions_.size(); }
+  /// The server part of the recovery policy (its counters, for reports).
+  const typename Recovery::server_part& recovery() const noexcept { return recovery_; }
+
+  /// Copies the shard's whole state (parameters, optimizer state and steps, vector clock,
+  /// pushes applied per worker) into `out`, reusing its vectors' capacity: after the first
+  /// call with the same `out` it allocates nothing. Cost: one memcpy of parameters and
+  /// optimizer state. Thread safety: on the server's executor.
+  void save_state(shard_state& out) const {
+    out.shard = opts_.shard;
+    out.num_shards = opts_.num_shards;
+    out.num_workers = opts_.num_workers;
+    out.state_per_param = Optimizer::state_per_param;
+    out.server_clock = server_clock_;
+    out.worker_clocks.assign(clocks_.begin(), clocks_.end());
+    out.applied.resize(std::size_t{opts_.num_workers} * tables_.size());
+    for (std::uint32_t w = 0; w < opts_.num_workers; ++w)
+      std::copy(applied_[w].begin(), applied_[w].end(), out.applied.begin() + w * tables_.size());
+    out.tables.resize(tables_.size());
+    for (std::size_t i = 0; i < tables_.size(); ++i) {
+      auto& o = out.tables[i];
+      o.spec = tables_[i].spec;
+      o.range = tables_[i].range;
+      o.step = tables_[i].step;
+      o.values.assign(tables_[i].values.begin(), tables_[i].values.end());
+      o.optimizer_state.assign(tables_[i].state.begin(), tables_[i].state.end());
+    }
+  }
+
+  /// Installs `st` as this shard's state (a restored checkpoint or a transferred replica).
+  /// Errors: `errc::layout_mismatch` when `st` was taken from a different shard, shard count,
+  /// worker count, optimizer or table layout (the state is then left unchanged). Connected
+  /// workers keep their connections; pulls waiting for a clock the restored state has passed
+  /// are answered. Thread safety: on the server's executor.
+  std::error_code restore_state(const shard_state& st) {
+    if (st.shard != opts_.shard || st.num_shards != opts_.num_shards ||
+        st.num_workers != opts_.num_workers || st.state_per_param != Optimizer::state_per_param ||
+        st.tables.size() != tables_.size() || st.worker_clocks.size() != clocks_.size() ||
+        st.applied.size() != std::size_t{opts_.num_workers} * tables_.size())
+      return errc::layout_mismatch;
+    for (std::size_t i = 0; i < tables_.size(); ++i) {
+      const auto& t = st.tables[i];
+      if (!(t.spec == tables_[i].spec) || !(t.range == tables_[i].range) ||
+          t.values.size() != tables_[i].values.size() ||
+          t.optimizer_state.size() != tables_[i].state.size())
+        return errc::layout_mismatch;
+    }
+    for (std::size_t i = 0; i < tables_.size(); ++i) {
+      tables_[i].step = st.tables[i].step;
+      std::copy(st.tables[i].values.begin(), st.tables[i].values.end(), tables_[i].values.begin());
+      std::copy(st.tables[i].optimizer_state.begin(), st.tables[i].optimizer_state.end(),
+                tables_[i].state.begin());
+    }
+    for (std::uint32_t w = 0; w < opts_.num_workers; ++w) {
+      clocks_[w] = st.worker_clocks[w];
+      std::copy_n(st.applied.begin() + w * tables_.size(), tables_.size(), applied_[w].begin());
+    }
+    server_clock_ = *std::min_element(clocks_.begin(), clocks_.end());
+    has_state_ = true;
+    answer_ready_pulls();
+    return {};
+  }
 
  private:
   struct table_state {
@@ -371,6 +446,15 @@ class basic_server {
       detail = " (expected hello first)";
       return errc::unexpected_message;
     }
+    if (h.table != policy_fingerprint<Consistency, Recovery>()) {
+      detail = std::string(" (this server runs ") + (Consistency::eager ? "eager" : "lazy") +
+               " consistency and recovery '" + std::string(Recovery::name) + "')";
+      return errc::policy_mismatch;
+    }
+    if (h.clock < 0) {
+      detail = " (hello clock " + std::to_string(h.clock) + ")";
+      return errc::unexpected_message;
+    }
     if (h.sender >= opts_.num_workers) {
       detail = " (got " + std::to_string(h.sender) + ", num_workers " +
                std::to_string(opts_.num_workers) + ")";
@@ -385,24 +469,46 @@ class basic_server {
     registered_[h.sender] = &s;
     s.worker = h.sender;
     s.subs.assign(tables_.size(), subscription{});
+    bool ask_state = false;
+    if constexpr (accepts_replicas) {
+      // A server that has applied nothing meets a worker that has trained: this server was
+      // restarted without state, so it asks the workers for their replicas.
+      if (!has_state_ && h.clock > 0) {
+        ask_state = true;
+        std::fill(needs_state_.begin(), needs_state_.end(), true);
+      }
+    }
     message w;
     w.header.type = message_type::welcome;
+    w.header.flags = ask_state ? frame_flags::state : std::uint8_t{0};
     w.header.sender = opts_.shard;
     w.header.table = opts_.num_shards;
     w.header.clock = server_clock_;
-    w.header.first_row = static_cast<std::uint64_t>(clocks_[s.worker]);
+    w.header.first_row = static_cast<std::uint64_t>(std::max(clocks_[s.worker], h.clock));
     w.header.row_count = static_cast<std::uint32_t>(tables_.size());
-    w.payload = encode_layout();
+    w.payload = encode_welcome(s.worker);
     enqueue(s, std::move(w));
+    if (h.clock > clocks_[s.worker]) {
+      // The worker kept training while this shard was away (a restart from a checkpoint, or
+      // without state): its updates of the clocks in between are lost here, so its clock at
+      // this shard moves up to its own.
+      log("worker " + std::to_string(s.worker) + " rejoins at clock " + std::to_string(h.clock) +
+          " (this shard had it at " + std::to_string(clocks_[s.worker]) + ")");
+      ++stats_.rejoins;
+      advance(s.worker, h.clock);
+    }
     return {};
   }
 
-  buffer encode_layout() {
-    buffer b = transport_.allocate(tables_.size() * 8);
-    auto* p = reinterpret_cast<std::uint32_t*>(b.data());
-    for (const auto& t : tables_) {
-      *p++ = t.spec.rows;
-      *p++ = t.spec.width;
+  // Welcome payload: per table (rows u32, width u32, pushes of `worker` applied u64).
+  buffer encode_welcome(std::uint32_t worker) {
+    buffer b = transport_.allocate(tables_.size() * 16);
+    std::byte* p = b.data();
+    for (std::size_t i = 0; i < tables_.size(); ++i) {
+      detail::store_le(p, tables_[i].spec.rows);
+      detail::store_le(p + 4, tables_[i].spec.width);
+      detail::store_le(p + 8, applied_[worker][i]);
+      p += 16;
     }
     return b;
   }
@@ -462,12 +568,15 @@ class basic_server {
         if (auto ec = check_rows(m, detail)) return ec;
         const auto grad = payload_floats(m);
         if (!all_finite(grad)) return errc::non_finite_value;
+        if (h.has(frame_flags::state) || h.has(frame_flags::backlog))
+          return recover_push(s, m, detail);
         if (h.clock != clocks_[s.worker]) {
           detail = " (push for clock " + std::to_string(h.clock) + ", worker is at clock " +
                    std::to_string(clocks_[s.worker]) + ")";
           return errc::unexpected_message;
         }
         apply(m);
+        has_state_ = true;
         ++applied_[s.worker][h.table];
         ++stats_.pushes;
         if (h.has(frame_flags::want_ack)) {
@@ -522,6 +631,53 @@ class basic_server {
       default:
         detail = " (type " + std::to_string(static_cast<int>(h.type)) + " from a worker)";
         return errc::unexpected_message;
+    }
+  }
+
+  // A push that is part of stateless recovery (flags `state` or `backlog`).
+  std::error_code recover_push(session& s, message& m, std::string& detail) {
+    const auto& h = m.header;
+    if constexpr (!accepts_replicas) {
+      detail = std::string(" (replica or backlog push, but recovery policy '") +
+               std::string(Recovery::name) + "' does not take them)";
+      return errc::unexpected_message;
+    } else {
+      auto& t = tables_[h.table];
+      if (h.has(frame_flags::state) == h.has(frame_flags::backlog) || !h.has(frame_flags::range) ||
+          h.first_row != t.range.begin || h.row_count != t.range.size()) {
+        detail = " (a replica or backlog push must cover the shard's whole range, one flag)";
+        return errc::unexpected_message;
+      }
+      const auto vals = payload_floats(m);
+      if (h.has(frame_flags::state)) {
+        // The first replica of a table rebuilds it; later ones are dropped. Their senders'
+        // backlogs are then merged, while the installed sender's own updates are already in it.
+        if (needs_state_[h.table]) {
+          std::copy(vals.begin(), vals.end(), t.values.begin());
+          std::fill(t.state.begin(), t.state.end(), 0.0f);
+          needs_state_[h.table] = false;
+          state_source_[h.table] = s.worker;
+          has_state_ = true;
+          ++stats_.replicas_installed;
+          log("rebuilt table " + std::to_string(h.table) + " from the replica of worker " +
+              std::to_string(s.worker) + " (clock " + std::to_string(h.clock) + ")");
+        }
+        return {};
+      }
+      if (state_source_[h.table] == s.worker) {
+        state_source_[h.table] = no_worker;  // already part of the installed replica
+        return {};
+      }
+      const clock_value staleness = std::max<clock_value>(server_clock_ - h.clock, 0);
+      const float scale = recovery_.backlog_scale(h.seq, staleness);
+      Eigen::Map<Eigen::ArrayXf> g(reinterpret_cast<float*>(m.payload.data()),
+                                   static_cast<Eigen::Index>(vals.size()));
+      if (scale != 1.0f) g *= scale;
+      apply(m);
+      has_state_ = true;
+      ++stats_.backlogs_merged;
+      stats_.backlog_clocks += h.seq;
+      return {};
     }
   }
 
@@ -632,15 +788,8 @@ class basic_server {
     }
   }
 
-  void advance(std::uint32_t worker, clock_value c) {
-    clocks_[worker] = c;
-    const clock_value m = *std::min_element(clocks_.begin(), clocks_.end());
-    if (m <= server_clock_) return;
-    server_clock_ = m;
-    if constexpr (requires(typename Recovery::server_part& p) { p.on_clock(m); }) {
-      recovery_.on_clock(m);
-    }
-    // Answer pulls that are now satisfiable, in arrival order.
+  // Answers the pulls that the server clock now satisfies, in arrival order.
+  void answer_ready_pulls() {
     std::size_t keep = 0;
     for (std::size_t i = 0; i < pending_.size(); ++i) {
       auto& p = pending_[i];
@@ -653,6 +802,19 @@ class basic_server {
       }
     }
     pending_.resize(keep);
+  }
+
+  void advance(std::uint32_t worker, clock_value c) {
+    clocks_[worker] = c;
+    const clock_value m = *std::min_element(clocks_.begin(), clocks_.end());
+    if (m <= server_clock_) return;
+    server_clock_ = m;
+    if constexpr (requires(typename Recovery::server_part& p) { p.on_clock(m, *this); }) {
+      recovery_.on_clock(m, *this);  // e.g. snapshot at this clock boundary
+    } else if constexpr (requires(typename Recovery::server_part& p) { p.on_clock(m); }) {
+      recovery_.on_clock(m);
+    }
+    answer_ready_pulls();
     if constexpr (Consistency::eager) {
       // Workers of a dense model all subscribe to the whole shard of a table: snapshot it
       // once per table and share that buffer between their messages.
@@ -698,6 +860,16 @@ class basic_server {
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
   server_stats stats_{};
+  // Stateless recovery: whether the policy takes replicas and backlogs, whether this server
+  // holds trained state (a push applied or a state restored), and per table whether it waits
+  // for a replica and which worker's replica was installed.
+  static constexpr bool accepts_replicas = requires(typename Recovery::server_part& p) {
+    p.backlog_scale(std::uint64_t{}, clock_value{});
+  };
+  bool has_state_ = false;
+  std::vector<char> needs_state_ = std::vector<char>(opts_.tables.size(), 0);
+  std::vector<std::uint32_t> state_source_ =
+      std::vector<std::uint32_t>(opts_.tables.size(), no_worker);
 };
 
 }  // namespace asyncps

@@ -21,8 +21,9 @@
 //
 // Payloads: push/rows = [keys: row_count x u32, padded to 16 bytes, only without `range`]
 // followed by row_count x width float32 (little-endian IEEE-754); pull = keys (sparse) or
-// nothing (range); hello/welcome = the table layout as (rows, width) u32 pairs; error = UTF-8
-// reason; clock/ack/heartbeat/bye = nothing.
+// nothing (range); hello = the table layout as (rows, width) u32 pairs; welcome = per table
+// (rows u32, width u32, pushes of the receiving worker applied u64); error = UTF-8 reason;
+// clock/ack/heartbeat/bye = nothing.
 #pragma once
 
 #include <array>
@@ -53,9 +54,12 @@ inline constexpr std::size_t header_size = 64;
 
 /// Message types (header field `type`).
 enum class message_type : std::uint8_t {
-  hello = 1,  ///< worker -> server: handshake; sender = worker id, payload = layout
+  hello = 1,  ///< worker -> server: handshake; sender = worker id, clock = the worker's
+              ///< clock (0 at first start; a rejoining worker's current clock), table =
+              ///< policy fingerprint, payload = layout
   welcome,    ///< server -> worker: handshake reply; sender = shard, table = num_shards,
-              ///< clock = server clock, payload = layout
+              ///< clock = server clock, first_row = the worker's clock at the server,
+              ///< payload = layout + the worker's pushes applied per table
   push,       ///< worker -> server: gradient rows
   pull,       ///< worker -> server: request rows; first_row/keys say which; clock = min
               ///< server clock the rows must reflect
@@ -74,7 +78,13 @@ struct frame_flags {
   static constexpr std::uint8_t end_of_clock = 2;  ///< push: the sender's last push of its clock
   static constexpr std::uint8_t want_ack = 4;      ///< push: reply with an ack
   static constexpr std::uint8_t eager = 8;         ///< rows: pushed by the server unrequested
-  static constexpr std::uint8_t all = 15;
+  /// push: the payload is row *values* (a worker's replica), to be installed by a server that
+  /// restarted without state; welcome: this server has no state and asks for replicas.
+  static constexpr std::uint8_t state = 16;
+  /// push: deltas a worker accumulated over `seq` clocks while the server was unreachable,
+  /// starting from rows of server clock `clock`; merged by the recovery policy's rule.
+  static constexpr std::uint8_t backlog = 32;
+  static constexpr std::uint8_t all = 63;
 };
 
 /// A decoded frame header (host representation).
@@ -116,8 +126,8 @@ constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
     case message_type::rows:
       return static_cast<std::int64_t>(keys + std::uint64_t{h.row_count} * h.width * 4);
     case message_type::pull: return static_cast<std::int64_t>(keys);
-    case message_type::hello:
-    case message_type::welcome: return static_cast<std::int64_t>(std::uint64_t{h.row_count} * 8);
+    case message_type::hello: return static_cast<std::int64_t>(std::uint64_t{h.row_count} * 8);
+    case message_type::welcome: return static_cast<std::int64_t>(std::uint64_t{h.row_count} * 16);
     case message_type::error: return -1;
     default: return 0;
   }

@@ -76,8 +76,14 @@ struct worker_stats {
   std::uint64_t eager_messages = 0;  ///< of which pushed by the server unrequested
   std::uint64_t bytes_out = 0;       ///< payload bytes sent
   std::uint64_t bytes_in = 0;        ///< payload bytes received
-  double wait_seconds = 0;           ///< time blocked waiting for fresh rows
+  double wait_seconds = 0;           ///< time blocked waiting for fresh rows (or a server)
   double compute_seconds = 0;        ///< time in `compute_gradient`
+  std::uint64_t reconnects = 0;      ///< connections re-established after a server was lost
+  /// Pushes a server no longer had when this worker reconnected (lost by a restore).
+  std::uint64_t lost_pushes = 0;
+  std::uint64_t local_clocks = 0;   ///< (shard, clock) pairs computed with a shard unreachable
+  std::uint64_t backlogs_sent = 0;  ///< backlog pushes sent after reconnecting
+  std::uint64_t replicas_sent = 0;  ///< replica pushes sent to a server that lost its state
 };
 
 /// One worker.
@@ -101,11 +107,13 @@ class basic_worker {
   using recovery_type = Recovery;
   using options_type = worker_options<typename Transport::endpoint_type>;
 
-  /// Throws `std::invalid_argument` when `opts.servers` is empty.
+  /// Throws `std::invalid_argument` when `opts.servers` is empty. `recovery` is the worker
+  /// part of the recovery policy (default-constructed when omitted).
   basic_worker(Transport& transport, Model& model, options_type opts,
-               std::optional<asio::any_io_executor> compute = std::nullopt)
+               std::optional<asio::any_io_executor> compute = std::nullopt,
+               typename Recovery::worker_part recovery = {})
       : transport_(transport), model_(model), opts_(std::move(opts)), compute_(std::move(compute)),
-        wake_(transport.get_executor()) {
+        wake_(transport.get_executor()), recovery_(std::move(recovery)) {
     if (opts_.servers.empty())
       throw std::invalid_argument("asyncps::worker_options: servers must not be empty");
     const std::span<const table_spec> layout = model_.tables();
@@ -148,6 +156,7 @@ class basic_worker {
       const clock_value c = clock_;
       const clock_value need = policy_.min_server_clock(c);
       // 1. Consistency: decide per cached part; pull where needed.
+      co_await join_links();
       for (auto& l : links_) {
         for (table_id t = 0; t < l.parts.size() && l.up; ++t) {
           if (auto m = decide_read(l, t, c, need)) {
@@ -155,16 +164,29 @@ class basic_worker {
           }
         }
       }
-      // 2. Wait until every part is fresh enough.
+      // 2. Wait until every part is fresh enough (parts of a shard that is down are read from
+      //    the cache when the recovery policy continues locally).
       const auto wait_start = std::chrono::steady_clock::now();
+      auto timeout_start = wait_start;
       while (!(ec = check_links()) && !ready(need)) {
-        if (std::chrono::steady_clock::now() - wait_start > opts_.wait_timeout) {
+        // While a server is being reconnected its own timeout applies, not wait_timeout.
+        if (!all_up()) timeout_start = std::chrono::steady_clock::now();
+        if (std::chrono::steady_clock::now() - timeout_start > opts_.wait_timeout) {
           log("no fresh rows for clock " + std::to_string(c) + " within the wait timeout");
           ec = errc::timeout;
           break;
         }
-        wake_.expires_after(opts_.wait_timeout);
+        wake_.expires_after(all_up() ? opts_.wait_timeout : std::chrono::milliseconds(100));
         co_await wake_.async_wait(detail::use_tuple);
+        // A link that came back while waiting (or lost its outstanding pull) needs a pull.
+        co_await join_links();
+        for (auto& l : links_) {
+          for (table_id t = 0; t < l.parts.size() && l.up; ++t) {
+            if (auto m = decide_read(l, t, c, need, true)) {
+              if (auto sec = co_await l.conn.async_send(std::move(*m))) fail(l, sec, "");
+            }
+          }
+        }
       }
       if (ec) break;
       const auto computed = std::chrono::steady_clock::now();
@@ -187,7 +209,12 @@ class basic_worker {
       stats_.compute_seconds +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - computed).count();
       // 4. Push each shard's slice of the buffer (no copy); the last push ends the clock.
+      //    A shard that is down gets the slice added to its backlog instead (stateless).
       for (auto& l : links_) {
+        if (!l.up) {
+          if (l.action == recovery_action::continue_local) keep_local(l, grad);
+          continue;
+        }
         for (table_id t = 0; t <= l.parts.size() && l.up; ++t) {
           if (auto m = make_push(l, t, c, grad)) {
             if (auto sec = co_await l.conn.async_send(std::move(*m))) fail(l, sec, "");
@@ -221,14 +248,26 @@ class basic_worker {
     bool have = false;
     clock_value clock = no_clock;  // server clock of the cached rows
     bool pulling = false;          // a pull is outstanding
-    std::uint64_t pushed = 0;      // pushes sent for this part
+    std::uint64_t pushed = 0;      // pushes of this part the server counts (its applied + sent)
     std::vector<unapplied> local;  // own pushes not yet reflected in `have` rows
+    // Stateless recovery: gradients summed over the clocks the shard was unreachable (one
+    // buffer, so memory stays bounded however long the outage), how many, and the server
+    // clock of the rows the first of them was computed on.
+    std::vector<float> backlog;
+    std::uint64_t backlog_clocks = 0;
+    clock_value backlog_since = 0;
   };
   struct link {
     std::uint32_t shard = 0;
     typename Transport::connection_type conn;
     bool up = false;
     bool reading = false;
+    bool reconnecting = false;
+    bool joining = false;  // reconnected and greeted; the clock loop finishes the rejoin
+    clock_value hello_clock = 0;
+    bool gave_up = false;
+    bool state_wanted = false;  // the server's welcome asked for replicas
+    recovery_action action = recovery_action::fail;
     std::error_code failure;
     std::string reason;
     std::uint64_t seq = 0;
@@ -258,6 +297,7 @@ class basic_worker {
         backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
       }
       if (auto ec = co_await handshake(l)) co_return ec;
+      l.up = true;
     }
     for (auto& l : links_) {
       l.reading = true;
@@ -270,6 +310,9 @@ class basic_worker {
     message hello;
     hello.header.type = message_type::hello;
     hello.header.sender = opts_.id;
+    hello.header.table = policy_fingerprint<Consistency, Recovery>();
+    const clock_value hello_clock = clock_;
+    hello.header.clock = hello_clock;
     hello.header.row_count = static_cast<std::uint32_t>(tables_.size());
     hello.payload = transport_.allocate(tables_.size() * 8);
     auto* p = reinterpret_cast<std::uint32_t*>(hello.payload.data());
@@ -288,13 +331,27 @@ class basic_worker {
                                                            : errc::unexpected_message;
     }
     if (m.header.type != message_type::welcome || m.header.sender != l.shard ||
-        m.header.table != links_.size()) {
+        m.header.table != links_.size() || m.header.row_count != tables_.size()) {
       log("server " + std::to_string(l.shard) + " sent an unexpected handshake reply");
       l.conn.close();
       co_return errc::unexpected_message;
     }
     clock_ = std::max(clock_, static_cast<clock_value>(m.header.first_row));
-    l.up = true;
+    // Realign the push counts with what the server has applied: pushes it does not have
+    // (sent to a server that was then restored from an older state) are lost.
+    const std::byte* w = m.payload.data();
+    for (table_id t = 0; t < tables_.size(); ++t, w += 16) {
+      auto& p = l.parts[t];
+      const auto applied = detail::load_le<std::uint64_t>(w + 8);
+      // (Under continue_local the server is rebuilt from replicas and backlogs instead.)
+      if (applied < p.pushed && l.action != recovery_action::continue_local)
+        stats_.lost_pushes += p.pushed - applied;
+      p.pushed = applied;
+      p.local.clear();
+      p.pulling = false;
+    }
+    l.state_wanted = m.header.has(frame_flags::state);
+    l.hello_clock = hello_clock;
     co_return std::error_code{};
   }
 
@@ -387,28 +444,180 @@ class basic_worker {
          Eigen::Map<const Eigen::ArrayXf>(gf.data(), static_cast<Eigen::Index>(gf.size()));
   }
 
-  // Returns the failure to report if some link is down and the recovery policy gives up.
+  // Returns the failure to report if some link is down and the recovery policy gives up;
+  // otherwise starts reconnecting every link that is down.
   std::error_code check_links() {
     for (auto& l : links_) {
-      if (l.up) continue;
-      const auto action = recovery_.on_server_lost(l.failure);
-      if (action == recovery_action::fail) {
+      if (l.up || l.reconnecting || l.joining) continue;
+      if (l.gave_up) return errc::server_lost;
+      l.action = recovery_.on_server_lost(l.failure);
+      if (l.action == recovery_action::fail) {
         log("lost server " + std::to_string(l.shard) + " (" + l.failure.message() +
             "); recovery policy '" + std::string(Recovery::name) + "' gives up");
         return errc::server_lost;
       }
-      // Other actions arrive with the recovery policies (issue 3).
-      return errc::server_lost;
+      log("lost server " + std::to_string(l.shard) + " (" + l.failure.message() + "); " +
+          (l.action == recovery_action::continue_local ? "training on locally, " : "") +
+          "reconnecting");
+      l.reconnecting = true;
+      asio::co_spawn(transport_.get_executor(), reconnect(l), asio::detached);
     }
     return {};
   }
 
+  bool all_up() const noexcept {
+    return std::all_of(links_.begin(), links_.end(), [](const link& l) { return l.up; });
+  }
+
+  // Reconnects `l` with exponential backoff until it is connected and greeted (then the
+  // clock loop finishes the rejoin, see `join`), the worker stops, or the policy's
+  // reconnect_timeout passes (then the run ends with errc::server_lost).
+  asio::awaitable<void> reconnect(link& l) {
+    asio::steady_timer timer(transport_.get_executor());
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(recovery_.reconnect_timeout());
+    std::chrono::milliseconds backoff{20};
+    while (!stopping_) {
+      if (!l.reading) {  // the old read loop is done with the old connection
+        auto [ec, conn] = co_await transport_.async_connect(opts_.servers[l.shard]);
+        if (!ec && !stopping_) {
+          l.conn = std::move(conn);
+          ec = co_await handshake(l);
+          if (!ec && !stopping_) {
+            l.joining = true;
+            break;
+          }
+          l.conn.close();
+          if (ec == errc::layout_mismatch || ec == condition::protocol_violation) {
+            l.gave_up = true;  // a different server answers there: retrying will not help
+            break;
+          }
+        }
+      }
+      if (std::chrono::steady_clock::now() + backoff > deadline) {
+        log("server " + std::to_string(l.shard) + " still unreachable after " +
+            std::to_string(recovery_.reconnect_timeout().count()) + " ms; giving up");
+        l.gave_up = true;
+        break;
+      }
+      timer.expires_after(backoff);
+      co_await timer.async_wait(detail::use_tuple);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+    }
+    l.reconnecting = false;
+    wake_.cancel();
+  }
+
+  // Finishes the rejoin of every reconnected link, at a clock boundary of the clock loop (so
+  // nothing else sends on it meanwhile): `clock` messages for the clocks this worker finished
+  // since its hello (trained locally), then replica and backlog, then the link is up.
+  asio::awaitable<void> join_links() {
+    for (auto& l : links_) {
+      if (!l.joining) continue;
+      l.joining = false;
+      std::error_code ec;
+      for (clock_value k = l.hello_clock; !ec && k < clock_; ++k) {
+        message m;
+        m.header.type = message_type::clock;
+        m.header.sender = opts_.id;
+        m.header.clock = k;
+        ec = co_await l.conn.async_send(std::move(m));
+      }
+      if (!ec) ec = co_await send_recovery(l);
+      if (ec) {
+        l.failure = ec;
+        l.conn.close();
+        continue;  // still down: check_links starts over
+      }
+      // Cached rows are from before the outage: fetch (and, for ESSP, resubscribe).
+      for (auto& p : l.parts) p.have = false;
+      ++stats_.reconnects;
+      l.up = true;
+      l.reading = true;
+      asio::co_spawn(transport_.get_executor(), read_loop(l), asio::detached);
+      log("rejoined server " + std::to_string(l.shard) + " at clock " + std::to_string(clock_));
+    }
+  }
+
+  // After a reconnect under continue_local: the replica (when the server asks for state),
+  // then each part's backlog. Sent before the link is marked up, so the clock loop's sends
+  // never overlap them.
+  asio::awaitable<std::error_code> send_recovery(link& l) {
+    if (l.action != recovery_action::continue_local) co_return std::error_code{};
+    for (table_id t = 0; t < l.parts.size(); ++t) {
+      auto& p = l.parts[t];
+      if (p.range.empty()) continue;
+      const std::uint32_t w = tables_[t].width;
+      const std::size_t n = std::size_t{p.range.size()} * w;
+      const float* rows = cache_.data() + offsets_[t] + std::size_t{p.range.begin} * w;
+      if (l.state_wanted && p.have) {
+        if (auto ec = co_await send_rows_as(l, t, frame_flags::state, rows, n, 0, clock_))
+          co_return ec;
+        ++stats_.replicas_sent;
+      }
+      if (p.backlog_clocks > 0) {
+        if (auto ec = co_await send_rows_as(l, t, frame_flags::backlog, p.backlog.data(), n,
+                                            p.backlog_clocks, p.backlog_since))
+          co_return ec;
+        ++stats_.backlogs_sent;
+        p.backlog_clocks = 0;
+      }
+    }
+    co_return std::error_code{};
+  }
+
+  asio::awaitable<std::error_code> send_rows_as(link& l, table_id t, std::uint8_t flag,
+                                                const float* values, std::size_t n,
+                                                std::uint64_t count, clock_value since) {
+    const auto& p = l.parts[t];
+    message m;
+    m.header.type = message_type::push;
+    m.header.flags = static_cast<std::uint8_t>(frame_flags::range | flag);
+    m.header.sender = opts_.id;
+    m.header.table = t;
+    m.header.clock = since;
+    m.header.seq = count;
+    m.header.first_row = p.range.begin;
+    m.header.row_count = p.range.size();
+    m.header.width = tables_[t].width;
+    m.payload = transport_.allocate(n * sizeof(float));
+    std::memcpy(m.payload.data(), values, n * sizeof(float));
+    stats_.bytes_out += n * sizeof(float);
+    co_return co_await l.conn.async_send(std::move(m));
+  }
+
+  // continue_local: a shard is unreachable, so this clock's slice of the gradient is applied
+  // to the local cache (read-my-writes) and added to the part's backlog.
+  void keep_local(link& l, const buffer& grad) {
+    for (table_id t = 0; t < l.parts.size(); ++t) {
+      auto& p = l.parts[t];
+      if (p.range.empty()) continue;
+      const std::uint32_t w = tables_[t].width;
+      const std::size_t off = offsets_[t] + std::size_t{p.range.begin} * w;
+      const auto n = static_cast<Eigen::Index>(std::size_t{p.range.size()} * w);
+      const Eigen::Map<const Eigen::ArrayXf> g(grad.floats().data() + off, n);
+      if (p.backlog_clocks == 0) {
+        p.backlog.resize(static_cast<std::size_t>(n));
+        Eigen::Map<Eigen::ArrayXf>(p.backlog.data(), n) = g;
+        p.backlog_since = p.clock;
+      } else {
+        Eigen::Map<Eigen::ArrayXf>(p.backlog.data(), n) += g;
+      }
+      ++p.backlog_clocks;
+      if (opts_.local_step > 0)
+        Eigen::Map<Eigen::ArrayXf>(cache_.data() + off, n) -= opts_.local_step * g;
+    }
+    ++stats_.local_clocks;
+  }
+
   // The pull a part needs before reading at clock `c`, if any.
-  std::optional<message> decide_read(link& l, table_id t, clock_value c, clock_value need) {
+  // With `fetch_only`, only a pull the read cannot go on without.
+  std::optional<message> decide_read(link& l, table_id t, clock_value c, clock_value need,
+                                     bool fetch_only = false) {
     auto& p = l.parts[t];
     if (p.range.empty() || p.pulling) return std::nullopt;
     const auto action = policy_.on_read(c, p.clock, p.have);
-    if (action != read_action::fetch && action != read_action::read_and_refresh)
+    if (action != read_action::fetch && (fetch_only || action != read_action::read_and_refresh))
       return std::nullopt;
     message m;
     m.header.type = message_type::pull;
@@ -426,16 +635,22 @@ class basic_worker {
   }
 
   bool ready(clock_value need) const noexcept {
-    for (const auto& l : links_)
+    for (const auto& l : links_) {
+      if (!l.up && l.action == recovery_action::continue_local) {
+        for (const auto& p : l.parts)
+          if (!p.range.empty() && !p.have) return false;  // nothing cached to train on yet
+        continue;
+      }
       for (const auto& p : l.parts)
-        if (!p.range.empty() && !(p.have && p.clock >= need)) return false;
+        if (!p.range.empty() && !(l.up && p.have && p.clock >= need)) return false;
+    }
     return true;
   }
 
   void record_staleness(clock_value c) noexcept {
     for (const auto& l : links_)
       for (const auto& p : l.parts)
-        if (!p.range.empty()) staleness_.record(c - p.clock);
+        if (!p.range.empty() && l.up) staleness_.record(c - p.clock);
   }
 
   // Message `t` of the pushes to link `l` at clock `c`: the push of table t's slice of `grad`
@@ -482,6 +697,7 @@ class basic_worker {
   }
 
   asio::awaitable<void> shutdown() {
+    stopping_ = true;
     for (auto& l : links_) {
       if (l.up) {
         message bye;
@@ -493,9 +709,9 @@ class basic_worker {
       l.conn.close();
     }
     for (;;) {
-      bool reading = false;
-      for (auto& l : links_) reading = reading || l.reading;
-      if (!reading) break;
+      bool busy = false;
+      for (auto& l : links_) busy = busy || l.reading || l.reconnecting;
+      if (!busy) break;
       wake_.expires_after(std::chrono::milliseconds(100));
       co_await wake_.async_wait(detail::use_tuple);
     }
@@ -516,6 +732,7 @@ class basic_worker {
   std::vector<float> snapshot_;
   std::vector<link> links_;
   clock_value clock_ = 0;
+  bool stopping_ = false;
   staleness_histogram staleness_{};
   worker_stats stats_{};
 };

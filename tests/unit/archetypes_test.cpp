@@ -108,6 +108,7 @@ struct consistency_archetype {
 struct worker_part_archetype {
   worker_part_archetype() = default;
   worker_part_archetype(const worker_part_archetype&) = delete;
+  worker_part_archetype(worker_part_archetype&&) = default;  // configured parts are moved in
   worker_part_archetype& operator=(const worker_part_archetype&) = delete;
   asyncps::recovery_action on_server_lost(std::error_code) {
     return asyncps::recovery_action::fail;
@@ -120,6 +121,7 @@ struct recovery_archetype {
   struct server_part {
     server_part() = default;
     server_part(const server_part&) = delete;
+    server_part(server_part&&) = default;  // configured parts are moved in
     server_part& operator=(const server_part&) = delete;
   };
   using worker_part = worker_part_archetype;
@@ -130,6 +132,7 @@ struct hooked_recovery_archetype {
   struct server_part {
     server_part() = default;
     server_part(const server_part&) = delete;
+    server_part(server_part&&) = default;  // configured parts are moved in
     server_part& operator=(const server_part&) = delete;
     // The optional hooks, with the argument types basic_server passes.
     void on_update(asyncps::table_id, std::uint64_t, std::uint32_t, std::span<const float>) {

@@ -257,6 +257,7 @@ std::vector<std::byte> hello_frame(std::uint32_t worker, std::uint32_t rows, std
   frame_header h;
   h.type = message_type::hello;
   h.sender = worker;
+  h.table = policy_fingerprint<consistency::ssp<1>, recovery::none>();  // test_server's
   h.row_count = 1;
   h.payload_bytes = 8;
   std::array<std::uint32_t, 2> layout{rows, width};
@@ -297,6 +298,7 @@ asio::awaitable<void> handshake(T& transport, C& conn, std::uint32_t id, std::ui
   message hello;
   hello.header.type = message_type::hello;
   hello.header.sender = id;
+  hello.header.table = policy_fingerprint<consistency::ssp<1>, recovery::none>();
   hello.header.row_count = 1;
   hello.payload = transport.allocate(8);
   const std::array<std::uint32_t, 2> layout{rows, width};

@@ -1,0 +1,518 @@
+// fashion_mnist — the trainer's building blocks: configuration, the model wrapper, progress
+// and metrics, and `train<Recovery>` which maps the command line's consistency and optimizer
+// choices onto compile-time instantiations of basic_server and basic_worker.
+//
+// Each recovery policy's instantiations live in their own translation unit (train_*.cpp), so
+// a 2-core build compiles them in parallel.
+#pragma once
+
+#include <asio/co_spawn.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <variant>
+#include <vector>
+
+#include "asyncps/asyncps.hpp"
+#include "dataset.hpp"
+#include "models.hpp"
+
+namespace fashion {
+
+using clock_type = std::chrono::steady_clock;
+
+struct config {
+  std::string role = "all";
+  std::string model = "softmax";
+  std::string consistency = "ssp";
+  int staleness = 3;
+  std::string optimizer = "sgd";
+  std::uint32_t servers = 2;
+  std::uint32_t workers = 4;
+  std::uint32_t shard = 0;
+  std::uint32_t worker_id = 0;
+  std::string listen = "127.0.0.1:0";
+  std::vector<std::string> connect;
+  double epochs = 0;     // 0: the model's default
+  double decay_at = -1;  // epoch after which gradients are scaled by decay_factor; <0: default
+  float decay_factor = 0.1f;
+  std::uint32_t batch = 0;
+  float lr = 0;
+  float l2 = 0;
+  std::uint32_t hidden = 128;
+  std::uint64_t seed = 1;
+  std::string data = fashion::default_data_dir();
+  std::string metrics = "fashion_mnist_metrics.jsonl";
+  double eval_every = 0.25;  // epochs
+  unsigned compute_threads = 0;
+  bool quiet = false;
+  // Recovery (docs/recovery/*.md).
+  std::string recovery = "none";
+  std::string merge = "lr-scaled";  // stateless merge rule
+  std::string checkpoint_dir = "fashion_mnist_checkpoints";
+  std::uint64_t checkpoint_every = 0;  // clocks; 0 and no seconds: adaptive (CheckFreq)
+  double checkpoint_seconds = 0;
+  double checkpoint_overhead = 0.05;  // adaptive bound
+  double reconnect_timeout = 120;     // seconds a worker keeps reconnecting
+  // Fault injection (main.cpp runs the servers as child processes when kills are scheduled).
+  std::vector<double> kill_at;  // seconds after start
+  double downtime = 5;          // seconds a killed server stays down
+  std::uint32_t kill_shard = 0;
+  bool external_servers = false;  // role all, but the servers are other processes (--connect)
+};
+
+/// The recovery policy's server part, configured from the command line.
+template <class Recovery>
+typename Recovery::server_part make_server_part(const config& c, std::uint32_t shard) {
+  if constexpr (std::is_same_v<Recovery, asyncps::recovery::checkpoint>) {
+    asyncps::recovery::checkpoint_options o;
+    o.directory = c.checkpoint_dir;
+    o.every_clocks = c.checkpoint_every;
+    o.every_seconds = c.checkpoint_seconds;
+    if (c.checkpoint_every == 0 && c.checkpoint_seconds <= 0)
+      o.max_overhead = c.checkpoint_overhead;
+    o.log = [shard](std::string_view line) {
+      std::cerr << "server " << shard << ": " << line << '\n';
+    };
+    return typename Recovery::server_part(std::move(o));
+  } else if constexpr (std::is_same_v<Recovery, asyncps::recovery::stateless>) {
+    typename Recovery::server_part p;
+    using asyncps::recovery::merge_rule;
+    p.options.rule = c.merge == "sum"               ? merge_rule::sum
+                     : c.merge == "mean"            ? merge_rule::mean
+                     : c.merge == "staleness-aware" ? merge_rule::staleness_aware
+                                                    : merge_rule::lr_scaled;
+    return p;
+  } else {
+    (void)c;
+    (void)shard;
+    return {};
+  }
+}
+
+/// The recovery policy's worker part, configured from the command line.
+template <class Recovery>
+typename Recovery::worker_part make_worker_part(const config& c) {
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<long long>(c.reconnect_timeout * 1000));
+  if constexpr (std::is_same_v<Recovery, asyncps::recovery::checkpoint>) {
+    return typename Recovery::worker_part(timeout);
+  } else if constexpr (std::is_same_v<Recovery, asyncps::recovery::stateless>) {
+    typename Recovery::worker_part p;
+    p.options.reconnect_timeout = timeout;
+    return p;
+  } else {
+    (void)timeout;
+    return {};
+  }
+}
+
+// One worker's model: softmax regression or the MLP, chosen at run time.
+class any_model {
+ public:
+  using variant = std::variant<fashion::softmax_model, fashion::mlp_model>;
+  any_model(const config& c, const fashion::dataset& train, std::uint32_t shard,
+            std::uint32_t shards)
+      : m_(c.model == "mlp" ? variant(std::in_place_type<fashion::mlp_model>, train, shard, shards,
+                                      c.batch, c.seed, c.l2, c.hidden)
+                            : variant(std::in_place_type<fashion::softmax_model>, train, shard,
+                                      shards, c.batch, c.seed, c.l2)),
+        decay_at_(c.decay_at), factor_(c.decay_factor) {}
+  std::span<const asyncps::table_spec> tables() const {
+    return std::visit([](const auto& m) { return m.tables(); }, m_);
+  }
+  // Learning-rate step schedule, applied as gradient scaling so it works with every server
+  // optimizer and keeps read-my-writes exact: after `decay_at` epochs of this worker's shard,
+  // gradients are multiplied by `decay_factor`.
+  float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) {
+    const float loss = std::visit([&](auto& m) { return m.compute_gradient(p, g); }, m_);
+    if (decay_at_ >= 0 && epoch() >= decay_at_) {
+      for (asyncps::table_id t = 0; t < g.tables().size(); ++t) {
+        const auto s = g.span(t);
+        Eigen::Map<Eigen::ArrayXf>(s.data(), static_cast<Eigen::Index>(s.size())) *= factor_;
+      }
+    }
+    return loss;
+  }
+  double epoch() const {
+    return std::visit([](const auto& m) { return m.epoch(); }, m_);
+  }
+  fashion::evaluation evaluate(const asyncps::parameter_view& p, const fashion::dataset& t) const {
+    return std::visit(
+        [&](const auto& m) { return std::decay_t<decltype(m)>::evaluate(p, t, 1000); }, m_);
+  }
+
+ private:
+  variant m_;
+  double decay_at_;
+  float factor_;
+};
+
+// Progress and metrics shared by the workers of this process.
+struct monitor {
+  monitor(const config& c, const fashion::dataset& t) : cfg(c), test(t), metrics(c.metrics) {}
+  const config& cfg;
+  const fashion::dataset& test;
+  std::ofstream metrics;
+  clock_type::time_point start = clock_type::now();
+  std::mutex mutex;
+  std::atomic<std::uint64_t> samples{0};
+  double last_print = -1;
+  double next_eval = 0;
+  double last_accuracy = -1;
+  float loss_ema = -1;
+  bool tty = isatty(STDOUT_FILENO) != 0;
+
+  double elapsed() const {
+    return std::chrono::duration<double>(clock_type::now() - start).count();
+  }
+
+  // Called by worker 0 after each clock (on its executor).
+  void on_clock(const asyncps::clock_report& r, const any_model& m,
+                const asyncps::staleness_histogram& st) {
+    std::lock_guard lock(mutex);
+    loss_ema = loss_ema < 0 ? r.loss : 0.98f * loss_ema + 0.02f * r.loss;
+    const double epoch = m.epoch();
+    const double t = elapsed();
+    if (epoch >= next_eval) {
+      next_eval += cfg.eval_every;
+      const auto e = m.evaluate(r.params, test);
+      last_accuracy = e.accuracy;
+      metrics << nlohmann::json{{"time_s", t},         {"clock", r.clock},
+                                {"epoch", epoch},      {"test_accuracy", e.accuracy},
+                                {"test_loss", e.loss}, {"train_loss", loss_ema}}
+                     .dump()
+              << '\n';
+      metrics.flush();
+    }
+    if (!cfg.quiet && (t - last_print >= 1.0 || last_print < 0)) {
+      last_print = t;
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "epoch %5.2f  clock %6lld  %8.0f samples/s  loss %.4f  staleness mean %.2f "
+                    "max %d  test acc %s",
+                    epoch, static_cast<long long>(r.clock),
+                    static_cast<double>(samples.load()) / (t > 0 ? t : 1), loss_ema, st.mean(),
+                    st.max(),
+                    last_accuracy < 0 ? "-" : std::to_string(last_accuracy).substr(0, 6).c_str());
+      std::cout << (tty ? "\r" : "") << line << (tty ? "" : "\n") << std::flush;
+    }
+  }
+};
+
+// A server only uses its policy's `eager` flag (the staleness bound travels in each pull as
+// the minimum clock wanted), so the example instantiates one server per (eager, optimizer)
+// rather than one per staleness value: this keeps its build time reasonable on 2 cores.
+template <class Consistency>
+using server_policy = std::conditional_t<Consistency::eager, asyncps::consistency::essp<0>,
+                                         asyncps::consistency::bsp>;
+template <class Consistency, class Optimizer, class Recovery>
+using server_type =
+    asyncps::basic_server<asyncps::tcp_transport, server_policy<Consistency>, Recovery, Optimizer>;
+template <class Consistency, class Recovery>
+using worker_type = asyncps::basic_worker<any_model, asyncps::tcp_transport, Consistency, Recovery>;
+
+inline asyncps::server_options server_opts(const config& c, std::uint32_t shard,
+                                           std::span<const asyncps::table_spec> layout) {
+  asyncps::server_options o;
+  o.shard = shard;
+  o.num_shards = c.servers;
+  o.num_workers = c.workers;
+  o.tables.assign(layout.begin(), layout.end());
+  o.seed = c.seed;
+  return o;
+}
+
+// Serves until every worker has connected and disconnected again.
+template <class Server>
+asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor,
+                                       std::uint32_t workers) {
+  auto ex = co_await asio::this_coro::executor;
+  asio::steady_timer poll(ex);
+  asio::co_spawn(
+      ex,
+      [&]() -> asio::awaitable<void> {
+        for (;;) {
+          poll.expires_after(std::chrono::milliseconds(50));
+          co_await poll.async_wait(asyncps::detail::use_tuple);
+          if (s.stats().connections >= workers && s.connections() == 0) {
+            s.stop();
+            co_return;
+          }
+        }
+      },
+      asio::detached);
+  if (auto ec = co_await s.async_serve(std::move(acceptor)))
+    std::cerr << "server " << s.options().shard << ": " << ec.message() << '\n';
+  poll.cancel();
+}
+
+template <class Consistency, class Optimizer, class Recovery>
+int run(const config& c, Optimizer opt) {
+  using server_t = server_type<Consistency, Optimizer, Recovery>;
+  using worker_t = worker_type<Consistency, Recovery>;
+  // Data: workers need the training set; the evaluating worker also the test set.
+  const bool need_data = c.role != "server";
+  fashion::dataset train, test;
+  std::vector<asyncps::table_spec> layout;
+  {
+    auto loaded = fashion::load_fashion_mnist(c.data);
+    if (!loaded) {
+      std::cerr << "fashion_mnist: " << loaded.error().message << '\n';
+      return 2;
+    }
+    std::tie(train, test) = std::move(loaded).value();
+    any_model probe(c, train, 0, 1);
+    layout.assign(probe.tables().begin(), probe.tables().end());
+    if (!need_data) train = {};
+  }
+
+  asio::io_context io(2);
+  const unsigned threads = c.role == "all" ? 2 : 1;
+  asio::thread_pool compute(c.compute_threads != 0 ? c.compute_threads : 2);
+  monitor mon(c, test);
+  if (!mon.metrics) {
+    std::cerr << "fashion_mnist: --metrics: cannot write " << c.metrics << '\n';
+    return 2;
+  }
+
+  // Servers of this process.
+  std::vector<std::unique_ptr<asyncps::tcp_transport>> server_transports;
+  std::vector<std::unique_ptr<server_t>> servers;
+  std::vector<asyncps::tcp_transport::endpoint_type> endpoints;
+  if ((c.role == "all" && !c.external_servers) || c.role == "server") {
+    const std::uint32_t first = c.role == "all" ? 0 : c.shard;
+    const std::uint32_t last = c.role == "all" ? c.servers : c.shard + 1;
+    for (std::uint32_t s = first; s < last; ++s) {
+      auto ep = asyncps::parse_tcp_endpoint(c.role == "all" ? "127.0.0.1:0" : c.listen);
+      if (!ep) {
+        std::cerr << "fashion_mnist: --listen: expected host:port, got '" << c.listen << "'\n";
+        return 2;
+      }
+      auto& t = server_transports.emplace_back(
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+      auto acc = t->listen(ep.value());
+      if (!acc) {
+        std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
+                  << '\n';
+        return 2;
+      }
+      endpoints.push_back(acc.value().local_endpoint());
+      auto& srv = servers.emplace_back(std::make_unique<server_t>(
+          *t, server_opts(c, s, layout), opt, make_server_part<Recovery>(c, s)));
+      asio::co_spawn(t->get_executor(), serve_until_done(*srv, std::move(acc).value(), c.workers),
+                     asio::detached);
+      if (c.role == "server")
+        std::cout << "server " << s << " of " << c.servers << " listening on " << endpoints.back()
+                  << " (" << Consistency::name << ", recovery " << Recovery::name << ")"
+                  << std::endl;
+    }
+  }
+  if (c.role == "worker" || c.external_servers) {
+    for (const auto& text : c.connect) {
+      auto ep = asyncps::parse_tcp_endpoint(text);
+      if (!ep) {
+        std::cerr << "fashion_mnist: --connect: expected host:port, got '" << text << "'\n";
+        return 2;
+      }
+      endpoints.push_back(ep.value());
+    }
+  }
+
+  // Workers of this process.
+  const double epochs = c.epochs;
+  const auto shard_size = train.size() / c.workers;
+  const auto clocks = static_cast<std::uint64_t>(epochs * static_cast<double>(shard_size) /
+                                                 static_cast<double>(c.batch));
+  std::vector<std::unique_ptr<asyncps::tcp_transport>> worker_transports;
+  std::vector<std::unique_ptr<any_model>> models;
+  std::vector<std::unique_ptr<worker_t>> workers;
+  std::atomic<int> failures{0};
+  if (c.role == "all" || c.role == "worker") {
+    const std::uint32_t first = c.role == "all" ? 0 : c.worker_id;
+    const std::uint32_t last = c.role == "all" ? c.workers : c.worker_id + 1;
+    for (std::uint32_t w = first; w < last; ++w) {
+      const std::size_t i = w - first;
+      auto& t = worker_transports.emplace_back(
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+      auto& m = models.emplace_back(std::make_unique<any_model>(c, train, w, c.workers));
+      typename worker_t::options_type o;
+      o.id = w;
+      o.servers = endpoints;
+      o.local_step = opt.local_step();  // read-my-writes (exact for SGD)
+      o.connect_timeout = std::chrono::seconds(30);
+      // The first worker of this process reports progress and evaluates; `samples` counts
+      // every worker's (in separate processes each worker reports for all, assuming equal speed).
+      const std::uint64_t per_clock = std::uint64_t{c.batch} * (c.role == "all" ? 1 : c.workers);
+      o.on_clock = [&, i, per_clock, model = m.get()](const asyncps::clock_report& r) {
+        mon.samples += per_clock;
+        if (i == 0) mon.on_clock(r, *model, workers[0]->staleness());
+      };
+      workers.push_back(std::make_unique<worker_t>(*t, *m, o, compute.get_executor(),
+                                                   make_worker_part<Recovery>(c)));
+    }
+    for (std::size_t i = 0; i < workers.size(); ++i) {
+      asio::co_spawn(
+          worker_transports[i]->get_executor(),
+          [&, p = workers[i].get()]() -> asio::awaitable<void> {
+            if (auto ec = co_await p->async_run(clocks)) {
+              std::cerr << "\nworker " << p->options().id << ": " << ec.message() << '\n';
+              ++failures;
+            }
+          },
+          asio::detached);
+    }
+  }
+
+  std::cout << "fashion_mnist: " << c.model << ", " << Consistency::name;
+  if constexpr (requires { Consistency::staleness; })
+    std::cout << "(" << Consistency::staleness << ")";
+  std::cout << ", recovery " << Recovery::name << ", " << c.servers << " servers, " << c.workers
+            << " workers, " << epochs << " epochs (" << clocks << " clocks of " << c.batch
+            << " per worker), role " << c.role << std::endl;
+
+  std::vector<std::thread> pool;
+  for (unsigned i = 1; i < threads; ++i) pool.emplace_back([&] { io.run(); });
+  io.run();
+  for (auto& t : pool) t.join();
+  compute.join();
+  if (mon.tty && !c.quiet) std::cout << '\n';
+
+  if (c.role == "server") return failures == 0 ? 0 : 1;
+  // Final model: the servers' parameters when they live in this process, else worker 0's cache.
+  std::vector<float> final_params;
+  if (!servers.empty() && servers.size() == c.servers) {
+    final_params.resize(asyncps::layout_size(layout));
+    std::size_t off = 0;
+    for (std::size_t t = 0; t < layout.size(); ++t) {
+      for (auto& s : servers) {
+        const auto v = s->values(static_cast<asyncps::table_id>(t));
+        std::copy(v.begin(), v.end(),
+                  final_params.begin() +
+                      static_cast<std::ptrdiff_t>(
+                          off + std::size_t{s->range(static_cast<asyncps::table_id>(t)).begin} *
+                                    layout[t].width));
+      }
+      off += layout[t].size();
+    }
+  } else {
+    const auto view = workers.front()->cache();
+    for (std::size_t t = 0; t < layout.size(); ++t) {
+      const auto sp = view.span(static_cast<asyncps::table_id>(t));
+      final_params.insert(final_params.end(), sp.begin(), sp.end());
+    }
+  }
+  const asyncps::parameter_view final_view(layout, final_params.data());
+  const auto e = models.front()->evaluate(final_view, test);
+  asyncps::staleness_histogram st;
+  for (auto& w : workers) st += w->staleness();
+  const double secs = mon.elapsed();
+  mon.metrics << nlohmann::json{{"time_s", secs},
+                                {"clock", clocks},
+                                {"final", true},
+                                {"test_accuracy", e.accuracy},
+                                {"test_loss", e.loss}}
+                     .dump()
+              << '\n';
+  std::printf("observed staleness (clocks:reads): %s\n", st.to_string().c_str());
+  if constexpr (!std::is_same_v<Recovery, asyncps::recovery::none>) {
+    asyncps::worker_stats ws;
+    for (auto& w : workers) {
+      const auto& s = w->stats();
+      ws.reconnects += s.reconnects;
+      ws.lost_pushes += s.lost_pushes;
+      ws.local_clocks += s.local_clocks;
+      ws.backlogs_sent += s.backlogs_sent;
+      ws.replicas_sent += s.replicas_sent;
+      ws.clocks += s.clocks;
+      ws.wait_seconds += s.wait_seconds;
+      ws.compute_seconds += s.compute_seconds;
+    }
+    std::printf("recovery %s: %llu reconnects, %llu pushes lost, %llu shard-clocks trained "
+                "locally, %llu backlogs and %llu replicas sent; %llu gradients, workers busy "
+                "%.0f%%\n",
+                std::string(Recovery::name).c_str(), static_cast<unsigned long long>(ws.reconnects),
+                static_cast<unsigned long long>(ws.lost_pushes),
+                static_cast<unsigned long long>(ws.local_clocks),
+                static_cast<unsigned long long>(ws.backlogs_sent),
+                static_cast<unsigned long long>(ws.replicas_sent),
+                static_cast<unsigned long long>(ws.clocks),
+                100.0 * ws.compute_seconds /
+                    (secs * static_cast<double>(workers.empty() ? 1 : workers.size())));
+    mon.metrics << nlohmann::json{{"summary", true},
+                                  {"time_s", secs},
+                                  {"gradients", ws.clocks},
+                                  {"reconnects", ws.reconnects},
+                                  {"lost_pushes", ws.lost_pushes},
+                                  {"local_clocks", ws.local_clocks},
+                                  {"compute_s", ws.compute_seconds},
+                                  {"wait_s", ws.wait_seconds},
+                                  {"workers", workers.size()}}
+                       .dump()
+                << '\n';
+  }
+  std::printf("final test accuracy %.4f (loss %.4f) after %.1f s; metrics in %s\n", e.accuracy,
+              e.loss, secs, c.metrics.c_str());
+  return failures == 0 ? 0 : 1;
+}
+
+// Recovery policies other than `none` are compiled with SGD only (build time on 2 cores);
+// main.cpp refuses other optimizers with them.
+template <class Consistency, class Recovery>
+int with_optimizer(const config& c) {
+  namespace opt = asyncps::optimizer;
+  if constexpr (std::is_same_v<Recovery, asyncps::recovery::none>) {
+    if (c.optimizer == "momentum")
+      return run<Consistency, opt::momentum, Recovery>(c, opt::momentum{c.lr, 0.9f});
+    if (c.optimizer == "adagrad")
+      return run<Consistency, opt::adagrad, Recovery>(c, opt::adagrad{c.lr});
+    if (c.optimizer == "adam") return run<Consistency, opt::adam, Recovery>(c, opt::adam{c.lr});
+  }
+  return run<Consistency, opt::sgd, Recovery>(c, opt::sgd{c.lr});
+}
+
+// Each (--consistency, --staleness) pair maps to one compile-time instantiation.
+constexpr int supported_staleness[] = {1, 2, 3, 4, 7, 15};
+
+template <template <asyncps::clock_value> class Policy, class Recovery, std::size_t... I>
+int with_staleness(const config& c, std::index_sequence<I...>) {
+  int rc = -1;
+  ((c.staleness == supported_staleness[I]
+        ? (rc = with_optimizer<Policy<supported_staleness[I]>, Recovery>(c), true)
+        : false) ||
+   ...);
+  return rc;
+}
+
+/// Trains with recovery policy `Recovery` and the consistency/optimizer the config names.
+template <class Recovery>
+int train(const config& c) {
+  using namespace asyncps::consistency;
+  if (c.consistency == "bsp") return with_optimizer<bsp, Recovery>(c);
+  if (c.consistency == "asp") return with_optimizer<asp, Recovery>(c);
+  const auto seq = std::make_index_sequence<std::size(supported_staleness)>{};
+  if (c.consistency == "ssp") return with_staleness<ssp, Recovery>(c, seq);
+  return with_staleness<essp, Recovery>(c, seq);
+}
+
+// Defined in train_none.cpp, train_checkpoint.cpp and train_stateless.cpp.
+int train_none(const config& c);
+int train_checkpoint(const config& c);
+int train_stateless(const config& c);
+
+}  // namespace fashion
