@@ -225,6 +225,15 @@ class basic_worker {
       ++stats_.clocks;
       if (opts_.on_clock) opts_.on_clock(clock_report{opts_.id, c, loss, params});
     }
+    // Before leaving, deliver what was trained while a shard was down (stateless): wait for
+    // it to come back, within the policy's reconnect timeout.
+    while (!ec && has_backlog()) {
+      if ((ec = check_links())) break;
+      co_await join_links();
+      if (!has_backlog()) break;
+      wake_.expires_after(std::chrono::milliseconds(50));
+      co_await wake_.async_wait(detail::use_tuple);
+    }
     co_await shutdown();
     co_return ec;
   }
@@ -463,6 +472,15 @@ class basic_worker {
       asio::co_spawn(transport_.get_executor(), reconnect(l), asio::detached);
     }
     return {};
+  }
+
+  // Whether some shard that is down holds a backlog not yet delivered.
+  bool has_backlog() const noexcept {
+    for (const auto& l : links_)
+      if (!l.up)
+        for (const auto& p : l.parts)
+          if (p.backlog_clocks > 0) return true;
+    return false;
   }
 
   bool all_up() const noexcept {

@@ -47,8 +47,12 @@ struct stateless_options {
 ///   from its own checkpoint via `basic_server::restore_state`) rebuilds nothing.
 /// * Every other backlog is merged once, with `stateless_options::rule`.
 ///
-/// Promise: no worker delta is lost or applied twice. Cost: one float per parameter of
-/// backlog memory per worker during an outage, one replica message per table on restart.
+/// Promise: every delta a worker computes while a shard is down is applied exactly once (a
+/// worker finishing its run during an outage waits, within `reconnect_timeout`, to deliver
+/// it). A server rebuilt *without state* lacks the pushes the dead server applied after the
+/// installed replica's last read of them: at most s+1 clocks per other worker under SSP(s)
+/// (tests/unit/recovery_test.cpp measures this). Cost: one float per parameter of backlog
+/// memory per worker during an outage, one replica message per table on restart.
 /// Optimizer state (momentum, Adam moments) is not replicated and restarts at zero.
 struct stateless {
   static constexpr std::string_view name = "stateless";

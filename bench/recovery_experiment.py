@@ -1,0 +1,556 @@
+#!/usr/bin/env python3
+"""Paper A's kill-the-server experiment ("Training Through Failure") on Fashion-MNIST.
+
+Runs the `fashion_mnist` trainer (2 servers + 4 workers, servers as child processes) under a
+no-kill control and under two SIGKILLs of server shard 0, for each recovery policy, over
+several seeds; then computes, per configuration (mean +- std over seeds):
+
+  * the accuracy drop at each failure (last accuracy before the kill minus the minimum between
+    the kill and the end of the post-recovery window),
+  * the mean accuracy in the window after each recovery, and its gap to the no-kill control,
+  * the time to reach given test accuracies, the final accuracy,
+  * gradients processed (and those lost by a checkpoint restore), worker busy fraction,
+  * cost under reserved pricing (nodes x wall time x rate) and per-use pricing (worker busy
+    time x rate), and useful gradients per cost unit.
+
+It writes one raw JSONL file per run, a plot of test accuracy against time and a markdown
+table. Standard library only, plus matplotlib for the plot (skipped with a note when missing;
+on Debian: apt-get install python3-matplotlib and run with /usr/bin/python3). Not used by CI.
+
+    python3 bench/recovery_experiment.py --bin build/release/examples/fashion_mnist/fashion_mnist
+    python3 bench/recovery_experiment.py --analyze-only     # re-analyse the JSONL files
+
+Time bases. The trainer's metrics (`time_s`) start when its monitor is created, after the
+training data is loaded; the supervisor's `[fault]` times start at process start. This script
+timestamps every stdout/stderr line on arrival (time.monotonic) and converts fault times to the
+metrics time base as (arrival of the fault line) - (arrival of the trainer's banner line, which
+is printed right after the monitor is created). The banner follows the monitor's start by the
+construction of 4 workers (milliseconds), so the conversion is good to a few milliseconds plus
+pipe latency. The measured data-loading offset (banner - launch) is recorded per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO / "docs" / "results" / "recovery"
+DEFAULT_BIN = REPO / "build" / "release" / "examples" / "fashion_mnist" / "fashion_mnist"
+
+# name -> (trainer flags, kills?). Controls schedule a kill far beyond the end of the run, so
+# their servers run as child processes exactly as in the kill runs, but are never killed.
+CONFIGS = {
+    "control: none (no kill)": (["--recovery", "none"], False),
+    "control: stateless (no kill)": (["--recovery", "stateless", "--merge", "lr-scaled"], False),
+    "none (2 kills)": (["--recovery", "none"], True),
+    "checkpoint/500": (["--recovery", "checkpoint", "--checkpoint-every", "500"], True),
+    "checkpoint/adaptive": (["--recovery", "checkpoint"], True),
+    "stateless/sum": (["--recovery", "stateless", "--merge", "sum"], True),
+    "stateless/mean": (["--recovery", "stateless", "--merge", "mean"], True),
+    "stateless/lr-scaled": (["--recovery", "stateless", "--merge", "lr-scaled"], True),
+    "stateless/staleness-aware": (["--recovery", "stateless", "--merge", "staleness-aware"], True),
+}
+CONTROL = "control: none (no kill)"
+COLORS = {
+    "control: none (no kill)": "black",
+    "control: stateless (no kill)": "0.55",
+    "none (2 kills)": "saddlebrown",
+    "checkpoint/500": "tab:red",
+    "checkpoint/adaptive": "tab:orange",
+    "stateless/sum": "tab:blue",
+    "stateless/mean": "tab:cyan",
+    "stateless/lr-scaled": "tab:green",
+    "stateless/staleness-aware": "tab:purple",
+}
+NEVER_KILL = 100000.0  # seconds: a kill that never fires (servers still run as processes)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+# ------------------------------------------------------------------------------------------
+# Running
+
+
+def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
+    """Runs the trainer once; writes out_dir/<config>-seed<seed>.jsonl; returns its path."""
+    flags, kills = CONFIGS[name]
+    tmp = Path(tempfile.mkdtemp(prefix="asyncps-recovery-"))
+    metrics = tmp / "metrics.jsonl"
+    cmd = [str(binary), "--model", args.model, "--epochs", str(args.epochs), "--lr", str(args.lr),
+           "--decay-factor", "1", "--servers", "2", "--workers", "4",
+           "--consistency", "ssp", "--staleness", str(args.staleness),
+           "--eval-every", str(args.eval_every), "--seed", str(seed), "--quiet",
+           "--metrics", str(metrics), *flags]
+    if "checkpoint" in flags:
+        cmd += ["--checkpoint-dir", str(tmp / "ckpt")]
+    if kills:
+        cmd += ["--kill-at", ",".join(f"{t:.2f}" for t in kill_at), "--downtime", f"{downtime:.2f}"]
+    else:
+        cmd += ["--kill-at", f"{NEVER_KILL:.0f}"]
+    events = []
+    lock = threading.Lock()
+    load_before = os.getloadavg()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            bufsize=1, start_new_session=True, cwd=tmp)
+
+    def pump(stream, kind):
+        for line in stream:
+            t = time.monotonic() - t0
+            line = line.rstrip("\n")
+            if line.strip():
+                with lock:
+                    events.append({"type": kind, "t": round(t, 4), "line": line})
+
+    threads = [threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True)]
+    for th in threads:
+        th.start()
+    timed_out = False
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its server children (our group)
+        rc = proc.wait()
+    t_exit = time.monotonic() - t0
+    for th in threads:
+        th.join(timeout=5)
+    records = [{"type": "run", "config": name, "seed": seed, "cmd": cmd, "kills": kills,
+                "kill_at_supervisor": kill_at if kills else [], "downtime": downtime if kills else 0,
+                "unix_start": time.time() - t_exit, "loadavg_before": load_before}]
+    records += sorted(events, key=lambda e: e["t"])
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            if line.strip():
+                records.append({"type": "metric", "data": json.loads(line)})
+    records.append({"type": "exit", "rc": rc, "t": round(t_exit, 4), "timed_out": timed_out,
+                    "loadavg_after": os.getloadavg()})
+    shutil.rmtree(tmp, ignore_errors=True)
+    path = out_dir / f"{slug(name)}-seed{seed}.jsonl"
+    with open(path, "w") as f:
+        for r in records:
+            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------------------------
+# Parsing one run
+
+KILL_RE = re.compile(r"\[fault\] killed server (\d+) \(SIGKILL\) at ([0-9.]+) s")
+RESTART_RE = re.compile(r"\[fault\] restarted server (\d+) at ([0-9.]+) s")
+LISTEN_RE = re.compile(r"^server (\d+) of \d+ listening")
+
+
+def parse_run(path):
+    recs = [json.loads(l) for l in open(path) if l.strip()]
+    run = recs[0]
+    r = {"config": run["config"], "seed": run["seed"], "cmd": run["cmd"], "path": str(path),
+         "kills_scheduled": run["kills"], "loadavg_before": run["loadavg_before"][0]}
+    banner = None
+    kills, restarts, listens, sup_origin = [], [], [], []
+    rejoins = []
+    for e in recs:
+        if e["type"] == "stdout":
+            line = e["line"]
+            if banner is None and "role all" in line and line.startswith("fashion_mnist:"):
+                banner = e["t"]
+            m = KILL_RE.search(line)
+            if m:
+                kills.append(e["t"])
+                sup_origin.append(e["t"] - float(m.group(2)))
+            m = RESTART_RE.search(line)
+            if m:
+                restarts.append(e["t"])
+                sup_origin.append(e["t"] - float(m.group(2)))
+            m = LISTEN_RE.search(line)
+            if m and m.group(1) == "0":
+                listens.append(e["t"])
+        elif e["type"] == "stderr" and "rejoined server 0" in e["line"]:
+            rejoins.append(e["t"])
+        elif e["type"] == "exit":
+            r["rc"] = e["rc"]
+            r["timed_out"] = e["timed_out"]
+            r["wall_total"] = e["t"]
+    evals, final, summary = [], None, None
+    for e in recs:
+        if e["type"] != "metric":
+            continue
+        d = e["data"]
+        if d.get("summary"):
+            summary = d
+        elif d.get("final"):
+            final = d
+        else:
+            evals.append((d["time_s"], d["test_accuracy"], d["clock"]))
+    r["banner"] = banner if banner is not None else float("nan")
+    b = r["banner"]
+    r["load_offset"] = b  # launch -> metrics origin (data loading in all three processes)
+    r["supervisor_origin"] = statistics.mean(sup_origin) if sup_origin else float("nan")
+    r["kills"] = [k - b for k in kills]
+    r["restarts"] = [k - b for k in restarts]
+    # The restarted server listens once it has loaded the data; workers rejoin after that.
+    r["listening"] = [next((x - b for x in listens if x > rs + b), float("nan"))
+                      for rs in r["restarts"]]
+    r["rejoined"] = [next((x - b for x in rejoins if x > rs + b), float("nan"))
+                     for rs in r["restarts"]]
+    r["evals"] = evals
+    r["final"] = final
+    r["summary"] = summary
+    r["died"] = r.get("rc", 1) != 0
+    r["duration"] = final["time_s"] if final else float("nan")
+    return r
+
+
+# ------------------------------------------------------------------------------------------
+# Metrics
+
+
+def interp(xs, ys, x):
+    if not xs or x < xs[0] or x > xs[-1]:
+        return float("nan")
+    lo, hi = 0, len(xs) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if xs[mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    if xs[hi] == xs[lo]:
+        return ys[lo]
+    return ys[lo] + (ys[hi] - ys[lo]) * (x - xs[lo]) / (xs[hi] - xs[lo])
+
+
+def run_metrics(r, T, thresholds, post_frac, control_curve, rate, tables, servers, t_ref):
+    """Per-run numbers; T is the no-kill control's mean duration (the 'run length')."""
+    ev = r["evals"]
+    ts = [e[0] for e in ev]
+    acc = [e[1] for e in ev]
+    m = {}
+    for i, k in enumerate(r["kills"]):
+        nxt = r["kills"][i + 1] if i + 1 < len(r["kills"]) else float("inf")
+        rs = r["restarts"][i] if i < len(r["restarts"]) else float("nan")
+        before = [a for t, a in zip(ts, acc) if t < k]
+        post_end = min(rs + post_frac * T, nxt)
+        # The window also takes the first evaluation after the kill: under checkpointing
+        # worker 0 may be blocked (SSP) for the whole outage and then some.
+        window = [a for t, a in zip(ts, acc) if k <= t <= post_end]
+        first_after = next((a for t, a in zip(ts, acc) if t >= k), None)
+        if first_after is not None:
+            window.append(first_after)
+        m[f"before{i+1}"] = before[-1] if before else float("nan")
+        m[f"drop{i+1}"] = (before[-1] - min(window)) if before and window else float("nan")
+        post = [(t, a) for t, a in zip(ts, acc) if rs <= t <= post_end]
+        m[f"post{i+1}"] = statistics.mean(a for _, a in post) if post else float("nan")
+        gaps = [a - interp(*control_curve, t) for t, a in post]
+        gaps = [g for g in gaps if not math.isnan(g)]
+        m[f"postgap{i+1}"] = statistics.mean(gaps) if gaps else float("nan")
+        m[f"outage{i+1}"] = (r["rejoined"][i] - k) if i < len(r["rejoined"]) else float("nan")
+    for thr in thresholds:
+        hit = next((t for t, a in zip(ts, acc) if a >= thr), float("nan"))
+        m[f"t{thr}"] = hit
+    m["final"] = r["final"]["test_accuracy"] if r["final"] and not r["died"] else float("nan")
+    m["last_acc"] = acc[-1] if acc else float("nan")
+    m["duration"] = r["duration"]
+    m["died_at"] = r["duration"] if r["died"] else float("nan")
+    s = r["summary"]
+    workers = 4
+    if s:
+        grads = s["gradients"]
+        workers = s["workers"]
+        lost = s["lost_pushes"] / (tables * servers)  # a gradient is tables x servers pushes
+        m["busy"] = s["compute_s"] / (workers * s["time_s"])
+        m["per_use"] = s["compute_s"] * rate
+        m["local_clocks"] = s["local_clocks"]
+    else:
+        grads = (r["final"]["clock"] * workers) if r["final"] and not r["died"] else float("nan")
+        lost = 0.0
+        m["busy"] = m["per_use"] = m["local_clocks"] = float("nan")
+    m["gradients"] = grads
+    m["lost"] = lost
+    m["useful"] = grads - lost
+    m["grads_per_s"] = m["useful"] / m["duration"] if not r["died"] else float("nan")
+    clocks_ts = [e[0] for e in ev]
+    clocks = [e[2] for e in ev]
+    if r["final"] and not r["died"]:
+        clocks_ts.append(r["final"]["time_s"])
+        clocks.append(r["final"]["clock"])
+    c_ref = interp(clocks_ts, clocks, t_ref)
+    m["grads_at_ref"] = c_ref * workers
+    m["reserved"] = (servers + workers) * m["duration"] * rate
+    m["useful_per_reserved"] = m["useful"] / m["reserved"]
+    m["useful_per_use"] = m["useful"] / m["per_use"] if m["per_use"] == m["per_use"] else float("nan")
+    return m
+
+
+def ms(values, fmt="{:.3f}", scale=1.0, show_n=None):
+    vals = [v * scale for v in values if v == v]
+    if not vals:
+        return "—"
+    s = fmt.format(statistics.mean(vals))
+    if len(vals) > 1:
+        s += " ± " + fmt.format(statistics.stdev(vals))
+    if show_n is not None and len(vals) < show_n:
+        s += f" ({len(vals)}/{show_n})"
+    return s
+
+
+def analyse(out_dir, args):
+    runs = [parse_run(p) for p in sorted(out_dir.glob("*.jsonl"))]
+    if not runs:
+        sys.exit(f"no runs in {out_dir}")
+    by_cfg = {}
+    for r in runs:
+        by_cfg.setdefault(r["config"], []).append(r)
+    order = [c for c in CONFIGS if c in by_cfg]
+    ctrl = by_cfg.get(CONTROL, [])
+    T = statistics.mean(r["duration"] for r in ctrl if not r["died"]) if ctrl else float("nan")
+    # Mean control curve on a grid, for the gap "post-recovery accuracy minus control".
+    grid = [i * 0.25 for i in range(int(max((r["duration"] for r in runs
+                                              if r["duration"] == r["duration"]),
+                                             default=0) / 0.25) + 2)]
+    curves = {}
+    for c in order:
+        ys = []
+        for g in grid:
+            vals = [interp([e[0] for e in r["evals"]], [e[1] for e in r["evals"]], g)
+                    for r in by_cfg[c]]
+            ys.append(statistics.mean(vals) if all(v == v for v in vals) else float("nan"))
+        curves[c] = ys
+    control_curve = ([g for g, y in zip(grid, curves.get(CONTROL, [])) if y == y],
+                     [y for y in curves.get(CONTROL, []) if y == y])
+    tables = 2 if args.model == "mlp" else 1
+    servers = 2
+    alive = [r["duration"] for r in runs if not r["died"]]
+    t_ref = min(alive) if alive else float("nan")
+    thresholds = [float(x) for x in args.thresholds.split(",")]
+    per = {c: [run_metrics(r, T, thresholds, args.post_window, control_curve, args.rate, tables,
+                           servers, t_ref) for r in by_cfg[c]] for c in order}
+
+    kill_runs = [r for r in runs if r["kills_scheduled"] and r["kills"]]
+    nkills = max((len(r["kills"]) for r in kill_runs), default=0)
+
+    def col(c, key, fmt="{:.3f}", scale=1.0, n=None):
+        return ms([m.get(key, float("nan")) for m in per[c]], fmt, scale, n)
+
+    out = []
+    seeds = sorted({r["seed"] for r in runs})
+    out.append(f"Run length T (no-kill control, mean of {len(ctrl)} seeds): {T:.1f} s; "
+               f"seeds {','.join(map(str, seeds))}; gradient counts at t_ref = {t_ref:.1f} s "
+               f"(the shortest surviving run).")
+    if kill_runs:
+        for i in range(nkills):
+            ks = [r["kills"][i] for r in kill_runs if len(r["kills"]) > i]
+            rs = [r["restarts"][i] for r in kill_runs if len(r["restarts"]) > i]
+            ls = [r["listening"][i] for r in kill_runs if len(r["listening"]) > i
+                  and r["listening"][i] == r["listening"][i]]
+            out.append(f"Kill {i+1} (metrics time base): killed at {min(ks):.1f}-{max(ks):.1f} s "
+                       f"(mean {statistics.mean(ks):.1f}), restarted at "
+                       + (f"{min(rs):.1f}-{max(rs):.1f} s" if rs else "—")
+                       + (f", listening again {statistics.mean(l - r for l, r in zip(ls, rs)):.2f} s "
+                          "after the restart (mean)" if ls and len(ls) == len(rs) else ""))
+        offs = [r["load_offset"] for r in runs if r["load_offset"] == r["load_offset"]]
+        sup = [r["supervisor_origin"] for r in kill_runs
+               if r["supervisor_origin"] == r["supervisor_origin"]]
+        out.append(f"Data-loading offset (launch -> metrics origin): {min(offs):.2f}-{max(offs):.2f} s "
+                   f"(mean {statistics.mean(offs):.2f}); supervisor clock origin vs launch: "
+                   f"{min(sup):+.3f}..{max(sup):+.3f} s.")
+    loads = [r["loadavg_before"] for r in runs]
+    out.append(f"1-min load average before each run: {min(loads):.1f}-{max(loads):.1f}.")
+    out.append("")
+    n = len(seeds)
+    hdr = ["config", "runs ok"]
+    for i in range(nkills):
+        hdr += [f"drop at kill {i+1} (pts)", f"acc after recovery {i+1}", f"vs control {i+1} (pts)"]
+    out.append("| " + " | ".join(hdr) + " |")
+    out.append("|" + "---|" * len(hdr))
+    for c in order:
+        ok = sum(1 for r in by_cfg[c] if not r["died"])
+        row = [c, f"{ok}/{len(by_cfg[c])}"]
+        for i in range(nkills):
+            if CONFIGS[c][1]:
+                row += [col(c, f"drop{i+1}", "{:.1f}", 100), col(c, f"post{i+1}"),
+                        col(c, f"postgap{i+1}", "{:+.1f}", 100)]
+            else:
+                row += ["—", "—", "—"]
+        out.append("| " + " | ".join(row) + " |")
+    out.append("")
+    hdr = ["config"] + [f"time to {t:.0%} (s)" for t in thresholds] + [
+        "final acc", "duration (s)", "gradients (lost)", f"gradients by {t_ref:.0f} s",
+        "busy", "reserved cost", "per-use cost", "useful grads / reserved unit",
+        "useful grads / per-use unit"]
+    out.append("| " + " | ".join(hdr) + " |")
+    out.append("|" + "---|" * len(hdr))
+    for c in order:
+        row = [c] + [col(c, f"t{t}", "{:.1f}", 1, n) for t in thresholds]
+        if all(r["died"] for r in by_cfg[c]):
+            row += ["died at " + col(c, "died_at", "{:.1f}") + " s (last acc "
+                    + col(c, "last_acc") + ")"] + ["—"] * 8
+        else:
+            lost = col(c, "lost", "{:.0f}")
+            row += [col(c, "final"), col(c, "duration", "{:.1f}"),
+                    col(c, "gradients", "{:.0f}") + (f" ({lost})" if lost not in ("—", "0", "0 ± 0")
+                                                      else ""),
+                    col(c, "grads_at_ref", "{:.0f}"), col(c, "busy", "{:.0%}"),
+                    col(c, "reserved", "{:.0f}"), col(c, "per_use", "{:.0f}"),
+                    col(c, "useful_per_reserved", "{:.1f}"), col(c, "useful_per_use", "{:.0f}")]
+        out.append("| " + " | ".join(row) + " |")
+    text = "\n".join(out)
+    print(text)
+    (out_dir / "table.md").write_text(text + "\n")
+    plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds)
+    return text
+
+
+# ------------------------------------------------------------------------------------------
+# Plot
+
+
+def plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib missing: no plot; apt-get install python3-matplotlib and run with "
+              "/usr/bin/python3)", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(2, 1, figsize=(12, 10), sharex=True)
+    first_seed = seeds[0]
+    for ax, title in zip(axes, [f"mean over seeds {','.join(map(str, seeds))}",
+                                f"seed {first_seed} (each evaluation)"]):
+        for i in range(nkills):
+            ks = [r["kills"][i] for r in kill_runs if len(r["kills"]) > i]
+            rs = [r["restarts"][i] for r in kill_runs if len(r["restarts"]) > i]
+            ls = [r["listening"][i] for r in kill_runs if len(r["listening"]) > i
+                  and r["listening"][i] == r["listening"][i]]
+            if ks and rs:
+                ax.axvspan(statistics.mean(ks), statistics.mean(rs), color="red", alpha=0.12,
+                           label="server 0 down (mean)" if i == 0 else None)
+            if rs and ls:
+                ax.axvspan(statistics.mean(rs), statistics.mean(ls), color="red", alpha=0.05,
+                           label="restarted, loading data" if i == 0 else None)
+        ax.set_title(f"Fashion-MNIST MLP, 2 servers + 4 workers, SSP(3): test accuracy — {title}")
+        ax.set_ylabel("test accuracy (worker 0's view)")
+        ax.set_ylim(0.65, 0.83)
+        ax.grid(alpha=0.3)
+    for c in order:
+        style = dict(color=COLORS.get(c, None), lw=1.4,
+                     ls="--" if c.startswith("control") else "-")
+        ys = curves[c]
+        axes[0].plot(grid, ys, label=c, **style)
+        runs = [r for r in by_cfg[c] if r["seed"] == first_seed]
+        for r in runs:
+            xs = [e[0] for e in r["evals"]]
+            ys1 = [e[1] for e in r["evals"]]
+            axes[1].plot(xs, ys1, marker=".", ms=3, label=c, **style)
+            if r["died"] and xs:
+                axes[1].plot(xs[-1], ys1[-1], "x", color=style["color"], ms=10, mew=2)
+    axes[1].set_xlabel("seconds since training start (metrics time base)")
+    axes[0].legend(loc="lower right", fontsize=8, ncol=2)
+    fig.tight_layout()
+    path = out_dir / "accuracy.png"
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=str(DEFAULT_BIN), help="the fashion_mnist binary")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="directory for JSONL, PNG, table")
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma-separated subset of: " + "; ".join(CONFIGS))
+    ap.add_argument("--model", default="mlp", choices=["mlp", "softmax"])
+    ap.add_argument("--epochs", type=float, default=25)
+    ap.add_argument("--lr", type=float, default=0.001)
+    ap.add_argument("--staleness", type=int, default=3)
+    ap.add_argument("--eval-every", type=float, default=0.25)
+    ap.add_argument("--kill-fractions", default="0.3,0.6",
+                    help="kill times as fractions of the control's run length")
+    ap.add_argument("--downtime-fraction", type=float, default=0.15)
+    ap.add_argument("--kill-at", default=None,
+                    help="explicit supervisor kill times (s); default: from the control runs")
+    ap.add_argument("--downtime", type=float, default=None, help="explicit downtime (s)")
+    ap.add_argument("--post-window", type=float, default=0.2,
+                    help="post-recovery window as a fraction of the run length")
+    ap.add_argument("--thresholds", default="0.7,0.75,0.8")
+    ap.add_argument("--rate", type=float, default=1.0, help="cost units per node-second")
+    ap.add_argument("--timeout", type=float, default=240, help="seconds per run")
+    ap.add_argument("--analyze-only", action="store_true")
+    args = ap.parse_args()
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.analyze_only:
+        analyse(out_dir, args)
+        return
+    binary = Path(args.bin).resolve()
+    if not binary.exists():
+        sys.exit(f"no trainer at {binary}; build the fashion_mnist target or pass --bin")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for c in configs:
+        if c not in CONFIGS:
+            sys.exit(f"unknown config {c!r}")
+    for old in out_dir.glob("*.jsonl"):
+        old.unlink()
+    started = time.monotonic()
+
+    def log(msg):
+        print(f"[{time.monotonic() - started:7.1f} s] {msg}", file=sys.stderr, flush=True)
+
+    # Phase 1: the no-kill control for every seed gives the run length T and the data-loading
+    # offset, from which the kill schedule (supervisor time) is derived.
+    if CONTROL in configs:
+        for seed in seeds:
+            p = run_one(binary, CONTROL, seed, args, [], 0, out_dir, args.timeout)
+            r = parse_run(p)
+            log(f"{CONTROL} seed {seed}: {r['duration']:.1f} s, offset {r['load_offset']:.2f} s")
+    if args.kill_at:
+        kill_at = [float(x) for x in args.kill_at.split(",")]
+        downtime = args.downtime
+    else:
+        ctrl = [parse_run(p) for p in out_dir.glob(f"{slug(CONTROL)}-seed*.jsonl")]
+        if not ctrl:
+            sys.exit("need the control runs or --kill-at/--downtime")
+        T = statistics.mean(r["duration"] for r in ctrl)
+        off = statistics.mean(r["load_offset"] for r in ctrl)
+        kill_at = [round(f * T + off, 1) for f in map(float, args.kill_fractions.split(","))]
+        downtime = round(args.downtime_fraction * T, 1)
+    if args.downtime is not None:
+        downtime = args.downtime
+    log(f"kill schedule (supervisor time): {kill_at}, downtime {downtime} s")
+    # Phase 2: seeds outer, configurations inner, so that machine noise spreads evenly.
+    for seed in seeds:
+        for c in configs:
+            if c == CONTROL:
+                continue
+            p = run_one(binary, c, seed, args, kill_at, downtime, out_dir, args.timeout)
+            r = parse_run(p)
+            log(f"{c} seed {seed}: rc {r.get('rc')}, {r['duration']:.1f} s, kills at "
+                f"{[round(k, 1) for k in r['kills']]}, restarts {[round(k, 1) for k in r['restarts']]}")
+    log("done; analysing")
+    analyse(out_dir, args)
+
+
+if __name__ == "__main__":
+    main()
