@@ -21,7 +21,8 @@ on Debian: apt-get install python3-matplotlib and run with /usr/bin/python3). No
     python3 bench/recovery_experiment.py --analyze-only     # re-analyse the JSONL files
 
 Time bases. The trainer's metrics (`time_s`) start when its monitor is created, after the
-training data is loaded; the supervisor's `[fault]` times start at process start. This script
+training data is loaded; the supervisor's `[fault]` times start at worker 0's first clock (at
+process start in the trainer the results in docs/results/recovery.md were measured with). This script
 timestamps every stdout/stderr line on arrival (time.monotonic) and converts fault times to the
 metrics time base as (arrival of the fault line) - (arrival of the trainer's banner line, which
 is printed right after the monitor is created). The banner follows the monitor's start by the
@@ -86,6 +87,17 @@ def slug(name: str) -> str:
 # Running
 
 
+def cpu_busy_seconds():
+    """Busy CPU seconds of the whole machine so far (all cores), from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
     """Runs the trainer once; writes out_dir/<config>-seed<seed>.jsonl; returns its path."""
     flags, kills = CONFIGS[name]
@@ -105,6 +117,7 @@ def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
     events = []
     lock = threading.Lock()
     load_before = os.getloadavg()
+    busy0 = cpu_busy_seconds()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             bufsize=1, start_new_session=True, cwd=tmp)
@@ -122,13 +135,22 @@ def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
     for th in threads:
         th.start()
     timed_out = False
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its server children (our group)
-        rc = proc.wait()
+    deadline = t0 + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            break
+        if time.monotonic() > deadline and not timed_out:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its server children (our group)
+        time.sleep(0.05)
     t_exit = time.monotonic() - t0
+    busy = cpu_busy_seconds() - busy0
+    rc = os.waitstatus_to_exitcode(status)
+    proc.returncode = rc
+    # CPU time of the trainer and of its server processes (it waits for them): what is left of
+    # the machine's busy time is other load (the other engineer's build, this script).
+    own_cpu = usage.ru_utime + usage.ru_stime
     for th in threads:
         th.join(timeout=5)
     records = [{"type": "run", "config": name, "seed": seed, "cmd": cmd, "kills": kills,
@@ -140,7 +162,9 @@ def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
             if line.strip():
                 records.append({"type": "metric", "data": json.loads(line)})
     records.append({"type": "exit", "rc": rc, "t": round(t_exit, 4), "timed_out": timed_out,
-                    "loadavg_after": os.getloadavg()})
+                    "loadavg_after": os.getloadavg(), "cpu_s": round(own_cpu, 3),
+                    "machine_busy_s": round(busy, 3),
+                    "foreign_cores": round((busy - own_cpu) / t_exit, 3) if t_exit > 0 else None})
     shutil.rmtree(tmp, ignore_errors=True)
     path = out_dir / f"{slug(name)}-seed{seed}.jsonl"
     with open(path, "w") as f:
@@ -155,6 +179,8 @@ def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
 KILL_RE = re.compile(r"\[fault\] killed server (\d+) \(SIGKILL\) at ([0-9.]+) s")
 RESTART_RE = re.compile(r"\[fault\] restarted server (\d+) at ([0-9.]+) s")
 LISTEN_RE = re.compile(r"^server (\d+) of \d+ listening")
+RESTORED_RE = re.compile(r"restored from .*\(server clock (\d+)\)")
+REJOINS_RE = re.compile(r"server 0: worker \d+ rejoins at clock (\d+)")
 
 
 def parse_run(path):
@@ -164,7 +190,7 @@ def parse_run(path):
          "kills_scheduled": run["kills"], "loadavg_before": run["loadavg_before"][0]}
     banner = None
     kills, restarts, listens, sup_origin = [], [], [], []
-    rejoins = []
+    rejoins, restored, rejoin_clocks = [], [], []
     for e in recs:
         if e["type"] == "stdout":
             line = e["line"]
@@ -183,10 +209,19 @@ def parse_run(path):
                 listens.append(e["t"])
         elif e["type"] == "stderr" and "rejoined server 0" in e["line"]:
             rejoins.append(e["t"])
+        if e["type"] == "stderr":
+            m = RESTORED_RE.search(e["line"])
+            if m:
+                restored.append((e["t"], int(m.group(1))))
+            m = REJOINS_RE.search(e["line"])
+            if m:
+                rejoin_clocks.append((e["t"], int(m.group(1))))
         elif e["type"] == "exit":
             r["rc"] = e["rc"]
             r["timed_out"] = e["timed_out"]
             r["wall_total"] = e["t"]
+            r["foreign_cores"] = e.get("foreign_cores")
+            r["cpu_s"] = e.get("cpu_s")
     evals, final, summary = [], None, None
     for e in recs:
         if e["type"] != "metric":
@@ -205,10 +240,20 @@ def parse_run(path):
     r["kills"] = [k - b for k in kills]
     r["restarts"] = [k - b for k in restarts]
     # The restarted server listens once it has loaded the data; workers rejoin after that.
-    r["listening"] = [next((x - b for x in listens if x > rs + b), float("nan"))
-                      for rs in r["restarts"]]
+    # (nan when the restarted process was killed again before it listened)
+    bounds = r["kills"][1:] + [float("inf")]
+    r["listening"] = [next((x - b for x in listens if rs + b < x < nk + b), float("nan"))
+                      for rs, nk in zip(r["restarts"], bounds)]
     r["rejoined"] = [next((x - b for x in rejoins if x > rs + b), float("nan"))
                      for rs in r["restarts"]]
+    # Checkpoint: clocks rolled back at each restart = the workers' clocks when they rejoin
+    # minus the restored checkpoint's clock.
+    r["rollback"] = []
+    for rs in restarts:
+        got = next((c for t, c in restored if t > rs), None)
+        cl = [c for t, c in rejoin_clocks if t > rs][:4]
+        r["rollback"].append(statistics.mean(cl) - got if got is not None and cl
+                             else float("nan"))
     r["evals"] = evals
     r["final"] = final
     r["summary"] = summary
@@ -261,6 +306,7 @@ def run_metrics(r, T, thresholds, post_frac, control_curve, rate, tables, server
         gaps = [g for g in gaps if not math.isnan(g)]
         m[f"postgap{i+1}"] = statistics.mean(gaps) if gaps else float("nan")
         m[f"outage{i+1}"] = (r["rejoined"][i] - k) if i < len(r["rejoined"]) else float("nan")
+        m[f"rollback{i+1}"] = r["rollback"][i] if i < len(r["rollback"]) else float("nan")
     for thr in thresholds:
         hit = next((t for t, a in zip(ts, acc) if a >= thr), float("nan"))
         m[f"t{thr}"] = hit
@@ -304,7 +350,7 @@ def ms(values, fmt="{:.3f}", scale=1.0, show_n=None):
         return "—"
     s = fmt.format(statistics.mean(vals))
     if len(vals) > 1:
-        s += " ± " + fmt.format(statistics.stdev(vals))
+        s += " ± " + fmt.replace("+", "").format(statistics.stdev(vals))
     if show_n is not None and len(vals) < show_n:
         s += f" ({len(vals)}/{show_n})"
     return s
@@ -339,7 +385,12 @@ def analyse(out_dir, args):
     alive = [r["duration"] for r in runs if not r["died"]]
     t_ref = min(alive) if alive else float("nan")
     thresholds = [float(x) for x in args.thresholds.split(",")]
-    per = {c: [run_metrics(r, T, thresholds, args.post_window, control_curve, args.rate, tables,
+    # The gap to the control is paired: each run against the control run of its own seed
+    # (which ran just before it); the mean control curve when that seed has none.
+    ctrl_by_seed = {r["seed"]: ([e[0] for e in r["evals"]], [e[1] for e in r["evals"]])
+                    for r in ctrl}
+    per = {c: [run_metrics(r, T, thresholds, args.post_window,
+                           ctrl_by_seed.get(r["seed"], control_curve), args.rate, tables,
                            servers, t_ref) for r in by_cfg[c]] for c in order}
 
     kill_runs = [r for r in runs if r["kills_scheduled"] and r["kills"]]
@@ -357,13 +408,14 @@ def analyse(out_dir, args):
         for i in range(nkills):
             ks = [r["kills"][i] for r in kill_runs if len(r["kills"]) > i]
             rs = [r["restarts"][i] for r in kill_runs if len(r["restarts"]) > i]
-            ls = [r["listening"][i] for r in kill_runs if len(r["listening"]) > i
-                  and r["listening"][i] == r["listening"][i]]
+            lag = [r["listening"][i] - r["restarts"][i] for r in kill_runs
+                   if len(r["listening"]) > i and r["listening"][i] == r["listening"][i]]
             out.append(f"Kill {i+1} (metrics time base): killed at {min(ks):.1f}-{max(ks):.1f} s "
                        f"(mean {statistics.mean(ks):.1f}), restarted at "
                        + (f"{min(rs):.1f}-{max(rs):.1f} s" if rs else "—")
-                       + (f", listening again {statistics.mean(l - r for l, r in zip(ls, rs)):.2f} s "
-                          "after the restart (mean)" if ls and len(ls) == len(rs) else ""))
+                       + (f", listening again {min(lag):.2f}-{max(lag):.2f} s (mean "
+                          f"{statistics.mean(lag):.2f}) after the restart in {len(lag)} of "
+                          f"{len(rs)} runs" if lag else ""))
         offs = [r["load_offset"] for r in runs if r["load_offset"] == r["load_offset"]]
         sup = [r["supervisor_origin"] for r in kill_runs
                if r["supervisor_origin"] == r["supervisor_origin"]]
@@ -372,11 +424,17 @@ def analyse(out_dir, args):
                    f"{min(sup):+.3f}..{max(sup):+.3f} s.")
     loads = [r["loadavg_before"] for r in runs]
     out.append(f"1-min load average before each run: {min(loads):.1f}-{max(loads):.1f}.")
+    foreign = [r["foreign_cores"] for r in runs if r.get("foreign_cores") is not None]
+    if foreign:
+        out.append(f"Other load during each run (machine busy time minus the trainer's CPU, in "
+                   f"cores of 2): {min(foreign):.2f}-{max(foreign):.2f} "
+                   f"(mean {statistics.mean(foreign):.2f}).")
     out.append("")
     n = len(seeds)
     hdr = ["config", "runs ok"]
     for i in range(nkills):
-        hdr += [f"drop at kill {i+1} (pts)", f"acc after recovery {i+1}", f"vs control {i+1} (pts)"]
+        hdr += [f"outage {i+1} (s)", f"rolled back {i+1} (clocks)", f"drop at kill {i+1} (pts)",
+                f"acc after recovery {i+1}", f"vs control {i+1} (pts)"]
     out.append("| " + " | ".join(hdr) + " |")
     out.append("|" + "---|" * len(hdr))
     for c in order:
@@ -384,10 +442,11 @@ def analyse(out_dir, args):
         row = [c, f"{ok}/{len(by_cfg[c])}"]
         for i in range(nkills):
             if CONFIGS[c][1]:
-                row += [col(c, f"drop{i+1}", "{:.1f}", 100), col(c, f"post{i+1}"),
-                        col(c, f"postgap{i+1}", "{:+.1f}", 100)]
+                row += [col(c, f"outage{i+1}", "{:.1f}"), col(c, f"rollback{i+1}", "{:.0f}"),
+                        col(c, f"drop{i+1}", "{:.1f}", 100),
+                        col(c, f"post{i+1}"), col(c, f"postgap{i+1}", "{:+.1f}", 100)]
             else:
-                row += ["—", "—", "—"]
+                row += ["—"] * 5
         out.append("| " + " | ".join(row) + " |")
     out.append("")
     hdr = ["config"] + [f"time to {t:.0%} (s)" for t in thresholds] + [
@@ -518,36 +577,33 @@ def main():
     def log(msg):
         print(f"[{time.monotonic() - started:7.1f} s] {msg}", file=sys.stderr, flush=True)
 
-    # Phase 1: the no-kill control for every seed gives the run length T and the data-loading
-    # offset, from which the kill schedule (supervisor time) is derived.
-    if CONTROL in configs:
-        for seed in seeds:
-            p = run_one(binary, CONTROL, seed, args, [], 0, out_dir, args.timeout)
-            r = parse_run(p)
-            log(f"{CONTROL} seed {seed}: {r['duration']:.1f} s, offset {r['load_offset']:.2f} s")
-    if args.kill_at:
-        kill_at = [float(x) for x in args.kill_at.split(",")]
-        downtime = args.downtime
-    else:
-        ctrl = [parse_run(p) for p in out_dir.glob(f"{slug(CONTROL)}-seed*.jsonl")]
-        if not ctrl:
-            sys.exit("need the control runs or --kill-at/--downtime")
-        T = statistics.mean(r["duration"] for r in ctrl)
-        off = statistics.mean(r["load_offset"] for r in ctrl)
-        kill_at = [round(f * T + off, 1) for f in map(float, args.kill_fractions.split(","))]
-        downtime = round(args.downtime_fraction * T, 1)
-    if args.downtime is not None:
-        downtime = args.downtime
-    log(f"kill schedule (supervisor time): {kill_at}, downtime {downtime} s")
-    # Phase 2: seeds outer, configurations inner, so that machine noise spreads evenly.
+    # Seeds outer, configurations inner (the control first), so that machine noise spreads
+    # over the configurations and each seed's control runs next to its kill runs. The first
+    # control run gives the run length T and the data-loading offset, from which the kill
+    # schedule (supervisor time) is derived, unless --kill-at is given.
+    kill_at = [float(x) for x in args.kill_at.split(",")] if args.kill_at else None
+    downtime = args.downtime
     for seed in seeds:
-        for c in configs:
-            if c == CONTROL:
-                continue
-            p = run_one(binary, c, seed, args, kill_at, downtime, out_dir, args.timeout)
+        for c in ([CONTROL] if CONTROL in configs else []) + [x for x in configs if x != CONTROL]:
+            if CONFIGS[c][1] and kill_at is None:
+                ctrl = [parse_run(p) for p in out_dir.glob(f"{slug(CONTROL)}-seed*.jsonl")]
+                if not ctrl:
+                    sys.exit("need a control run or --kill-at/--downtime")
+                T = statistics.mean(r["duration"] for r in ctrl)
+                off = statistics.mean(r["load_offset"] for r in ctrl)
+                # The trainer now counts --kill-at from worker 0's first clock (it counted from
+                # process start when docs/results/recovery.md was measured), so no load offset.
+                del off
+                kill_at = [round(f * T, 1) for f in map(float, args.kill_fractions.split(","))]
+                if downtime is None:
+                    downtime = round(args.downtime_fraction * T, 1)
+                log(f"kill schedule (supervisor time): {kill_at}, downtime {downtime} s "
+                    f"(T {T:.1f} s, offset {off:.2f} s)")
+            p = run_one(binary, c, seed, args, kill_at or [], downtime or 0, out_dir, args.timeout)
             r = parse_run(p)
-            log(f"{c} seed {seed}: rc {r.get('rc')}, {r['duration']:.1f} s, kills at "
-                f"{[round(k, 1) for k in r['kills']]}, restarts {[round(k, 1) for k in r['restarts']]}")
+            log(f"{c} seed {seed}: rc {r.get('rc')}, {r['duration']:.1f} s, offset "
+                f"{r['load_offset']:.2f} s, kills at {[round(k, 1) for k in r['kills']]}, restarts "
+                f"{[round(k, 1) for k in r['restarts']]}, other load {r['foreign_cores']} cores")
     log("done; analysing")
     analyse(out_dir, args)
 

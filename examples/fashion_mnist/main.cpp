@@ -26,7 +26,9 @@ using fashion::config;
 
 // Fault injection: the servers run as child processes of this one (the same binary with
 // --role server), and shard `kill_shard` is killed with SIGKILL at each `kill_at` time and
-// started again `downtime` seconds later. The workers run here, as in the default run.
+// started again `downtime` seconds later. Times count from the end of worker 0's first
+// clock, so slow process start-up (data loading) does not shift them. The workers run here,
+// as in the default run.
 class server_supervisor {
  public:
   server_supervisor(const config& c, std::vector<std::string> base_args)
@@ -46,6 +48,16 @@ class server_supervisor {
     std::vector<std::string> eps;
     for (auto p : ports_) eps.push_back("127.0.0.1:" + std::to_string(p));
     return eps;
+  }
+
+  // Called once training runs: kill times count from here.
+  void training_started() {
+    {
+      std::lock_guard lock(mutex_);
+      start_ = std::chrono::steady_clock::now();
+      started_ = true;
+    }
+    cv_.notify_all();
   }
 
   void stop() {
@@ -96,6 +108,11 @@ class server_supervisor {
   }
 
   void kill_schedule() {
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [this] { return started_ || stopping_; });
+      if (stopping_) return;
+    }
     for (double t : cfg_.kill_at) {
       if (!sleep_until(t)) return;
       const std::uint32_t s = cfg_.kill_shard;
@@ -120,6 +137,7 @@ class server_supervisor {
   std::mutex mutex_;
   std::condition_variable cv_;
   bool stopping_ = false;
+  bool started_ = false;
 };
 
 int train(const config& c) {
@@ -250,6 +268,7 @@ int main(int argc, char** argv) {
     server_supervisor supervisor(c, base);
     c.connect = supervisor.start();
     c.external_servers = true;
+    c.on_first_clock = [&supervisor] { supervisor.training_started(); };
     const int rc = train(c);
     supervisor.stop();
     return rc;

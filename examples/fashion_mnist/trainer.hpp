@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -74,6 +75,7 @@ struct config {
   double downtime = 5;          // seconds a killed server stays down
   std::uint32_t kill_shard = 0;
   bool external_servers = false;  // role all, but the servers are other processes (--connect)
+  std::function<void()> on_first_clock{};  // called once, when worker 0 finishes its first clock
 };
 
 /// The recovery policy's server part, configured from the command line.
@@ -177,6 +179,7 @@ struct monitor {
   double last_accuracy = -1;
   float loss_ema = -1;
   bool tty = isatty(STDOUT_FILENO) != 0;
+  bool started = false;
 
   double elapsed() const {
     return std::chrono::duration<double>(clock_type::now() - start).count();
@@ -186,6 +189,10 @@ struct monitor {
   void on_clock(const asyncps::clock_report& r, const any_model& m,
                 const asyncps::staleness_histogram& st) {
     std::lock_guard lock(mutex);
+    if (!started) {
+      started = true;
+      if (cfg.on_first_clock) cfg.on_first_clock();
+    }
     loss_ema = loss_ema < 0 ? r.loss : 0.98f * loss_ema + 0.02f * r.loss;
     const double epoch = m.epoch();
     const double t = elapsed();

@@ -210,6 +210,8 @@ class basic_worker {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - computed).count();
       // 4. Push each shard's slice of the buffer (no copy); the last push ends the clock.
       //    A shard that is down gets the slice added to its backlog instead (stateless).
+      //    A link that failed during the computation gets its recovery action first.
+      if ((ec = check_links())) break;
       for (auto& l : links_) {
         if (!l.up) {
           if (l.action == recovery_action::continue_local) keep_local(l, grad);

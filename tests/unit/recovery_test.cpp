@@ -35,6 +35,7 @@ using worker_t =
 struct outage_result {
   std::vector<float> rows;  // the final server's value of row w (column 0)
   std::vector<std::int64_t> clocks;
+  std::vector<std::int64_t> own_write_violations;
   server_stats first{}, second{};
   worker_stats workers{};
   int errors = 0;
@@ -129,6 +130,7 @@ outage_result run_outage(std::uint32_t workers, std::uint64_t clocks, clock_valu
   for (std::uint32_t w = 0; w < workers; ++w) {
     r.rows.push_back(v[std::size_t{w} * 4]);
     r.clocks.push_back(models[w].clock);
+    r.own_write_violations.push_back(models[w].own_write_violations);
     const auto& s = ws[w]->stats();
     r.workers.reconnects += s.reconnects;
     r.workers.local_clocks += s.local_clocks;
@@ -150,16 +152,23 @@ TEST_CASE("stateless: a restarted server is rebuilt from replicas, backlogs merg
     CHECK(r.second.replicas_installed == 1);  // one table, rebuilt once
     CHECK(r.workers.local_clocks > 0);        // they trained on during the outage
     CHECK(r.first.pushes < 400 * workers);    // the kill happened mid-run
+    int exact = 0;
     for (std::uint32_t w = 0; w < workers; ++w) {
       CAPTURE(w);
       CHECK(r.clocks[w] == 400);
       // Row w counts worker w's deltas (SGD, learning rate 1, sum rule). Never more than it
-      // made: nothing is applied twice. At most one clock (BSP) may be missing: pushes the
-      // dead server took after the installed replica's last read of them.
+      // made: nothing is applied twice. The installed replica's own row is exact; another
+      // worker may miss one clock (BSP): pushes the dead server took after the replica's last
+      // read of them.
       const auto pushes = static_cast<float>(r.clocks[w]);
       CHECK(r.rows[w] <= pushes);
       CHECK(r.rows[w] >= pushes - 1.0f);
+      if (r.rows[w] == pushes) {
+        ++exact;
+        CHECK(r.own_write_violations[w] == 0);  // read-my-writes held through the outage
+      }
     }
+    CHECK(exact >= 1);
   }
 }
 
