@@ -39,6 +39,7 @@
 #undef XXH_INLINE_ALL
 
 #include "asyncps/buffer.hpp"
+#include "asyncps/detail/endian.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/options.hpp"
 
@@ -132,19 +133,6 @@ constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
     default: return 0;
   }
 }
-
-namespace detail {
-template <class T>
-void store_le(std::byte* p, T v) noexcept {
-  std::memcpy(p, &v, sizeof(T));  // host is little-endian (static_assert above)
-}
-template <class T>
-T load_le(const std::byte* p) noexcept {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
-}  // namespace detail
 
 /// Checksum of a header's first 56 encoded bytes and a payload (XXH3-64).
 inline std::uint64_t frame_checksum(std::span<const std::byte, header_size> encoded,

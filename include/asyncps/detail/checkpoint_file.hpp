@@ -63,6 +63,7 @@
 #include <xxhash.h>
 #undef XXH_INLINE_ALL
 
+#include "asyncps/detail/endian.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/shard_state.hpp"
@@ -94,16 +95,8 @@ struct checkpoint_file {
 
 namespace ckpt {
 
-template <class T>
-void put(std::byte* p, T v) noexcept {
-  std::memcpy(p, &v, sizeof(T));  // host is little-endian (static_assert above)
-}
-template <class T>
-T get(const std::byte* p) noexcept {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
+using detail::load_le;
+using detail::store_le;
 
 inline std::error_code last_errno() noexcept { return {errno, std::system_category()}; }
 
@@ -177,7 +170,7 @@ class hashing_writer {
   template <class T>
   void value(T v) noexcept {
     if (used_ + sizeof(T) > buf_.size()) flush();
-    put(buf_.data() + used_, v);
+    store_le(buf_.data() + used_, v);
     used_ += sizeof(T);
   }
   void bytes(const void* p, std::size_t n) noexcept {
@@ -196,7 +189,7 @@ class hashing_writer {
   std::error_code finish() noexcept {
     flush();
     std::array<std::byte, 8> sum{};
-    put(sum.data(), static_cast<std::uint64_t>(XXH3_64bits_digest(&state_)));
+    store_le(sum.data(), static_cast<std::uint64_t>(XXH3_64bits_digest(&state_)));
     if (!ec_) ec_ = write_all(fd_, sum.data(), sum.size());
     return ec_;
   }
@@ -411,12 +404,12 @@ inline result<void> read_checkpoint(const std::filesystem::path& file, shard_sta
   if (auto ec = c::read_at(fd.get(), 0, h.data(), h.size())) return io_error(ec, "the header");
   if (std::memcmp(h.data(), checkpoint_magic.data(), checkpoint_magic.size()) != 0)
     return bad("bad magic (not an asyncps checkpoint file)");
-  if (const auto v = c::get<std::uint32_t>(h.data() + 8); v != checkpoint_format_version)
+  if (const auto v = c::load_le<std::uint32_t>(h.data() + 8); v != checkpoint_format_version)
     return bad("unsupported format version " + std::to_string(v) + " (this library reads " +
                std::to_string(checkpoint_format_version) + ")");
-  if (const auto hb = c::get<std::uint32_t>(h.data() + 12); hb != checkpoint_header_bytes)
+  if (const auto hb = c::load_le<std::uint32_t>(h.data() + 12); hb != checkpoint_header_bytes)
     return bad("bad header_bytes " + std::to_string(hb));
-  if (const auto fb = c::get<std::uint64_t>(h.data() + 16); fb != size)
+  if (const auto fb = c::load_le<std::uint64_t>(h.data() + 16); fb != size)
     return bad((size < fb ? "truncated: the header says " : "trailing bytes: the header says ") +
                std::to_string(fb) + " bytes, the file has " + std::to_string(size));
 
@@ -438,10 +431,10 @@ inline result<void> read_checkpoint(const std::filesystem::path& file, shard_sta
       off += n;
     }
     const std::uint64_t computed = XXH3_64bits_digest(&st);
-    if (computed != c::get<std::uint64_t>(stored.data())) {
+    if (computed != c::load_le<std::uint64_t>(stored.data())) {
       char msg[128];
       std::snprintf(msg, sizeof msg, "checksum mismatch (stored %016llx, computed %016llx)",
-                    static_cast<unsigned long long>(c::get<std::uint64_t>(stored.data())),
+                    static_cast<unsigned long long>(c::load_le<std::uint64_t>(stored.data())),
                     static_cast<unsigned long long>(computed));
       return bad(std::string(msg) + ": the file is corrupt");
     }
@@ -451,12 +444,12 @@ inline result<void> read_checkpoint(const std::filesystem::path& file, shard_sta
   const std::uint64_t end = size - checkpoint_checksum_bytes;
   std::uint64_t pos = checkpoint_header_bytes;
   auto fits = [&](std::uint64_t count, std::uint64_t elem) { return count <= (end - pos) / elem; };
-  out.shard = c::get<std::uint32_t>(h.data() + 24);
-  out.num_shards = c::get<std::uint32_t>(h.data() + 28);
-  out.num_workers = c::get<std::uint32_t>(h.data() + 32);
-  out.state_per_param = c::get<std::uint32_t>(h.data() + 36);
-  const std::uint32_t tables = c::get<std::uint32_t>(h.data() + 40);
-  out.server_clock = c::get<std::int64_t>(h.data() + 48);
+  out.shard = c::load_le<std::uint32_t>(h.data() + 24);
+  out.num_shards = c::load_le<std::uint32_t>(h.data() + 28);
+  out.num_workers = c::load_le<std::uint32_t>(h.data() + 32);
+  out.state_per_param = c::load_le<std::uint32_t>(h.data() + 36);
+  const std::uint32_t tables = c::load_le<std::uint32_t>(h.data() + 40);
+  out.server_clock = c::load_le<std::int64_t>(h.data() + 48);
   if (out.num_shards == 0 || out.shard >= out.num_shards)
     return bad("shard " + std::to_string(out.shard) + " is not below num_shards " +
                std::to_string(out.num_shards));
@@ -481,15 +474,15 @@ inline result<void> read_checkpoint(const std::filesystem::path& file, shard_sta
     if (auto ec = c::read_at(fd.get(), pos, r.data(), r.size())) return io_error(ec, which);
     pos += r.size();
     auto& t = out.tables[i];
-    t.spec.id = c::get<std::uint32_t>(r.data());
-    t.spec.rows = c::get<std::uint32_t>(r.data() + 4);
-    t.spec.width = c::get<std::uint32_t>(r.data() + 8);
-    t.spec.init_scale = c::get<float>(r.data() + 12);
-    t.range.begin = c::get<std::uint32_t>(r.data() + 16);
-    t.range.end = c::get<std::uint32_t>(r.data() + 20);
-    t.step = c::get<std::uint64_t>(r.data() + 24);
-    const auto nv = c::get<std::uint64_t>(r.data() + 32);
-    const auto ns = c::get<std::uint64_t>(r.data() + 40);
+    t.spec.id = c::load_le<std::uint32_t>(r.data());
+    t.spec.rows = c::load_le<std::uint32_t>(r.data() + 4);
+    t.spec.width = c::load_le<std::uint32_t>(r.data() + 8);
+    t.spec.init_scale = c::load_le<float>(r.data() + 12);
+    t.range.begin = c::load_le<std::uint32_t>(r.data() + 16);
+    t.range.end = c::load_le<std::uint32_t>(r.data() + 20);
+    t.step = c::load_le<std::uint64_t>(r.data() + 24);
+    const auto nv = c::load_le<std::uint64_t>(r.data() + 32);
+    const auto ns = c::load_le<std::uint64_t>(r.data() + 40);
     if (t.range.end < t.range.begin)
       return bad(which + " has an inverted row range [" + std::to_string(t.range.begin) + ", " +
                  std::to_string(t.range.end) + ")");
