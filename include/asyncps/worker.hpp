@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -421,7 +422,7 @@ class basic_worker {
         std::erase_if(p.local, [&](const unapplied& u) { return u.index <= h.seq; });
         if (opts_.local_step > 0 && h.has(frame_flags::range) && h.first_row == p.range.begin &&
             h.row_count == p.range.size()) {
-          for (const auto& u : p.local) local_apply(h.table, p.range, u.grad);
+          for (const auto& u : p.local) local_apply(h.table, p.range, u.grad.floats());
         }
         const bool covers = !h.has(frame_flags::range) ||
                             (h.first_row == p.range.begin && h.row_count == p.range.size());
@@ -446,13 +447,13 @@ class basic_worker {
     }
   }
 
-  void local_apply(table_id t, key_range r, const buffer& g) {
+  // Read-my-writes: applies this worker's gradient `g` (rows `r` of table `t`) to its cache.
+  void local_apply(table_id t, key_range r, std::span<const float> g) {
     const std::uint32_t w = tables_[t].width;
     Eigen::Map<Eigen::ArrayXf> c(cache_.data() + offsets_[t] + std::size_t{r.begin} * w,
                                  static_cast<Eigen::Index>(std::size_t{r.size()} * w));
-    const auto gf = g.floats();
     c -= opts_.local_step *
-         Eigen::Map<const Eigen::ArrayXf>(gf.data(), static_cast<Eigen::Index>(gf.size()));
+         Eigen::Map<const Eigen::ArrayXf>(g.data(), static_cast<Eigen::Index>(g.size()));
   }
 
   // Returns the failure to report if some link is down and the recovery policy gives up;
@@ -615,7 +616,8 @@ class basic_worker {
       const std::uint32_t w = tables_[t].width;
       const std::size_t off = offsets_[t] + std::size_t{p.range.begin} * w;
       const auto n = static_cast<Eigen::Index>(std::size_t{p.range.size()} * w);
-      const Eigen::Map<const Eigen::ArrayXf> g(grad.floats().data() + off, n);
+      const auto slice = grad.floats().subspan(off, static_cast<std::size_t>(n));
+      const Eigen::Map<const Eigen::ArrayXf> g(slice.data(), n);
       if (p.backlog_clocks == 0) {
         p.backlog.resize(static_cast<std::size_t>(n));
         Eigen::Map<Eigen::ArrayXf>(p.backlog.data(), n) = g;
@@ -624,8 +626,7 @@ class basic_worker {
         Eigen::Map<Eigen::ArrayXf>(p.backlog.data(), n) += g;
       }
       ++p.backlog_clocks;
-      if (opts_.local_step > 0)
-        Eigen::Map<Eigen::ArrayXf>(cache_.data() + off, n) -= opts_.local_step * g;
+      if (opts_.local_step > 0) local_apply(t, p.range, slice);
     }
     ++stats_.local_clocks;
   }
@@ -708,7 +709,7 @@ class basic_worker {
     m.payload = grad.share(off, bytes);
     ++p.pushed;
     if (opts_.local_step > 0) {
-      local_apply(t, p.range, m.payload);
+      local_apply(t, p.range, m.payload.floats());
       p.local.push_back(unapplied{p.pushed, grad.share(off, bytes)});
     }
     ++stats_.pushes;

@@ -510,6 +510,21 @@ inline result<void> read_checkpoint(const std::filesystem::path& file, shard_sta
   return BOOST_OUTCOME_V2_NAMESPACE::success();
 }
 
+namespace ckpt {
+// Calls `f(path)` for every entry of `dir`; a missing directory has no entries.
+template <class F>
+std::error_code for_each_file(const std::filesystem::path& dir, F&& f) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(dir, ec);
+  if (ec) return ec == std::errc::no_such_file_or_directory ? std::error_code{} : ec;
+  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    if (ec) return ec;
+    f(it->path());
+  }
+  return ec;
+}
+}  // namespace ckpt
+
 /// The checkpoint files of shard `shard` in `dir`, newest (highest clock) first. Files whose
 /// names do not match `checkpoint_file_name` (including `.tmp` files) are ignored; the files
 /// are not opened. A missing directory yields an empty list. Errors: a system error when the
@@ -517,19 +532,11 @@ inline result<void> read_checkpoint(const std::filesystem::path& file, shard_sta
 inline result<std::vector<checkpoint_file>> list_checkpoints(const std::filesystem::path& dir,
                                                              std::uint32_t shard) {
   std::vector<checkpoint_file> files;
-  std::error_code ec;
-  std::filesystem::directory_iterator it(dir, ec);
-  if (ec) {
-    if (ec == std::errc::no_such_file_or_directory) return files;
+  if (auto ec = ckpt::for_each_file(dir, [&](const std::filesystem::path& path) {
+        if (auto clock = parse_checkpoint_file_name(path.filename().string(), shard))
+          files.push_back(checkpoint_file{path, *clock});
+      }))
     return ec;
-  }
-  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    if (ec) return ec;
-    const std::string name = it->path().filename().string();
-    if (auto clock = parse_checkpoint_file_name(name, shard))
-      files.push_back(checkpoint_file{it->path(), *clock});
-  }
-  if (ec) return ec;
   std::sort(files.begin(), files.end(),
             [](const checkpoint_file& a, const checkpoint_file& b) { return a.clock > b.clock; });
   return files;
@@ -558,20 +565,13 @@ inline result<std::size_t> prune_checkpoints(const std::filesystem::path& dir, s
 inline result<std::vector<std::filesystem::path>>
 list_stale_checkpoint_tmps(const std::filesystem::path& dir, std::uint32_t shard) {
   std::vector<std::filesystem::path> files;
-  std::error_code ec;
-  std::filesystem::directory_iterator it(dir, ec);
-  if (ec) {
-    if (ec == std::errc::no_such_file_or_directory) return files;
+  if (auto ec = ckpt::for_each_file(dir, [&](const std::filesystem::path& path) {
+        std::string name = path.filename().string();
+        if (!name.ends_with(".tmp")) return;
+        name.resize(name.size() - 4);
+        if (parse_checkpoint_file_name(name, shard)) files.push_back(path);
+      }))
     return ec;
-  }
-  for (; it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    if (ec) return ec;
-    std::string name = it->path().filename().string();
-    if (!name.ends_with(".tmp")) continue;
-    name.resize(name.size() - 4);
-    if (parse_checkpoint_file_name(name, shard)) files.push_back(it->path());
-  }
-  if (ec) return ec;
   return files;
 }
 
