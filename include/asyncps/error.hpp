@@ -45,6 +45,9 @@ enum class errc {
   /// (remote input) a worker's hello names a different consistency or recovery policy than
   /// the server's: servers and workers must be instantiated with the same policy types
   policy_mismatch,
+  /// (transient) this server is not the head of its shard's chain (chain replication): a
+  /// worker tries the shard's next server
+  not_head,
 };
 
 /// Categories of errors that callers (and recovery policies) act on.
@@ -91,6 +94,8 @@ class error_category_impl final : public std::error_category {
       case errc::policy_mismatch:
         return "frame header field 'table' of hello: the worker's consistency/recovery policy "
                "differs from the server's";
+      case errc::not_head:
+        return "this server is not the head of its shard's chain (chain replication)";
     }
     return "unknown asyncps error";
   }
@@ -150,7 +155,8 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
     const auto e = static_cast<errc>(code.value());
     switch (c) {
       case condition::protocol_violation: return is_protocol_violation(e);
-      case condition::transient: return e == errc::connection_closed || e == errc::timeout;
+      case condition::transient:
+        return e == errc::connection_closed || e == errc::timeout || e == errc::not_head;
       case condition::fatal:
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument;
     }

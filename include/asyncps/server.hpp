@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <list>
 #include <random>
@@ -35,10 +36,12 @@
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/state_codec.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/shard_state.hpp"
 #include "asyncps/table.hpp"
@@ -91,6 +94,13 @@ struct server_stats {
   std::uint64_t replicas_installed = 0;  ///< tables rebuilt from a worker's replica
   std::uint64_t backlogs_merged = 0;     ///< backlog pushes merged (stateless recovery)
   std::uint64_t backlog_clocks = 0;      ///< clocks of worker updates those backlogs held
+  // Chain replication (recovery::chain_replication):
+  std::uint64_t chain_entries = 0;     ///< pushes and clocks appended to this server's log
+  std::uint64_t chain_duplicates = 0;  ///< resent pushes dropped because already applied
+  std::uint64_t chain_resent = 0;      ///< entries resent to a new successor
+  std::uint64_t states_sent = 0;       ///< state transfers sent to a successor
+  std::uint64_t states_installed = 0;  ///< state transfers installed from a predecessor
+  std::uint64_t chain_configs = 0;     ///< configurations received from the chain master
 };
 
 /// A parameter-server shard.
@@ -156,6 +166,15 @@ class basic_server {
     if constexpr (requires(typename Recovery::server_part& p) { p.on_start(*this); }) {
       recovery_.on_start(*this);  // e.g. restore the newest valid checkpoint
     }
+    if constexpr (is_chain) {
+      if (chain_.members.empty() || chain_.self >= chain_.members.size()) {
+        log("chain replication needs set_chain(...) with this server among the members");
+        acceptor_ = nullptr;
+        co_return errc::invalid_argument;
+      }
+      ++connectors_;
+      asio::co_spawn(transport_.get_executor(), master_link(), asio::detached);
+    }
     while (!stopped_) {
       auto [ec, conn] = co_await acceptor.async_accept();
       if (ec && !stopped_ && transient_accept_error(ec)) {
@@ -170,15 +189,12 @@ class basic_server {
         break;
       }
       ++stats_.connections;
-      auto& s = sessions_.emplace_back(std::move(conn), transport_.get_executor());
-      s.self = std::prev(sessions_.end());
-      asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
-      asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+      add_session(std::move(conn), session_kind::unknown);
     }
     acceptor_ = nullptr;
     stop();
-    while (!sessions_.empty()) {
-      done_.expires_after(std::chrono::seconds(1));
+    while (!sessions_.empty() || connectors_ > 0) {
+      done_.expires_after(std::chrono::milliseconds(100));
       co_await done_.async_wait(detail::use_tuple);
     }
     if constexpr (requires(typename Recovery::server_part& p) { p.on_stop(); }) {
@@ -192,7 +208,24 @@ class basic_server {
     stopped_ = true;
     if (acceptor_ != nullptr) acceptor_->close();
     for (auto& s : sessions_) close_session(s);
+    done_.cancel();
   }
+
+  /// Chain replication only: this server's place in its shard's chain (the master's and
+  /// every member's endpoint). Call before `async_serve`, which otherwise fails with
+  /// `errc::invalid_argument`. Thread safety: on the server's executor.
+  void set_chain(recovery::chain_endpoints<typename Transport::endpoint_type> c)
+    requires recovery::is_chain_replication_v<Recovery>
+  {
+    chain_ = std::move(c);
+  }
+  /// Chain replication: whether the master made this server its chain's head (it then
+  /// serves workers; other members refuse them with `errc::not_head`).
+  bool is_head() const noexcept { return head_; }
+  /// Chain replication: pushes and clocks applied by this server (its log position).
+  std::uint64_t log_position() const noexcept { return log_index_; }
+  /// Chain replication: log position the tail has acknowledged (what workers were acked).
+  std::uint64_t committed() const noexcept { return committed_; }
 
   /// The server clock: the minimum clock over all `num_workers` workers.
   clock_value clock() const noexcept { return server_clock_; }
@@ -220,6 +253,7 @@ class basic_server {
     out.state_per_param = Optimizer::state_per_param;
     out.server_clock = server_clock_;
     out.worker_clocks.assign(clocks_.begin(), clocks_.end());
+    out.last_seq.assign(last_seq_.begin(), last_seq_.end());
     out.applied.resize(std::size_t{opts_.num_workers} * tables_.size());
     for (std::uint32_t w = 0; w < opts_.num_workers; ++w)
       std::copy(applied_[w].begin(), applied_[w].end(), out.applied.begin() + w * tables_.size());
@@ -262,6 +296,8 @@ class basic_server {
       clocks_[w] = st.worker_clocks[w];
       std::copy_n(st.applied.begin() + w * tables_.size(), tables_.size(), applied_[w].begin());
     }
+    if (st.last_seq.size() == last_seq_.size())
+      std::copy(st.last_seq.begin(), st.last_seq.end(), last_seq_.begin());
     server_clock_ = *std::min_element(clocks_.begin(), clocks_.end());
     has_state_ = true;
     answer_ready_pulls();
@@ -281,12 +317,17 @@ class basic_server {
     key_range range{};
     std::vector<row_id> keys;
   };
+  // What the peer of a session is: not yet known (before its hello), a worker, or (chain
+  // replication) this server's predecessor, successor or the chain master.
+  enum class session_kind : std::uint8_t { unknown, worker, predecessor, successor, master };
   struct session {
     session(typename Transport::connection_type c, const typename Transport::executor_type& ex)
         : conn(std::move(c)), wake(ex, asio::steady_timer::time_point::max()) {}
     typename Transport::connection_type conn;
     asio::steady_timer wake;
     typename std::list<session>::iterator self;
+    session_kind kind = session_kind::unknown;
+    bool synced = false;  // successor: its first ack (log position) arrived
     std::uint32_t worker = no_worker;
     bool open = true;
     int running = 2;  // read_loop + write_loop
@@ -299,6 +340,11 @@ class basic_server {
   struct pending_pull {
     session* s;
     message request;
+  };
+  struct pending_ack {
+    std::uint64_t index;  // log position that must be committed first
+    std::uint32_t worker;
+    std::uint64_t seq;
   };
   static constexpr std::uint32_t no_worker = 0xffffffffu;
 
@@ -326,18 +372,26 @@ class basic_server {
   }
 
   void log(const std::string& line) const {
-    detail::emit(opts_.log, "asyncps server " + std::to_string(opts_.shard) + ": " + line);
+    std::string who = "asyncps server " + std::to_string(opts_.shard);
+    if constexpr (is_chain) who += "." + std::to_string(chain_.self);  // shard.member
+    detail::emit(opts_.log, who + ": " + line);
   }
 
   std::string who(const session& s) const {
-    return s.worker == no_worker ? std::string("unidentified peer")
-                                 : "worker " + std::to_string(s.worker);
+    switch (s.kind) {
+      case session_kind::worker: return "worker " + std::to_string(s.worker);
+      case session_kind::predecessor: return "chain predecessor " + std::to_string(s.worker);
+      case session_kind::successor: return "chain successor " + std::to_string(s.worker);
+      case session_kind::master: return "chain master";
+      default: return "unidentified peer";
+    }
   }
 
-  void enqueue(session& s, message m) {
+  // `peer`: a chain link (bounded by the chain protocol itself, not by the worker limits).
+  void enqueue(session& s, message m, bool peer = false) {
     if (!s.open) return;
-    if (s.outbox.size() + s.sending.size() >= opts_.max_queued_messages ||
-        s.queued_bytes + m.payload.size() > opts_.max_queued_bytes) {
+    if (!peer && (s.outbox.size() + s.sending.size() >= opts_.max_queued_messages ||
+                  s.queued_bytes + m.payload.size() > opts_.max_queued_bytes)) {
       log("closing connection of " + who(s) + ": it does not read its messages (" +
           std::to_string(s.outbox.size() + s.sending.size()) + " messages, " +
           std::to_string(s.queued_bytes) + " bytes queued)");
@@ -365,6 +419,7 @@ class basic_server {
     message m;
     m.header.type = message_type::error;
     m.header.sender = opts_.shard;
+    if (ec.category() == error_category()) m.header.seq = static_cast<std::uint64_t>(ec.value());
     m.payload = transport_.allocate(reason.size());
     std::memcpy(m.payload.data(), reason.data(), reason.size());
     enqueue(s, std::move(m));
@@ -375,6 +430,12 @@ class basic_server {
   void finish(session& s) {
     if (--s.running > 0) return;
     if (s.worker != no_worker && worker_session(s.worker) == &s) registered_[s.worker] = nullptr;
+    if (pred_ == &s) pred_ = nullptr;
+    if (succ_ == &s) {
+      succ_ = nullptr;
+      if (succ_wake_ != nullptr) succ_wake_->cancel();
+    }
+    if (master_ == &s) master_ = nullptr;
     std::erase_if(pending_, [&](const pending_pull& p) { return p.s == &s; });
     sessions_.erase(s.self);
     if (sessions_.empty()) done_.cancel();
@@ -411,7 +472,6 @@ class basic_server {
   }
 
   asio::awaitable<void> read_loop(session& s) {
-    bool greeted = false;
     while (s.open) {
       auto [ec, m] = co_await s.conn.async_receive();
       if (ec) {
@@ -424,12 +484,18 @@ class basic_server {
       }
       stats_.bytes_in += m.payload.size();
       std::string detail;
-      std::error_code err = greeted ? dispatch(s, m, detail) : greet(s, m, detail);
+      std::error_code err;
+      switch (s.kind) {
+        case session_kind::unknown: err = greet(s, m, detail); break;
+        case session_kind::worker: err = dispatch(s, m, detail); break;
+        default:
+          if constexpr (is_chain) err = chain_dispatch(s, m, detail);
+          break;
+      }
       if (err) {
         reject(s, err, detail);
         break;
       }
-      greeted = true;
     }
     close_after_flush(s);
     finish(s);
@@ -442,6 +508,9 @@ class basic_server {
 
   std::error_code greet(session& s, const message& m, std::string& detail) {
     const auto& h = m.header;
+    if constexpr (is_chain) {
+      if (h.type == message_type::chain_hello) return greet_predecessor(s, m, detail);
+    }
     if (h.type != message_type::hello) {
       detail = " (expected hello first)";
       return errc::unexpected_message;
@@ -461,6 +530,13 @@ class basic_server {
       return errc::bad_sender;
     }
     if (!layout_matches(m)) return errc::layout_mismatch;
+    if constexpr (is_chain) {
+      if (!head_) {
+        detail = " (server " + std::to_string(chain_.self) + " of shard " +
+                 std::to_string(opts_.shard) + ")";
+        return errc::not_head;
+      }
+    }
     if (registered_.empty()) registered_.assign(opts_.num_workers, nullptr);
     if (registered_[h.sender] != nullptr) {
       detail = " (worker " + std::to_string(h.sender) + ")";
@@ -468,6 +544,7 @@ class basic_server {
     }
     registered_[h.sender] = &s;
     s.worker = h.sender;
+    s.kind = session_kind::worker;
     s.subs.assign(tables_.size(), subscription{});
     bool ask_state = false;
     if constexpr (accepts_replicas) {
@@ -495,6 +572,17 @@ class basic_server {
       log("worker " + std::to_string(s.worker) + " rejoins at clock " + std::to_string(h.clock) +
           " (this shard had it at " + std::to_string(clocks_[s.worker]) + ")");
       ++stats_.rejoins;
+      if constexpr (is_strict_chain) {
+        // Replicate the jump like any other clock (the log must hold every state change).
+        for (clock_value k = clocks_[s.worker]; k < h.clock; ++k) {
+          message c;
+          c.header.type = message_type::clock;
+          c.header.sender = s.worker;
+          c.header.clock = k;
+          c.header.seq = last_seq_[s.worker];
+          append_entry(c);
+        }
+      }
       advance(s.worker, h.clock);
     }
     return {};
@@ -570,6 +658,9 @@ class basic_server {
         if (!all_finite(grad)) return errc::non_finite_value;
         if (h.has(frame_flags::state) || h.has(frame_flags::backlog))
           return recover_push(s, m, detail);
+        if constexpr (is_chain) {
+          if (h.seq <= last_seq_[s.worker]) return duplicate(s, h);
+        }
         if (h.clock != clocks_[s.worker]) {
           detail = " (push for clock " + std::to_string(h.clock) + ", worker is at clock " +
                    std::to_string(clocks_[s.worker]) + ")";
@@ -578,8 +669,11 @@ class basic_server {
         apply(m);
         has_state_ = true;
         ++applied_[s.worker][h.table];
+        last_seq_[s.worker] = h.seq;
         ++stats_.pushes;
-        if (h.has(frame_flags::want_ack)) {
+        if constexpr (is_chain) {
+          log_worker_entry(s, m);
+        } else if (h.has(frame_flags::want_ack)) {
           message a;
           a.header.type = message_type::ack;
           a.header.sender = opts_.shard;
@@ -592,11 +686,16 @@ class basic_server {
       }
       case message_type::clock:
         if (h.sender != s.worker) return errc::bad_sender;
+        if constexpr (is_chain) {
+          if (h.seq != 0 && h.seq <= last_seq_[s.worker]) return duplicate(s, h);
+        }
         if (h.clock != clocks_[s.worker]) {
           detail = " (clock " + std::to_string(h.clock) + ", worker is at clock " +
                    std::to_string(clocks_[s.worker]) + ")";
           return errc::unexpected_message;
         }
+        if (h.seq != 0) last_seq_[s.worker] = h.seq;
+        if constexpr (is_chain) log_worker_entry(s, m);
         advance(s.worker, h.clock + 1);
         return {};
       case message_type::pull: {
@@ -632,6 +731,417 @@ class basic_server {
         detail = " (type " + std::to_string(static_cast<int>(h.type)) + " from a worker)";
         return errc::unexpected_message;
     }
+  }
+
+  // -------------------------------------------------------------------------------------
+  // Chain replication (recovery::chain_replication). The chain master decides every
+  // server's predecessor and successor (`chain_config`). Strict: entries (worker pushes and
+  // clocks, in the order the head applied them) flow down the chain and acks (log
+  // positions) flow back up; a worker's push is acked once the tail has it. Relaxed: the
+  // head copies its whole state down the chain every `replicate_every` pushes.
+  // -------------------------------------------------------------------------------------
+
+  session& add_session(typename Transport::connection_type conn, session_kind kind) {
+    auto& s = sessions_.emplace_back(std::move(conn), transport_.get_executor());
+    s.self = std::prev(sessions_.end());
+    s.kind = kind;
+    asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+    asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+    return s;
+  }
+
+  recovery::chain_options chain_options() const {
+    if constexpr (is_chain) {
+      return recovery_.options;
+    } else {
+      return {};
+    }
+  }
+
+  message chain_message(message_type type, std::uint64_t seq) const {
+    message m;
+    m.header.type = type;
+    m.header.sender = opts_.shard;
+    m.header.table = chain_.self;
+    m.header.clock = epoch_;
+    m.header.seq = seq;
+    return m;
+  }
+
+  static std::string member_name(std::uint32_t m) {
+    return m == no_member ? std::string("none") : std::to_string(m);
+  }
+
+  // Registers with the chain master, sends it heartbeats, and registers again when the link
+  // drops (the master then treats this server as a new member: it rejoins as the tail).
+  asio::awaitable<void> master_link() {
+    asio::steady_timer timer(transport_.get_executor());
+    std::chrono::milliseconds backoff{10};
+    while (!stopped_) {
+      if (master_ == nullptr) {
+        auto [ec, conn] = co_await transport_.async_connect(chain_.master);
+        if (!ec && !stopped_) {
+          master_ = &add_session(std::move(conn), session_kind::master);
+          first_config_ = true;
+          enqueue(
+              *master_,
+              chain_message(message_type::chain_hello, policy_fingerprint<Consistency, Recovery>()),
+              true);
+          backoff = std::chrono::milliseconds(10);
+        } else {
+          if (!ec) conn.close();
+          backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+        }
+      } else {
+        enqueue(*master_, chain_message(message_type::heartbeat, 0), true);
+      }
+      timer.expires_after(master_ == nullptr ? backoff : chain_options().heartbeat_interval);
+      co_await timer.async_wait(detail::use_tuple);
+    }
+    --connectors_;
+    done_.cancel();
+  }
+
+  // Keeps a connection to the configured successor (reconnecting while it stays configured).
+  asio::awaitable<void> successor_link() {
+    asio::steady_timer timer(transport_.get_executor());
+    succ_wake_ = &timer;  // cancelled when the successor session ends or changes
+    std::chrono::milliseconds backoff{1};
+    while (!stopped_ && succ_member_ != no_member) {
+      if (succ_ == nullptr && !fresh_) {
+        const std::uint32_t target = succ_member_;
+        auto [ec, conn] = co_await transport_.async_connect(chain_.members[target]);
+        if (!ec && !stopped_ && succ_member_ == target && succ_ == nullptr && !fresh_) {
+          succ_ = &add_session(std::move(conn), session_kind::successor);
+          succ_->worker = target;
+          enqueue(
+              *succ_,
+              chain_message(message_type::chain_hello, policy_fingerprint<Consistency, Recovery>()),
+              true);
+        } else if (!ec) {
+          conn.close();
+        }
+        // A refused or failed attempt (e.g. the successor has not got its configuration
+        // yet) is retried with backoff; a synced link resets it.
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+      } else if (succ_ != nullptr && succ_->synced) {
+        backoff = std::chrono::milliseconds(1);
+      }
+      timer.expires_after(succ_ == nullptr ? backoff : std::chrono::seconds(1));
+      co_await timer.async_wait(detail::use_tuple);
+    }
+    succ_wake_ = nullptr;
+    succ_connecting_ = false;
+    --connectors_;
+    done_.cancel();
+  }
+
+  // Drops everything this server did as a chain member: it rejoins from a state transfer.
+  void leave_chain() {
+    for (auto& s : sessions_)
+      if (s.kind == session_kind::worker || s.kind == session_kind::predecessor ||
+          s.kind == session_kind::successor)
+        close_session(s);
+    pred_ = succ_ = nullptr;
+    head_ = false;
+    fresh_ = true;
+    sent_.clear();
+    pending_acks_.clear();
+    committed_ = 0;
+    pred_member_ = succ_member_ = no_member;
+  }
+
+  void on_config(const frame_header& h) {
+    ++stats_.chain_configs;
+    const auto pred = static_cast<std::uint32_t>(h.first_row);
+    const auto succ = static_cast<std::uint32_t>(h.seq);
+    if (h.has(frame_flags::state) && first_config_) {
+      // Registered anew with a running chain: whatever this server holds may be stale.
+      if (serving_) log("rejoining the chain: dropping this server's state and connections");
+      leave_chain();
+    }
+    first_config_ = false;
+    serving_ = true;
+    epoch_ = h.clock;
+    if (pred_ != nullptr && pred_->worker != pred) {
+      close_session(*pred_);
+      pred_ = nullptr;
+    }
+    pred_member_ = pred;
+    const bool was_head = head_;
+    head_ = pred == no_member;
+    if (head_ && fresh_) {
+      fresh_ = false;
+      log("no other server of the chain is alive: serving from this server's own state");
+    }
+    if (was_head && !head_)
+      for (auto& s : sessions_)
+        if (s.kind == session_kind::worker) close_session(s);
+    if (succ != succ_member_) {
+      if (succ_ != nullptr) {
+        close_session(*succ_);
+        succ_ = nullptr;
+      }
+      succ_member_ = succ;
+      if (succ_wake_ != nullptr) succ_wake_->cancel();
+      if (succ == no_member) {
+        if constexpr (is_strict_chain) {
+          sent_.clear();
+          if (!fresh_) commit(log_index_);  // the tail commits what it applies
+        }
+      } else if (!succ_connecting_) {
+        succ_connecting_ = true;
+        ++connectors_;
+        asio::co_spawn(transport_.get_executor(), successor_link(), asio::detached);
+      }
+    }
+    log("chain epoch " + std::to_string(epoch_) + ": predecessor " + member_name(pred) +
+        ", successor " + member_name(succ) + (head_ ? " (head)" : "") +
+        (succ == no_member ? " (tail)" : "") + (fresh_ ? ", waiting for a state transfer" : ""));
+  }
+
+  std::error_code greet_predecessor(session& s, const message& m, std::string& detail) {
+    const auto& h = m.header;
+    if (h.seq != policy_fingerprint<Consistency, Recovery>()) {
+      detail = std::string(" (chain peer; this server runs recovery '") +
+               std::string(Recovery::name) + "')";
+      return errc::policy_mismatch;
+    }
+    if (!serving_ || h.sender != opts_.shard || pred_member_ == no_member ||
+        h.table != pred_member_) {
+      detail = " (chain_hello from server " + std::to_string(h.table) + " of shard " +
+               std::to_string(h.sender) + "; this server's predecessor in epoch " +
+               std::to_string(epoch_) + " is " + member_name(pred_member_) + ")";
+      return errc::unexpected_message;
+    }
+    if (pred_ != nullptr) close_session(*pred_);
+    pred_ = &s;
+    s.kind = session_kind::predecessor;
+    s.worker = h.table;
+    message a = chain_message(message_type::ack, log_index_);
+    if (fresh_) a.header.flags = frame_flags::state;
+    enqueue(s, std::move(a), true);
+    return {};
+  }
+
+  std::error_code chain_dispatch(session& s, message& m, std::string& detail) {
+    const auto& h = m.header;
+    if (h.type == message_type::heartbeat) return {};
+    if (h.type == message_type::error || h.type == message_type::bye) {
+      if (h.type == message_type::error)
+        log(std::string(s.kind == session_kind::master ? "chain master" : "chain peer") +
+            " closed the connection: " +
+            std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
+      close_after_flush(s);
+      return {};
+    }
+    switch (s.kind) {
+      case session_kind::master:
+        if (h.type != message_type::chain_config || h.sender != opts_.shard ||
+            h.table != chain_.self)
+          break;
+        on_config(h);
+        return {};
+      case session_kind::successor:
+        if (h.type != message_type::ack) break;
+        if (!s.synced) {
+          successor_ready(s, h.seq, h.has(frame_flags::state));
+        } else if constexpr (is_strict_chain) {
+          if (h.seq > log_index_) {
+            detail = " (successor acknowledges log position " + std::to_string(h.seq) +
+                     ", this server is at " + std::to_string(log_index_) + ")";
+            return errc::unexpected_message;
+          }
+          commit(h.seq);
+        }
+        return {};
+      case session_kind::predecessor: return apply_entry(s, m, detail);
+      default: break;
+    }
+    detail = " (type " + std::to_string(static_cast<int>(h.type)) + " on a chain link)";
+    return errc::unexpected_message;
+  }
+
+  // An entry (or a state transfer) from the predecessor.
+  std::error_code apply_entry(session& s, message& m, std::string& detail) {
+    const auto& h = m.header;
+    if (h.type == message_type::state) return install_state(s, m, detail);
+    if (fresh_ || !is_strict_chain ||
+        (h.type != message_type::push && h.type != message_type::clock)) {
+      detail = fresh_ ? " (an entry before the state transfer)" : " (not a chain entry)";
+      return errc::unexpected_message;
+    }
+    if (h.sender >= opts_.num_workers) return errc::bad_sender;
+    if (h.clock != clocks_[h.sender]) {
+      detail = " (chain entry for clock " + std::to_string(h.clock) + " of worker " +
+               std::to_string(h.sender) + ", which is at " + std::to_string(clocks_[h.sender]) +
+               " here)";
+      return errc::unexpected_message;
+    }
+    if (h.type == message_type::push) {
+      if (auto ec = check_rows(m, detail)) return ec;
+      if (h.has(frame_flags::state) || h.has(frame_flags::backlog) ||
+          !all_finite(payload_floats(m)))
+        return errc::non_finite_value;
+      apply(m);
+      has_state_ = true;
+      ++applied_[h.sender][h.table];
+      ++stats_.pushes;
+    }
+    last_seq_[h.sender] = std::max(last_seq_[h.sender], h.seq);
+    append_entry(m);
+    if (h.type == message_type::clock || h.has(frame_flags::end_of_clock))
+      advance(h.sender, h.clock + 1);
+    return {};
+  }
+
+  std::error_code install_state(session& s, message& m, std::string& detail) {
+    std::string why;
+    if (auto ec = detail::decode_state(m.payload.bytes(), incoming_, why)) {
+      detail = why;
+      return ec;
+    }
+    if (auto ec = restore_state(incoming_)) {
+      detail = " (state transfer from the predecessor)";
+      return ec;
+    }
+    log_index_ = m.header.seq;
+    fresh_ = false;
+    ++stats_.states_installed;
+    if (succ_wake_ != nullptr) succ_wake_->cancel();  // it may now feed a successor
+    if (stats_.states_installed == 1 || is_strict_chain)
+      log("installed a state transfer at log position " + std::to_string(log_index_) +
+          " (server clock " + std::to_string(server_clock_) + ")");
+    if constexpr (is_strict_chain) {
+      sent_.clear();
+      committed_ = 0;
+      if (succ_member_ == no_member) {
+        commit(log_index_);
+      } else if (succ_ != nullptr && succ_->synced) {
+        send_state(*succ_);
+      }
+    } else {
+      // Relaxed: pass the same copy on (no re-encoding), acknowledge to the predecessor only.
+      if (succ_ != nullptr && succ_->synced) {
+        message f;
+        f.header = m.header;
+        f.payload = m.payload.share();
+        enqueue(*succ_, std::move(f), true);
+      }
+      enqueue(s, chain_message(message_type::ack, log_index_), true);
+    }
+    return {};
+  }
+
+  // The successor answered our chain_hello with its log position: bring it up to date.
+  void successor_ready(session& s, std::uint64_t their_index, bool needs_state) {
+    s.synced = true;
+    if constexpr (!is_strict_chain) {
+      send_state(s);
+    } else {
+      const bool gap = their_index < log_index_ && (sent_.empty() || their_index + 1 < sent_first_);
+      if (needs_state || their_index > log_index_ || gap) {
+        send_state(s);  // entries after it follow as they are applied
+        return;
+      }
+      for (std::uint64_t i = their_index + 1; i <= log_index_; ++i) {
+        const message& e = sent_[static_cast<std::size_t>(i - sent_first_)];
+        message f;
+        f.header = e.header;
+        f.payload = e.payload.share();
+        enqueue(s, std::move(f), true);
+        ++stats_.chain_resent;
+      }
+    }
+  }
+
+  void send_state(session& s) {
+    save_state(outgoing_);
+    buffer b = transport_.allocate(detail::encoded_state_size(outgoing_));
+    detail::encode_state(outgoing_, std::span<std::byte>(b.data(), b.size()));
+    message m = chain_message(message_type::state, log_index_);
+    m.header.clock = server_clock_;
+    m.payload = std::move(b);
+    enqueue(s, std::move(m), true);
+    ++stats_.states_sent;
+    since_copy_ = 0;
+  }
+
+  // A worker's push or clock the head just applied: strict, log it and ack it once the
+  // tail has it; relaxed, count it toward the next state copy.
+  void log_worker_entry(session& s, const message& m) {
+    if constexpr (is_strict_chain) {
+      append_entry(m);
+      if (m.header.has(frame_flags::want_ack))
+        pending_acks_.push_back(pending_ack{log_index_, s.worker, m.header.seq});
+      release_acks();
+    } else {
+      ++log_index_;
+      ++stats_.chain_entries;
+      if (m.header.has(frame_flags::want_ack)) send_worker_ack(s, m.header.seq);
+      if (++since_copy_ >= chain_options().replicate_every && succ_ != nullptr && succ_->synced)
+        send_state(*succ_);
+    }
+  }
+
+  // A push or clock resent after a failover that this server already applied.
+  std::error_code duplicate(session& s, const frame_header& h) {
+    ++stats_.chain_duplicates;
+    if (h.has(frame_flags::want_ack)) {
+      pending_acks_.push_back(pending_ack{log_index_, s.worker, h.seq});
+      release_acks();
+    }
+    return {};
+  }
+
+  // Strict: entry `m` was applied here; it takes the next log position and goes down.
+  void append_entry(const message& m) {
+    ++log_index_;
+    ++stats_.chain_entries;
+    if (succ_member_ == no_member) {  // the tail: committed once applied
+      commit(log_index_);
+      return;
+    }
+    message f;
+    f.header = m.header;
+    f.payload = m.payload.share();
+    if (succ_ != nullptr && succ_->synced) {
+      message g;
+      g.header = f.header;
+      g.payload = f.payload.share();
+      enqueue(*succ_, std::move(g), true);
+    }
+    if (sent_.empty()) sent_first_ = log_index_;
+    sent_.push_back(std::move(f));
+  }
+
+  // Log positions up to `index` are applied by the tail: forget them, tell the predecessor,
+  // ack the workers whose pushes they were.
+  void commit(std::uint64_t index) {
+    if (index <= committed_) return;
+    committed_ = index;
+    while (!sent_.empty() && sent_first_ <= index) {
+      sent_.pop_front();
+      ++sent_first_;
+    }
+    if (pred_ != nullptr) enqueue(*pred_, chain_message(message_type::ack, index), true);
+    release_acks();
+  }
+
+  void release_acks() {
+    while (!pending_acks_.empty() && pending_acks_.front().index <= committed_) {
+      const auto& p = pending_acks_.front();
+      if (session* ws = worker_session(p.worker)) send_worker_ack(*ws, p.seq);
+      pending_acks_.pop_front();
+    }
+  }
+
+  void send_worker_ack(session& s, std::uint64_t seq) {
+    message a;
+    a.header.type = message_type::ack;
+    a.header.sender = opts_.shard;
+    a.header.seq = seq;
+    enqueue(s, std::move(a));
   }
 
   // A push that is part of stateless recovery (flags `state` or `backlog`).
@@ -870,6 +1380,38 @@ class basic_server {
   std::vector<char> needs_state_ = std::vector<char>(opts_.tables.size(), 0);
   std::vector<std::uint32_t> state_source_ =
       std::vector<std::uint32_t>(opts_.tables.size(), no_worker);
+  // Highest push (or clock) sequence number applied per worker: chain replication drops a
+  // resent push at or below it.
+  std::vector<std::uint64_t> last_seq_ = std::vector<std::uint64_t>(opts_.num_workers, 0);
+  // Chain replication (see the section above). Member ids index chain_.members.
+  static constexpr bool is_chain = recovery::is_chain_replication_v<Recovery>;
+  static constexpr bool is_strict_chain = [] {
+    if constexpr (is_chain) return Recovery::mode == recovery::chain_mode::strict;
+    return false;
+  }();
+  static constexpr std::uint32_t no_member = 0xffffffffu;
+  recovery::chain_endpoints<typename Transport::endpoint_type> chain_{};
+  session* master_ = nullptr;                // link to the chain master
+  session* pred_ = nullptr;                  // incoming link from the predecessor
+  session* succ_ = nullptr;                  // outgoing link to the successor
+  asio::steady_timer* succ_wake_ = nullptr;  // successor_link's timer
+  std::uint32_t pred_member_ = no_member;
+  std::uint32_t succ_member_ = no_member;
+  std::int64_t epoch_ = 0;
+  bool head_ = false;         // serves workers
+  bool serving_ = false;      // got a configuration since registering
+  bool first_config_ = true;  // the next configuration is the first of a registration
+  bool fresh_ = false;        // joined a running chain: waits for a state transfer
+  bool succ_connecting_ = false;
+  int connectors_ = 0;                    // master_link / successor_link coroutines running
+  std::uint64_t log_index_ = 0;           // entries applied (strict) or pushes applied (relaxed)
+  std::uint64_t committed_ = 0;           // entries the tail has (strict)
+  std::uint64_t since_copy_ = 0;          // relaxed: pushes since the last state copy
+  std::deque<message> sent_;              // strict: entries forwarded, not yet acked by the tail
+  std::uint64_t sent_first_ = 0;          // log position of sent_.front()
+  std::deque<pending_ack> pending_acks_;  // head: worker acks waiting for the tail
+  shard_state incoming_{};                // state transfer buffers (reused)
+  shard_state outgoing_{};
 };
 
 }  // namespace asyncps

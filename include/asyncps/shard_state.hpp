@@ -36,6 +36,10 @@ struct shard_state {
   /// Pushes applied per (worker, table): `applied[w * tables.size() + t]`. A reconnecting
   /// worker compares it with what it sent to count its updates lost by a restore.
   std::vector<std::uint64_t> applied;
+  /// Highest push sequence number applied per worker (`num_workers` entries), which chain
+  /// replication uses to drop a push resent after a failover; empty when not tracked
+  /// (checkpoint files do not store it).
+  std::vector<std::uint64_t> last_seq;
   std::vector<table_state_copy> tables;  ///< one per table, in table-id order
 
   /// Bytes of parameter and optimizer data held (what a snapshot copies).

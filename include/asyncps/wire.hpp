@@ -11,7 +11,8 @@
 //   16     8    clock          sender's clock (push/clock), min server clock wanted (pull),
 //                               server clock (rows/welcome)
 //   24     8    seq            push: per-connection sequence number (acks echo it);
-//                               rows: how many of the receiver's pushes to this table are applied
+//                               rows: how many of the receiver's pushes to this table are applied;
+//                               ack between chain members: log position acknowledged
 //   32     4    row_count      rows in this frame
 //   36     4    width          floats per row
 //   40     8    first_row      first row when flags has `range` (else 0); welcome: the
@@ -23,7 +24,8 @@
 // followed by row_count x width float32 (little-endian IEEE-754); pull = keys (sparse) or
 // nothing (range); hello = the table layout as (rows, width) u32 pairs; welcome = per table
 // (rows u32, width u32, pushes of the receiving worker applied u64); error = UTF-8 reason;
-// clock/ack/heartbeat/bye = nothing.
+// state = an encoded shard state (detail/state_codec.hpp); clock/ack/heartbeat/bye/
+// chain_hello/chain_config = nothing.
 #pragma once
 
 #include <array>
@@ -69,9 +71,21 @@ enum class message_type : std::uint8_t {
   ack,        ///< server -> worker: pushes up to `seq` are applied
   heartbeat,  ///< either way: liveness
   bye,        ///< either way: orderly close
-  error,      ///< either way: the peer is closing because of the UTF-8 reason in the payload
+  error,      ///< either way: the peer is closing because of the UTF-8 reason in the payload;
+              ///< seq = the `asyncps::errc` value when the reason is one (else 0)
+  // --- chain replication (recovery::chain_replication) ---
+  chain_hello,   ///< chain member -> chain master (register) or -> its successor (link up);
+                 ///< sender = shard, table = member index, clock = configuration epoch,
+                 ///< seq = policy fingerprint; the successor answers with an `ack` whose seq
+                 ///< is its log position (flag `state`: it needs a state transfer)
+  chain_config,  ///< chain master -> member: sender = shard, table = member index, clock =
+                 ///< epoch, first_row = predecessor member (0xffffffff: none, i.e. head),
+                 ///< seq = successor member (0xffffffff: none, i.e. tail); flag `state`:
+                 ///< the member joins a running chain and must wait for a state transfer
+  state,         ///< member -> successor: the whole shard state (detail/state_codec.hpp) as
+                 ///< of log position `seq`; sender = shard, clock = server clock
 };
-inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::error);
+inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::state);
 
 /// Bits of header field `flags`.
 struct frame_flags {
@@ -129,7 +143,8 @@ constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
     case message_type::pull: return static_cast<std::int64_t>(keys);
     case message_type::hello: return static_cast<std::int64_t>(std::uint64_t{h.row_count} * 8);
     case message_type::welcome: return static_cast<std::int64_t>(std::uint64_t{h.row_count} * 16);
-    case message_type::error: return -1;
+    case message_type::error:
+    case message_type::state: return -1;
     default: return 0;
   }
 }

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
@@ -54,6 +55,10 @@ template <class Endpoint>
 struct worker_options {
   std::uint32_t id = 0;             ///< worker id, < the servers' num_workers
   std::vector<Endpoint> servers{};  ///< shard s listens at servers[s]
+  /// Chain replication: replicas[s] are shard s's other servers (empty or absent: none).
+  /// When servers[s] refuses this worker (`errc::not_head`) or is lost, the worker tries
+  /// them in turn, then servers[s] again, until one accepts it.
+  std::vector<std::vector<Endpoint>> replicas{};
   /// Learning rate used to apply the worker's own gradient to its cache (read-my-writes,
   /// as Bösen's oplog does); pass the server optimizer's `local_step()`. Exact when it equals
   /// the server's SGD learning rate; <= 0 disables it (own writes then become visible only
@@ -63,6 +68,10 @@ struct worker_options {
   std::chrono::milliseconds wait_timeout{std::chrono::seconds(60)};
   /// How long to keep retrying the first connection to a server (servers may start later).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
+  /// Acknowledged pushes (chain replication, strict): unacknowledged pushes per server
+  /// beyond which the worker waits for acks before its next clock (flow control: bounds its
+  /// memory and how far the head runs ahead of the tail).
+  std::uint32_t max_unacked = 64;
   /// Called on the worker's executor after each clock (evaluation, progress). May be empty.
   std::function<void(const clock_report&)> on_clock{};
   log_function log{};  ///< connection events; empty: stderr
@@ -169,7 +178,7 @@ class basic_worker {
       //    the cache when the recovery policy continues locally).
       const auto wait_start = std::chrono::steady_clock::now();
       auto timeout_start = wait_start;
-      while (!(ec = check_links()) && !ready(need)) {
+      while (!(ec = check_links()) && (!ready(need) || unacked_full())) {
         // While a server is being reconnected its own timeout applies, not wait_timeout.
         if (!all_up()) timeout_start = std::chrono::steady_clock::now();
         if (std::chrono::steady_clock::now() - timeout_start > opts_.wait_timeout) {
@@ -228,12 +237,13 @@ class basic_worker {
       ++stats_.clocks;
       if (opts_.on_clock) opts_.on_clock(clock_report{opts_.id, c, loss, params});
     }
-    // Before leaving, deliver what was trained while a shard was down (stateless): wait for
-    // it to come back, within the policy's reconnect timeout.
-    while (!ec && has_backlog()) {
+    // Before leaving, deliver what was trained while a shard was down (stateless), and wait
+    // for the acks of acknowledged pushes (resending them after a failover), within the
+    // policy's reconnect timeout.
+    while (!ec && (has_backlog() || has_unacked())) {
       if ((ec = check_links())) break;
       co_await join_links();
-      if (!has_backlog()) break;
+      if (!has_backlog() && !has_unacked()) break;
       wake_.expires_after(std::chrono::milliseconds(50));
       co_await wake_.async_wait(detail::use_tuple);
     }
@@ -271,6 +281,10 @@ class basic_worker {
   };
   struct link {
     std::uint32_t shard = 0;
+    std::uint32_t endpoint = 0;  // 0: servers[shard]; i > 0: replicas[shard][i - 1]
+    // Pushes (and clocks) sent but not acknowledged yet, oldest first; resent after a
+    // failover (recovery policies with acknowledged pushes). Payloads are shared, not copied.
+    std::deque<message> unacked;
     typename Transport::connection_type conn;
     bool up = false;
     bool reading = false;
@@ -290,25 +304,44 @@ class basic_worker {
     detail::emit(opts_.log, "asyncps worker " + std::to_string(opts_.id) + ": " + line);
   }
 
+  // Whether pushes ask for an ack and are kept until acked (chain replication, strict).
+  static constexpr bool acknowledged = [] {
+    if constexpr (requires { Recovery::worker_part::acknowledged_pushes; })
+      return Recovery::worker_part::acknowledged_pushes;
+    return false;
+  }();
+
+  const typename Transport::endpoint_type& endpoint_of(const link& l) const {
+    return l.endpoint == 0 ? opts_.servers[l.shard] : opts_.replicas[l.shard][l.endpoint - 1];
+  }
+  // Moves `l` on to the shard's next server (chain replication failover).
+  void next_endpoint(link& l) const {
+    const std::size_t n = l.shard < opts_.replicas.size() ? opts_.replicas[l.shard].size() : 0;
+    l.endpoint = n == 0 ? 0 : static_cast<std::uint32_t>((l.endpoint + 1) % (n + 1));
+  }
+
   asio::awaitable<std::error_code> connect_all() {
     for (auto& l : links_) {
       const auto deadline = std::chrono::steady_clock::now() + opts_.connect_timeout;
       std::chrono::milliseconds backoff{20};
       for (;;) {
-        auto [ec, conn] = co_await transport_.async_connect(opts_.servers[l.shard]);
+        auto [ec, conn] = co_await transport_.async_connect(endpoint_of(l));
         if (!ec) {
           l.conn = std::move(conn);
-          break;
+          ec = co_await handshake(l);
+          if (!ec) break;
+          if (ec != errc::not_head) co_return ec;
         }
         if (std::chrono::steady_clock::now() + backoff > deadline) {
           log("cannot connect to server " + std::to_string(l.shard) + ": " + ec.message());
           co_return ec;
         }
+        next_endpoint(l);
+        if (l.endpoint != 0) continue;  // try the shard's other servers before backing off
         wake_.expires_after(backoff);
         co_await wake_.async_wait(detail::use_tuple);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
       }
-      if (auto ec = co_await handshake(l)) co_return ec;
       l.up = true;
     }
     for (auto& l : links_) {
@@ -323,7 +356,10 @@ class basic_worker {
     hello.header.type = message_type::hello;
     hello.header.sender = opts_.id;
     hello.header.table = policy_fingerprint<Consistency, Recovery>();
-    const clock_value hello_clock = clock_;
+    // Acknowledged pushes: the server has every push before the oldest unacked one, so the
+    // worker rejoins at that push's clock and resends from there.
+    const clock_value hello_clock =
+        acknowledged && !l.unacked.empty() ? l.unacked.front().header.clock : clock_;
     hello.header.clock = hello_clock;
     hello.header.row_count = static_cast<std::uint32_t>(tables_.size());
     hello.payload = transport_.allocate(tables_.size() * 8);
@@ -337,8 +373,10 @@ class basic_worker {
     if (ec) co_return ec;
     if (m.header.type == message_type::error) {
       const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
-      log("server " + std::to_string(l.shard) + " refused the connection: " + reason);
       l.conn.close();
+      if (m.header.seq == static_cast<std::uint64_t>(errc::not_head))
+        co_return errc::not_head;  // chain replication: try the shard's next server
+      log("server " + std::to_string(l.shard) + " refused the connection: " + reason);
       co_return reason.find("layout") != std::string::npos ? errc::layout_mismatch
                                                            : errc::unexpected_message;
     }
@@ -356,7 +394,8 @@ class basic_worker {
       auto& p = l.parts[t];
       const auto applied = detail::load_le<std::uint64_t>(w + 8);
       // (Under continue_local the server is rebuilt from replicas and backlogs instead.)
-      if (applied < p.pushed && l.action != recovery_action::continue_local)
+      // (With acknowledged pushes the unacked ones are resent, so none is lost.)
+      if (applied < p.pushed && l.action != recovery_action::continue_local && !acknowledged)
         stats_.lost_pushes += p.pushed - applied;
       p.pushed = applied;
       p.local.clear();
@@ -434,7 +473,12 @@ class basic_worker {
         wake_.cancel();
         return {};
       }
-      case message_type::ack:
+      case message_type::ack: {
+        const bool full = l.unacked.size() >= opts_.max_unacked;
+        while (!l.unacked.empty() && l.unacked.front().header.seq <= h.seq) l.unacked.pop_front();
+        if (l.unacked.empty() || (full && l.unacked.size() < opts_.max_unacked)) wake_.cancel();
+        return {};
+      }
       case message_type::heartbeat: return {};
       case message_type::error: {
         const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
@@ -486,6 +530,18 @@ class basic_worker {
     return false;
   }
 
+  bool unacked_full() const noexcept {
+    if constexpr (!acknowledged) return false;
+    return std::any_of(links_.begin(), links_.end(), [&](const link& l) {
+      return l.up && l.unacked.size() >= opts_.max_unacked;
+    });
+  }
+
+  bool has_unacked() const noexcept {
+    return std::any_of(links_.begin(), links_.end(),
+                       [](const link& l) { return !l.unacked.empty(); });
+  }
+
   bool all_up() const noexcept {
     return std::all_of(links_.begin(), links_.end(), [](const link& l) { return l.up; });
   }
@@ -500,7 +556,7 @@ class basic_worker {
     std::chrono::milliseconds backoff{20};
     while (!stopping_) {
       if (!l.reading) {  // the old read loop is done with the old connection
-        auto [ec, conn] = co_await transport_.async_connect(opts_.servers[l.shard]);
+        auto [ec, conn] = co_await transport_.async_connect(endpoint_of(l));
         if (!ec && !stopping_) {
           l.conn = std::move(conn);
           ec = co_await handshake(l);
@@ -514,6 +570,8 @@ class basic_worker {
             break;
           }
         }
+        next_endpoint(l);               // chain replication: the next server may be the new head
+        if (l.endpoint != 0) continue;  // back off only after trying every server once
       }
       if (std::chrono::steady_clock::now() + backoff > deadline) {
         log("server " + std::to_string(l.shard) + " still unreachable after " +
@@ -537,7 +595,10 @@ class basic_worker {
       if (!l.joining) continue;
       l.joining = false;
       std::error_code ec;
-      for (clock_value k = l.hello_clock; !ec && k < clock_; ++k) {
+      // Clocks trained locally while the shard was down (continue_local only: otherwise the
+      // worker was idle, or its unacked pushes below carry those clocks).
+      for (clock_value k = l.hello_clock;
+           !ec && l.action == recovery_action::continue_local && k < clock_; ++k) {
         message m;
         m.header.type = message_type::clock;
         m.header.sender = opts_.id;
@@ -545,6 +606,16 @@ class basic_worker {
         ec = co_await l.conn.async_send(std::move(m));
       }
       if (!ec) ec = co_await send_recovery(l);
+      // Acknowledged pushes: resend what the lost server never acknowledged, in order; the
+      // new head drops those it already has.
+      for (std::size_t i = 0; !ec && i < l.unacked.size(); ++i) {
+        const message& u = l.unacked[i];
+        message r;
+        r.header = u.header;
+        r.payload = u.payload.share();
+        if (u.header.type == message_type::push) ++l.parts[u.header.table].pushed;
+        ec = co_await l.conn.async_send(std::move(r));
+      }
       if (ec) {
         l.failure = ec;
         l.conn.close();
@@ -691,6 +762,11 @@ class basic_worker {
     if (t == l.parts.size()) {
       if (any) return std::nullopt;
       m.header.type = message_type::clock;
+      if constexpr (acknowledged) {
+        m.header.flags = frame_flags::want_ack;
+        m.header.seq = ++l.seq;
+        l.unacked.push_back(message{m.header, buffer{}});
+      }
       return m;
     }
     auto& p = l.parts[t];
@@ -707,6 +783,10 @@ class basic_worker {
     m.header.row_count = p.range.size();
     m.header.width = w;
     m.payload = grad.share(off, bytes);
+    if constexpr (acknowledged) {
+      m.header.flags |= frame_flags::want_ack;
+      l.unacked.push_back(message{m.header, m.payload.share()});
+    }
     ++p.pushed;
     if (opts_.local_step > 0) {
       local_apply(t, p.range, m.payload.floats());

@@ -1,0 +1,305 @@
+// asyncps — basic_chain_master: the membership service of chain replication.
+//
+// As in van Renesse & Schneider (OSDI'04), one master decides every chain's order: servers
+// register with it and send heartbeats; when one fails (its connection drops, or it is silent
+// for `heartbeat_timeout`) the master removes it and tells its neighbours their new
+// predecessor / successor (a `chain_config` message); a server that registers while its
+// shard's chain is running is appended as the new tail and receives the old tail's state.
+// Workers need no master: they try a shard's servers in turn, and only the head accepts them.
+//
+// The master itself is not replicated (the paper runs it on Paxos): run it where it outlives
+// the servers, e.g. in the process that supervises them.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/steady_timer.hpp>
+
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/server.hpp"
+#include "asyncps/transport.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps {
+
+/// Configuration of a chain master.
+struct chain_master_options {
+  std::uint32_t num_shards = 1;  ///< shards (one chain each)
+  /// Servers per chain at start: a shard's first configuration is sent once this many of its
+  /// servers registered (ordered by member id: member 0 is the first head).
+  std::uint32_t members = 2;
+  /// A registered server silent for this long is declared failed (its connection is closed).
+  std::chrono::milliseconds heartbeat_timeout{1000};
+  log_function log{};  ///< membership changes; empty: stderr
+};
+
+/// Counters of a chain master (read on its executor).
+struct chain_master_stats {
+  std::uint64_t registrations = 0;  ///< servers registered (initial and rejoining)
+  std::uint64_t failures = 0;       ///< servers removed (connection lost or heartbeat timeout)
+  std::uint64_t joins = 0;          ///< servers appended as a new tail
+  std::uint64_t configs_sent = 0;   ///< chain_config messages sent
+};
+
+/// The chain master. `Transport` models `transport`.
+///
+/// Thread safety: construct anywhere; call every member on `transport.get_executor()`.
+/// Object lifetime: the transport outlives the master; `async_serve` must have completed
+/// before it is destroyed.
+template <transport Transport>
+class basic_chain_master {
+ public:
+  /// Throws `std::invalid_argument` when `num_shards` or `members` is 0.
+  basic_chain_master(Transport& transport, chain_master_options opts)
+      : transport_(transport), opts_(std::move(opts)), shards_(opts_.num_shards),
+        done_(transport.get_executor()) {
+    if (opts_.num_shards == 0 || opts_.members == 0)
+      throw std::invalid_argument("asyncps::chain_master_options: num_shards and members > 0");
+  }
+  basic_chain_master(const basic_chain_master&) = delete;
+  basic_chain_master& operator=(const basic_chain_master&) = delete;
+
+  /// Serves registrations on `acceptor` until `stop()`. Completes with success after a stop,
+  /// or with the acceptor's error. Precondition: runs on `transport.get_executor()`.
+  asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
+    acceptor_ = &acceptor;
+    watching_ = true;
+    asio::co_spawn(transport_.get_executor(), watchdog(), asio::detached);
+    std::error_code result;
+    while (!stopped_) {
+      auto [ec, conn] = co_await acceptor.async_accept();
+      if (ec) {
+        if (!stopped_) result = ec;
+        break;
+      }
+      auto& s = sessions_.emplace_back(std::move(conn), transport_.get_executor());
+      s.self = std::prev(sessions_.end());
+      s.last_seen = std::chrono::steady_clock::now();
+      asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+      asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+    }
+    acceptor_ = nullptr;
+    stop();
+    while (!sessions_.empty() || watching_) {
+      done_.expires_after(std::chrono::milliseconds(50));
+      co_await done_.async_wait(detail::use_tuple);
+    }
+    co_return result;
+  }
+
+  /// Stops accepting and closes every connection; `async_serve` then completes.
+  void stop() {
+    stopped_ = true;
+    if (acceptor_ != nullptr) acceptor_->close();
+    for (auto& s : sessions_) close(s);
+  }
+
+  /// Shard `shard`'s chain, head first (member ids). Empty before its first configuration.
+  std::vector<std::uint32_t> chain(std::uint32_t shard) const {
+    std::vector<std::uint32_t> out;
+    for (const session* s : shards_[shard].chain) out.push_back(s->member);
+    return out;
+  }
+  /// Whether every shard's chain has started.
+  bool started() const noexcept {
+    return std::all_of(shards_.begin(), shards_.end(), [](const shard& s) { return s.started; });
+  }
+  const chain_master_stats& stats() const noexcept { return stats_; }
+
+ private:
+  static constexpr std::uint32_t none = 0xffffffffu;
+  struct session {
+    session(typename Transport::connection_type c, const typename Transport::executor_type& ex)
+        : conn(std::move(c)), wake(ex, asio::steady_timer::time_point::max()) {}
+    typename Transport::connection_type conn;
+    asio::steady_timer wake;
+    typename std::list<session>::iterator self;
+    std::vector<message> outbox;
+    bool open = true;
+    int running = 2;
+    bool registered = false;
+    bool joining = false;  // its next configuration tells it to wait for a state transfer
+    std::uint32_t shard = 0;
+    std::uint32_t member = 0;
+    std::chrono::steady_clock::time_point last_seen{};
+  };
+  struct shard {
+    bool started = false;
+    std::vector<session*> chain;    // head first
+    std::vector<session*> waiting;  // registered before the start
+    std::int64_t epoch = 0;
+  };
+
+  void log(const std::string& line) const {
+    detail::emit(opts_.log, "asyncps chain master: " + line);
+  }
+
+  void close(session& s) {
+    s.open = false;
+    s.conn.close();
+    s.wake.cancel();
+  }
+
+  asio::awaitable<void> write_loop(session& s) {
+    std::vector<message> sending;
+    while (s.open || !s.outbox.empty()) {
+      if (s.outbox.empty()) {
+        co_await s.wake.async_wait(detail::use_tuple);
+        continue;
+      }
+      std::swap(s.outbox, sending);
+      for (auto& m : sending)
+        if (co_await s.conn.async_send(std::move(m))) s.open = false;
+      sending.clear();
+      if (!s.open) break;
+    }
+    close(s);
+    finish(s);
+  }
+
+  asio::awaitable<void> read_loop(session& s) {
+    while (s.open) {
+      auto [ec, m] = co_await s.conn.async_receive();
+      if (ec) break;
+      s.last_seen = std::chrono::steady_clock::now();
+      const auto& h = m.header;
+      if (!s.registered) {
+        if (h.type != message_type::chain_hello || h.sender >= opts_.num_shards) {
+          log("refusing a connection: expected chain_hello with shard < " +
+              std::to_string(opts_.num_shards));
+          break;
+        }
+        enroll(s, h.sender, h.table);
+      } else if (h.type != message_type::heartbeat) {
+        log("closing the connection of shard " + std::to_string(s.shard) + " server " +
+            std::to_string(s.member) + ": unexpected message type " +
+            std::to_string(static_cast<int>(h.type)));
+        break;
+      }
+    }
+    close(s);
+    finish(s);
+  }
+
+  void finish(session& s) {
+    if (--s.running > 0) return;
+    if (s.registered) remove(s, "connection lost");
+    sessions_.erase(s.self);
+    if (sessions_.empty()) done_.cancel();
+  }
+
+  asio::awaitable<void> watchdog() {
+    asio::steady_timer timer(transport_.get_executor());
+    while (!stopped_) {
+      timer.expires_after(std::max(opts_.heartbeat_timeout / 4, std::chrono::milliseconds(1)));
+      co_await timer.async_wait(detail::use_tuple);
+      const auto now = std::chrono::steady_clock::now();
+      for (auto& s : sessions_) {
+        if (s.registered && s.open && now - s.last_seen > opts_.heartbeat_timeout) {
+          log("shard " + std::to_string(s.shard) + " server " + std::to_string(s.member) +
+              " missed its heartbeats; removing it");
+          remove(s, "heartbeat timeout");
+          close(s);
+        }
+      }
+    }
+    watching_ = false;
+    done_.cancel();
+  }
+
+  void enroll(session& s, std::uint32_t shard_id, std::uint32_t member) {
+    auto& sh = shards_[shard_id];
+    // A new registration of a member the master still lists: the old one is gone.
+    for (auto& o : sessions_)
+      if (&o != &s && o.registered && o.shard == shard_id && o.member == member) {
+        remove(o, "registered again");
+        close(o);
+      }
+    s.registered = true;
+    s.shard = shard_id;
+    s.member = member;
+    ++stats_.registrations;
+    if (!sh.started) {
+      sh.waiting.push_back(&s);
+      if (sh.waiting.size() < opts_.members) return;
+      sh.chain = sh.waiting;
+      sh.waiting.clear();
+      std::sort(sh.chain.begin(), sh.chain.end(),
+                [](const session* a, const session* b) { return a->member < b->member; });
+      sh.started = true;
+      log("shard " + std::to_string(shard_id) + " chain starts: " + describe(sh));
+    } else {
+      s.joining = true;
+      sh.chain.push_back(&s);
+      ++stats_.joins;
+      log("shard " + std::to_string(shard_id) + " server " + std::to_string(member) +
+          " joins as the tail: " + describe(sh));
+    }
+    configure(sh, shard_id);
+  }
+
+  void remove(session& s, const char* why) {
+    if (!s.registered) return;
+    s.registered = false;
+    auto& sh = shards_[s.shard];
+    std::erase(sh.waiting, &s);
+    const auto before = sh.chain.size();
+    std::erase(sh.chain, &s);
+    if (sh.chain.size() == before) return;
+    ++stats_.failures;
+    log("shard " + std::to_string(s.shard) + " server " + std::to_string(s.member) + " removed (" +
+        why + "): " + describe(sh));
+    if (sh.chain.empty()) log("shard " + std::to_string(s.shard) + " has no server left");
+    if (!stopped_) configure(sh, s.shard);
+  }
+
+  std::string describe(const shard& sh) const {
+    std::string out;
+    for (const session* m : sh.chain)
+      out += (out.empty() ? "" : " -> ") + std::to_string(m->member);
+    return out.empty() ? std::string("(empty)") : out;
+  }
+
+  // Sends every member of the chain its predecessor and successor.
+  void configure(shard& sh, std::uint32_t shard_id) {
+    ++sh.epoch;
+    for (std::size_t i = 0; i < sh.chain.size(); ++i) {
+      session& s = *sh.chain[i];
+      message m;
+      m.header.type = message_type::chain_config;
+      m.header.sender = shard_id;
+      m.header.table = s.member;
+      m.header.clock = sh.epoch;
+      m.header.first_row = i == 0 ? none : sh.chain[i - 1]->member;
+      m.header.seq = i + 1 == sh.chain.size() ? none : sh.chain[i + 1]->member;
+      if (s.joining) m.header.flags = frame_flags::state;
+      s.joining = false;
+      s.outbox.push_back(std::move(m));
+      s.wake.cancel();
+      ++stats_.configs_sent;
+    }
+  }
+
+  Transport& transport_;
+  chain_master_options opts_;
+  std::vector<shard> shards_;
+  std::list<session> sessions_;
+  asio::steady_timer done_;
+  typename Transport::acceptor_type* acceptor_ = nullptr;
+  bool stopped_ = false;
+  bool watching_ = false;
+  chain_master_stats stats_{};
+};
+
+}  // namespace asyncps
