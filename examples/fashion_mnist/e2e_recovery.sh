@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # End-to-end fault test: fashion_mnist runs 2 server processes, and kills server 0 with SIGKILL
 # mid-training, restarting it after a downtime. Checks what the recovery policy promises.
-# Usage: e2e_recovery.sh /path/to/fashion_mnist none|checkpoint|stateless
+# Under chain replication every shard has 2 servers and the head of shard 0 is killed.
+# Usage: e2e_recovery.sh /path/to/fashion_mnist none|checkpoint|stateless|chain|chain-relaxed
 set -euo pipefail
 bin="$1"
 policy="$2"
 dir="$(mktemp -d)"
 trap 'rm -rf "$dir"' EXIT
 
-every=400  # checkpoint interval in clocks
+every=400  # checkpoint interval in clocks; chain-relaxed: pushes between copies
 args=(--model softmax --epochs 40 --servers 2 --workers 4 --consistency ssp --staleness 3
       --recovery "$policy" --kill-at 3.5 --downtime 1.5 --reconnect-timeout 60
       --checkpoint-dir "$dir/ckpt" --checkpoint-every "$every" --metrics "$dir/m.jsonl" --quiet)
+[[ "$policy" == chain* ]] && args+=(--replicas 2 --replicate-every "$every")
 set +e
 "$bin" "${args[@]}" >"$dir/out.log" 2>&1
 rc=$?
@@ -19,7 +21,7 @@ set -e
 cat "$dir/out.log"
 fail() { echo "e2e_recovery($policy): $*"; exit 1; }
 
-grep -q '^\[fault\] killed server 0 (SIGKILL)' "$dir/out.log" || fail "the server was not killed"
+grep -Eq '^\[fault\] killed server 0(\.0)? \(SIGKILL\)' "$dir/out.log" || fail "the server was not killed"
 if [[ "$policy" == none ]]; then
   # A lost server ends the run with a clear error, not a hang.
   [[ $rc -ne 0 ]] || fail "exit status 0 after losing a server"
@@ -28,9 +30,12 @@ if [[ "$policy" == none ]]; then
   exit 0
 fi
 grep -q '^\[fault\] restarted server 0' "$dir/out.log" || fail "the server was not restarted"
+name="$policy"
+[[ "$policy" == chain ]] && name=chain-replication
+[[ "$policy" == chain-relaxed ]] && name=chain-replication-relaxed
 
 [[ $rc -eq 0 ]] || fail "exit status $rc"
-summary="$(grep "^recovery $policy:" "$dir/out.log")" || fail "no recovery summary"
+summary="$(grep "^recovery $name:" "$dir/out.log")" || fail "no recovery summary"
 num() { sed -n "s/.* \([0-9]*\) $1.*/\1/p" <<<"$summary"; }
 reconnects="$(num reconnects)"
 lost="$(num 'pushes lost')"
@@ -42,6 +47,15 @@ if [[ "$policy" == checkpoint ]]; then
   # At most one interval (plus the clocks a worker may be ahead, s = 3) per worker is lost.
   (( lost > 0 && lost <= 4 * (every + 4) )) || fail "$lost pushes lost, bound $((4 * (every + 4)))"
   (( local_clocks == 0 )) || fail "workers trained locally under checkpoint"
+elif [[ "$policy" == chain ]]; then
+  # Strict chain replication: the backup took over with every acknowledged push.
+  grep -q 'joins as the tail' "$dir/out.log" || fail "the restarted server did not rejoin the chain"
+  (( lost == 0 )) || fail "$lost pushes lost under strict chain replication"
+  (( local_clocks == 0 )) || fail "workers trained locally under chain replication"
+elif [[ "$policy" == chain-relaxed ]]; then
+  grep -q 'joins as the tail' "$dir/out.log" || fail "the restarted server did not rejoin the chain"
+  # At most the pushes since the last copy (plus one clock in flight per worker) are lost.
+  (( lost <= every + 4 * 4 )) || fail "$lost pushes lost, bound $((every + 16))"
 else
   grep -q 'rebuilt table 0 from the replica of worker' "$dir/out.log" ||
     fail "the restarted server did not rebuild its state from a replica"

@@ -6,6 +6,7 @@
 //   fashion_mnist --role server --shard 0 --servers 2 --workers 2 --listen 127.0.0.1:7000
 //   fashion_mnist --role worker --worker-id 0 --workers 2 --connect 127.0.0.1:7000,127.0.0.1:7001
 //   fashion_mnist --recovery stateless --kill-at 3,8 --downtime 2   # kill -9 server 0 twice
+//   fashion_mnist --recovery chain --replicas 2 --kill-at 3,8         # kill the head of shard 0
 //
 // The consistency model, the recovery policy and the server optimizer are compile-time
 // policies; the command line picks one of the instantiations compiled in train_*.cpp.
@@ -28,25 +29,29 @@ using fashion::config;
 // --role server), and shard `kill_shard` is killed with SIGKILL at each `kill_at` time and
 // started again `downtime` seconds later. Times count from the end of worker 0's first
 // clock, so slow process start-up (data loading) does not shift them. The workers run here,
-// as in the default run.
+// as in the default run. Under chain replication every shard has `replicas` server processes
+// plus one chain master process (never killed), and kill k hits member k % replicas of shard
+// `kill_shard`: as a restarted server rejoins as the tail, that is the head each time.
 class server_supervisor {
  public:
   server_supervisor(const config& c, std::vector<std::string> base_args)
       : cfg_(c), base_(std::move(base_args)), start_(std::chrono::steady_clock::now()) {}
   ~server_supervisor() { stop(); }
 
-  // Starts every shard on a free loopback port; returns their host:port strings.
+  // Starts every server (and the chain master) on free loopback ports; returns the servers'
+  // host:port strings, shard-major.
   std::vector<std::string> start() {
     asio::io_context io;
-    for (std::uint32_t s = 0; s < cfg_.servers; ++s) {
+    const std::uint32_t n = cfg_.servers * per_shard() + (chain() ? 1 : 0);
+    for (std::uint32_t s = 0; s < n; ++s) {
       asio::ip::tcp::acceptor probe(io, {asio::ip::make_address("127.0.0.1"), 0});
       ports_.push_back(probe.local_endpoint().port());
     }
-    pids_.assign(cfg_.servers, -1);
-    for (std::uint32_t s = 0; s < cfg_.servers; ++s) spawn(s);
+    pids_.assign(n, -1);
+    for (std::uint32_t s = 0; s < n; ++s) spawn(s);
     killer_ = std::thread([this] { kill_schedule(); });
     std::vector<std::string> eps;
-    for (auto p : ports_) eps.push_back("127.0.0.1:" + std::to_string(p));
+    for (std::uint32_t s = 0; s < cfg_.servers * per_shard(); ++s) eps.push_back(address(s));
     return eps;
   }
 
@@ -67,7 +72,9 @@ class server_supervisor {
     }
     cv_.notify_all();
     if (killer_.joinable()) killer_.join();
-    for (auto& pid : pids_) {
+    // The chain master (last) first, so it does not report the servers' exits.
+    for (auto it = pids_.rbegin(); it != pids_.rend(); ++it) {
+      auto& pid = *it;
       if (pid > 0) {
         ::kill(pid, SIGKILL);
         ::waitpid(pid, nullptr, 0);
@@ -81,13 +88,31 @@ class server_supervisor {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
 
-  void spawn(std::uint32_t s) {
+  bool chain() const { return cfg_.recovery.rfind("chain", 0) == 0; }
+  std::uint32_t per_shard() const { return chain() ? cfg_.replicas : 1; }
+  std::string address(std::uint32_t process) const {
+    return "127.0.0.1:" + std::to_string(ports_[process]);
+  }
+
+  // Process i < servers * per_shard is server (i / per_shard, member i % per_shard); the
+  // last one, under chain replication, is the chain master.
+  void spawn(std::uint32_t i) {
     std::vector<std::string> args = base_;
-    for (std::string a :
-         {std::string("--role"), std::string("server"), std::string("--shard"), std::to_string(s),
-          std::string("--listen"), "127.0.0.1:" + std::to_string(ports_[s]), std::string("--quiet"),
-          std::string("--metrics"), std::string("/dev/null")})
-      args.push_back(std::move(a));
+    const std::uint32_t k = per_shard();
+    std::vector<std::string> extra{"--listen", address(i), "--quiet", "--metrics", "/dev/null"};
+    if (i == cfg_.servers * k) {
+      extra.insert(extra.end(), {"--role", "master"});
+    } else {
+      extra.insert(extra.end(), {"--role", "server", "--shard", std::to_string(i / k)});
+      if (chain()) {
+        std::string members;
+        for (std::uint32_t m = 0; m < k; ++m)
+          members += (m == 0 ? "" : ",") + address(i / k * k + m);
+        extra.insert(extra.end(), {"--member", std::to_string(i % k), "--chain", members,
+                                   "--master", address(cfg_.servers * k)});
+      }
+    }
+    for (auto& a : extra) args.push_back(std::move(a));
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -97,7 +122,7 @@ class server_supervisor {
       std::perror("fashion_mnist: exec of a server process failed");
       std::_Exit(127);
     }
-    pids_[s] = pid;
+    pids_[i] = pid;
   }
 
   // Waits `seconds` or until stop(); false when stopping.
@@ -113,17 +138,22 @@ class server_supervisor {
       cv_.wait(lock, [this] { return started_ || stopping_; });
       if (stopping_) return;
     }
+    std::uint32_t kills = 0;
     for (double t : cfg_.kill_at) {
       if (!sleep_until(t)) return;
       const std::uint32_t s = cfg_.kill_shard;
-      ::kill(pids_[s], SIGKILL);
-      ::waitpid(pids_[s], nullptr, 0);
-      pids_[s] = -1;
-      std::printf("\n[fault] killed server %u (SIGKILL) at %.1f s\n", s, now());
+      const std::uint32_t member = kills++ % per_shard();
+      const std::uint32_t i = s * per_shard() + member;
+      ::kill(pids_[i], SIGKILL);
+      ::waitpid(pids_[i], nullptr, 0);
+      pids_[i] = -1;
+      const std::string name =
+          chain() ? std::to_string(s) + "." + std::to_string(member) : std::to_string(s);
+      std::printf("\n[fault] killed server %s (SIGKILL) at %.1f s\n", name.c_str(), now());
       std::fflush(stdout);
       if (!sleep_until(t + cfg_.downtime)) return;
-      spawn(s);
-      std::printf("\n[fault] restarted server %u at %.1f s\n", s, now());
+      spawn(i);
+      std::printf("\n[fault] restarted server %s at %.1f s\n", name.c_str(), now());
       std::fflush(stdout);
     }
   }
@@ -141,6 +171,9 @@ class server_supervisor {
 };
 
 int train(const config& c) {
+  if (c.role == "master") return fashion::run_master(c);
+  if (c.recovery == "chain") return fashion::train_chain(c);
+  if (c.recovery == "chain-relaxed") return fashion::train_chain_relaxed(c);
   if (c.recovery == "checkpoint") return fashion::train_checkpoint(c);
   if (c.recovery == "stateless") return fashion::train_stateless(c);
   return fashion::train_none(c);
@@ -151,8 +184,10 @@ int train(const config& c) {
 int main(int argc, char** argv) {
   config c;
   CLI::App app{"Train Fashion-MNIST with asyncps parameter servers and workers over TCP"};
-  app.add_option("--role", c.role, "all: servers and workers in this process")
-      ->check(CLI::IsMember({"all", "server", "worker"}));
+  app.add_option("--role", c.role,
+                 "all: servers and workers in this process; master: the chain master "
+                 "(--recovery chain)")
+      ->check(CLI::IsMember({"all", "server", "worker", "master"}));
   app.add_option("--model", c.model)->check(CLI::IsMember({"softmax", "mlp"}));
   app.add_option("--consistency", c.consistency)
       ->check(CLI::IsMember({"bsp", "ssp", "essp", "asp"}));
@@ -185,7 +220,18 @@ int main(int argc, char** argv) {
   app.add_option("--compute-threads", c.compute_threads, "gradient threads (default 2)");
   app.add_flag("--quiet", c.quiet, "no progress line");
   app.add_option("--recovery", c.recovery, "what happens when a server fails")
-      ->check(CLI::IsMember({"none", "checkpoint", "stateless"}));
+      ->check(CLI::IsMember({"none", "checkpoint", "stateless", "chain", "chain-relaxed"}));
+  app.add_option("--replicas", c.replicas,
+                 "--recovery chain*: servers per shard (chain length); under chain --connect "
+                 "lists them all, shard-major")
+      ->check(CLI::Range(2, 8));
+  app.add_option("--replicate-every", c.replicate_every,
+                 "--recovery chain-relaxed: pushes between state copies down the chain")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--member", c.member, "--role server, chain: this server's place in --chain");
+  app.add_option("--chain", c.chain, "--role server, chain: host:port of every server of the shard")
+      ->delimiter(',');
+  app.add_option("--master", c.master, "--role server, chain: host:port of the chain master");
   app.add_option("--merge", c.merge, "--recovery stateless: how a worker's backlog is merged")
       ->check(CLI::IsMember({"sum", "mean", "lr-scaled", "staleness-aware"}));
   app.add_option("--checkpoint-dir", c.checkpoint_dir, "--recovery checkpoint: directory");
@@ -219,9 +265,12 @@ int main(int argc, char** argv) {
     std::cerr << "fashion_mnist: --worker-id must be < --workers (" << c.workers << ")\n";
     return 2;
   }
-  if (c.role == "worker" && c.connect.size() != c.servers) {
-    std::cerr << "fashion_mnist: --connect needs one host:port per server (--servers " << c.servers
-              << ")\n";
+  const bool chain = c.recovery.rfind("chain", 0) == 0;
+  const std::uint32_t per_shard = chain ? c.replicas : 1;
+  if (c.role == "worker" && c.connect.size() != c.servers * per_shard) {
+    std::cerr << "fashion_mnist: --connect needs "
+              << (chain ? "every server of every shard" : "one host:port per shard") << " ("
+              << c.servers * per_shard << " host:port)\n";
     return 2;
   }
   // Defaults tuned per model (see README): softmax converges in a few epochs, the MLP needs more.

@@ -68,8 +68,13 @@ struct config {
   std::string checkpoint_dir = "fashion_mnist_checkpoints";
   std::uint64_t checkpoint_every = 0;  // clocks; 0 and no seconds: adaptive (CheckFreq)
   double checkpoint_seconds = 0;
-  double checkpoint_overhead = 0.05;  // adaptive bound
-  double reconnect_timeout = 120;     // seconds a worker keeps reconnecting
+  double checkpoint_overhead = 0.05;    // adaptive bound
+  double reconnect_timeout = 120;       // seconds a worker keeps reconnecting
+  std::uint32_t replicas = 2;           // chain replication: servers per shard (chain length)
+  std::uint64_t replicate_every = 200;  // chain-relaxed: pushes between state copies
+  std::uint32_t member = 0;             // --role server under chain: this server's member id
+  std::vector<std::string> chain;       // --role server under chain: the shard's members
+  std::string master;                   // --role server under chain: the chain master
   // Fault injection (main.cpp runs the servers as child processes when kills are scheduled).
   std::vector<double> kill_at;  // seconds after start
   double downtime = 5;          // seconds a killed server stays down
@@ -100,6 +105,11 @@ typename Recovery::server_part make_server_part(const config& c, std::uint32_t s
                      : c.merge == "staleness-aware" ? merge_rule::staleness_aware
                                                     : merge_rule::lr_scaled;
     return p;
+  } else if constexpr (asyncps::recovery::is_chain_replication_v<Recovery>) {
+    (void)shard;
+    typename Recovery::server_part p;
+    p.options.replicate_every = c.replicate_every;
+    return p;
   } else {
     (void)c;
     (void)shard;
@@ -114,7 +124,8 @@ typename Recovery::worker_part make_worker_part(const config& c) {
       std::chrono::milliseconds(static_cast<long long>(c.reconnect_timeout * 1000));
   if constexpr (std::is_same_v<Recovery, asyncps::recovery::checkpoint>) {
     return typename Recovery::worker_part(timeout);
-  } else if constexpr (std::is_same_v<Recovery, asyncps::recovery::stateless>) {
+  } else if constexpr (std::is_same_v<Recovery, asyncps::recovery::stateless> ||
+                       asyncps::recovery::is_chain_replication_v<Recovery>) {
     typename Recovery::worker_part p;
     p.options.reconnect_timeout = timeout;
     return p;
@@ -269,6 +280,146 @@ asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::accept
   poll.cancel();
 }
 
+using transports = std::vector<std::unique_ptr<asyncps::tcp_transport>>;
+
+// Chain replication, everything in this process: `replicas` servers per shard on free
+// loopback ports and a chain master; they serve until the workers are done.
+template <class Server, class Optimizer>
+bool start_chain(const config& c, Optimizer opt, const std::vector<asyncps::table_spec>& layout,
+                 asio::io_context& io, transports& ts,
+                 std::vector<std::unique_ptr<Server>>& servers,
+                 std::vector<asyncps::tcp_transport::endpoint_type>& heads,
+                 std::vector<std::vector<asyncps::tcp_transport::endpoint_type>>& others,
+                 std::unique_ptr<asyncps::tcp_transport>& mt,
+                 std::unique_ptr<asyncps::basic_chain_master<asyncps::tcp_transport>>& master) {
+  const auto loopback = asyncps::parse_tcp_endpoint("127.0.0.1:0").value();
+  mt = std::make_unique<asyncps::tcp_transport>(asio::make_strand(io));
+  auto macc = mt->listen(loopback);
+  if (!macc) {
+    std::cerr << "fashion_mnist: chain master cannot listen: " << macc.error().message() << '\n';
+    return false;
+  }
+  const auto master_ep = macc.value().local_endpoint();
+  asyncps::chain_master_options mo;
+  mo.num_shards = c.servers;
+  mo.members = c.replicas;
+  mo.log = [](std::string_view line) { std::cerr << line << '\n'; };
+  master = std::make_unique<asyncps::basic_chain_master<asyncps::tcp_transport>>(*mt, mo);
+  asio::co_spawn(
+      mt->get_executor(),
+      [m = master.get(), a = std::move(macc).value()]() mutable -> asio::awaitable<void> {
+        (void)co_await m->async_serve(std::move(a));
+      },
+      asio::detached);
+  for (std::uint32_t s = 0; s < c.servers; ++s) {
+    std::vector<asyncps::tcp_transport::endpoint_type> eps;
+    std::vector<asyncps::tcp_transport::acceptor> accs;
+    for (std::uint32_t m = 0; m < c.replicas; ++m) {
+      auto& t = ts.emplace_back(std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+      auto acc = t->listen(loopback);
+      if (!acc) {
+        std::cerr << "fashion_mnist: cannot listen: " << acc.error().message() << '\n';
+        return false;
+      }
+      eps.push_back(acc.value().local_endpoint());
+      accs.push_back(std::move(acc).value());
+    }
+    for (std::uint32_t m = 0; m < c.replicas; ++m) {
+      auto& t = *ts[ts.size() - c.replicas + m];
+      auto& srv = servers.emplace_back(
+          std::make_unique<Server>(t, server_opts(c, s, layout), opt,
+                                   make_server_part<typename Server::recovery_type>(c, s)));
+      srv->set_chain({master_ep, eps, m});
+      asio::co_spawn(
+          t.get_executor(),
+          [p = srv.get(), a = std::move(accs[m])]() mutable -> asio::awaitable<void> {
+            if (auto ec = co_await p->async_serve(std::move(a)))
+              std::cerr << "server " << p->options().shard << ": " << ec.message() << '\n';
+          },
+          asio::detached);
+    }
+    heads.push_back(eps[0]);
+    others.emplace_back(eps.begin() + 1, eps.end());
+  }
+  return true;
+}
+
+// Chain replication, --role server: one member of one shard's chain, serving until killed.
+template <class Server, class Optimizer>
+bool start_chain_server(const config& c, Optimizer opt,
+                        const std::vector<asyncps::table_spec>& layout, asio::io_context& io,
+                        transports& ts, std::vector<std::unique_ptr<Server>>& servers) {
+  std::vector<asyncps::tcp_transport::endpoint_type> eps;
+  for (const auto& text : c.chain) {
+    auto ep = asyncps::parse_tcp_endpoint(text);
+    if (!ep) {
+      std::cerr << "fashion_mnist: --chain: expected host:port, got '" << text << "'\n";
+      return false;
+    }
+    eps.push_back(ep.value());
+  }
+  auto master_ep = asyncps::parse_tcp_endpoint(c.master);
+  auto listen_ep = asyncps::parse_tcp_endpoint(c.listen);
+  if (!master_ep || !listen_ep || c.member >= eps.size()) {
+    std::cerr << "fashion_mnist: --role server with chain replication needs --master host:port, "
+                 "--chain host:port,... (every server of the shard) and --member < their count\n";
+    return false;
+  }
+  auto& t = ts.emplace_back(std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+  auto acc = t->listen(listen_ep.value());
+  if (!acc) {
+    std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
+              << '\n';
+    return false;
+  }
+  auto& srv = servers.emplace_back(
+      std::make_unique<Server>(*t, server_opts(c, c.shard, layout), opt,
+                               make_server_part<typename Server::recovery_type>(c, c.shard)));
+  srv->set_chain({master_ep.value(), eps, c.member});
+  const auto bound = acc.value().local_endpoint();
+  asio::co_spawn(
+      t->get_executor(),
+      [p = srv.get(), a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
+        if (auto ec = co_await p->async_serve(std::move(a)))
+          std::cerr << "server " << p->options().shard << ": " << ec.message() << '\n';
+      },
+      asio::detached);
+  std::cout << "server " << c.shard << "." << c.member << " of " << c.servers << " listening on "
+            << bound << std::endl;
+  return true;
+}
+
+/// --role master: the chain master of every shard, serving until killed.
+inline int run_master(const config& c) {
+  asio::io_context io(1);
+  auto ep = asyncps::parse_tcp_endpoint(c.listen);
+  if (!ep) {
+    std::cerr << "fashion_mnist: --listen: expected host:port, got '" << c.listen << "'\n";
+    return 2;
+  }
+  asyncps::tcp_transport t(asio::make_strand(io));
+  auto acc = t.listen(ep.value());
+  if (!acc) {
+    std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
+              << '\n';
+    return 2;
+  }
+  asyncps::chain_master_options mo;
+  mo.num_shards = c.servers;
+  mo.members = c.replicas;
+  asyncps::basic_chain_master<asyncps::tcp_transport> master(t, mo);
+  std::cout << "chain master for " << c.servers << " shards x " << c.replicas
+            << " servers listening on " << acc.value().local_endpoint() << std::endl;
+  asio::co_spawn(
+      t.get_executor(),
+      [&, a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
+        (void)co_await master.async_serve(std::move(a));
+      },
+      asio::detached);
+  io.run();
+  return 0;
+}
+
 template <class Consistency, class Optimizer, class Recovery>
 int run(const config& c, Optimizer opt) {
   using server_t = server_type<Consistency, Optimizer, Recovery>;
@@ -299,10 +450,23 @@ int run(const config& c, Optimizer opt) {
   }
 
   // Servers of this process.
+  constexpr bool chain = asyncps::recovery::is_chain_replication_v<Recovery>;
   std::vector<std::unique_ptr<asyncps::tcp_transport>> server_transports;
   std::vector<std::unique_ptr<server_t>> servers;
   std::vector<asyncps::tcp_transport::endpoint_type> endpoints;
-  if ((c.role == "all" && !c.external_servers) || c.role == "server") {
+  std::vector<std::vector<asyncps::tcp_transport::endpoint_type>> replicas;
+  std::unique_ptr<asyncps::tcp_transport> master_transport;
+  std::unique_ptr<asyncps::basic_chain_master<asyncps::tcp_transport>> master;
+  if constexpr (chain) {
+    if (c.role == "all" && !c.external_servers) {
+      if (!start_chain<server_t>(c, opt, layout, io, server_transports, servers, endpoints,
+                                 replicas, master_transport, master))
+        return 2;
+    } else if (c.role == "server") {
+      if (!start_chain_server<server_t>(c, opt, layout, io, server_transports, servers)) return 2;
+    }
+  }
+  if (!chain && ((c.role == "all" && !c.external_servers) || c.role == "server")) {
     const std::uint32_t first = c.role == "all" ? 0 : c.shard;
     const std::uint32_t last = c.role == "all" ? c.servers : c.shard + 1;
     for (std::uint32_t s = first; s < last; ++s) {
@@ -331,13 +495,20 @@ int run(const config& c, Optimizer opt) {
     }
   }
   if (c.role == "worker" || c.external_servers) {
-    for (const auto& text : c.connect) {
-      auto ep = asyncps::parse_tcp_endpoint(text);
+    // Under chain replication --connect lists every server of every shard, shard-major.
+    const std::uint32_t per_shard = chain ? c.replicas : 1;
+    for (std::size_t i = 0; i < c.connect.size(); ++i) {
+      auto ep = asyncps::parse_tcp_endpoint(c.connect[i]);
       if (!ep) {
-        std::cerr << "fashion_mnist: --connect: expected host:port, got '" << text << "'\n";
+        std::cerr << "fashion_mnist: --connect: expected host:port, got '" << c.connect[i] << "'\n";
         return 2;
       }
-      endpoints.push_back(ep.value());
+      if (i % per_shard == 0) {
+        endpoints.push_back(ep.value());
+        replicas.emplace_back();
+      } else {
+        replicas.back().push_back(ep.value());
+      }
     }
   }
 
@@ -350,6 +521,7 @@ int run(const config& c, Optimizer opt) {
   std::vector<std::unique_ptr<any_model>> models;
   std::vector<std::unique_ptr<worker_t>> workers;
   std::atomic<int> failures{0};
+  std::atomic<std::size_t> finished{0};
   if (c.role == "all" || c.role == "worker") {
     const std::uint32_t first = c.role == "all" ? 0 : c.worker_id;
     const std::uint32_t last = c.role == "all" ? c.workers : c.worker_id + 1;
@@ -361,6 +533,7 @@ int run(const config& c, Optimizer opt) {
       typename worker_t::options_type o;
       o.id = w;
       o.servers = endpoints;
+      o.replicas = replicas;
       o.local_step = opt.local_step();  // read-my-writes (exact for SGD)
       o.connect_timeout = std::chrono::seconds(30);
       // The first worker of this process reports progress and evaluates; `samples` counts
@@ -380,6 +553,14 @@ int run(const config& c, Optimizer opt) {
             if (auto ec = co_await p->async_run(clocks)) {
               std::cerr << "\nworker " << p->options().id << ": " << ec.message() << '\n';
               ++failures;
+            }
+            // Chain servers in this process serve until every worker is done.
+            if (++finished == workers.size()) {
+              if (master)  // first, so it does not report the servers' exits as failures
+                asio::post(master_transport->get_executor(), [m = master.get()] { m->stop(); });
+              for (std::size_t k = 0; k < servers.size(); ++k)
+                asio::post(server_transports[k]->get_executor(),
+                           [s = servers[k].get()] { s->stop(); });
             }
           },
           asio::detached);
@@ -403,6 +584,13 @@ int run(const config& c, Optimizer opt) {
   if (c.role == "server") return failures == 0 ? 0 : 1;
   // Final model: the servers' parameters when they live in this process, else worker 0's cache.
   std::vector<float> final_params;
+  if constexpr (chain) {
+    // One server per shard: the head (it has every acknowledged push).
+    std::vector<std::unique_ptr<server_t>> heads;
+    for (auto& s : servers)
+      if (s->is_head()) heads.push_back(std::move(s));
+    servers = std::move(heads);
+  }
   if (!servers.empty() && servers.size() == c.servers) {
     final_params.resize(asyncps::layout_size(layout));
     std::size_t off = 0;
@@ -517,9 +705,11 @@ int train(const config& c) {
   return with_staleness<essp, Recovery>(c, seq);
 }
 
-// Defined in train_none.cpp, train_checkpoint.cpp and train_stateless.cpp.
+// Defined in train_none.cpp, train_checkpoint.cpp, train_stateless.cpp and train_chain.cpp.
 int train_none(const config& c);
 int train_checkpoint(const config& c);
 int train_stateless(const config& c);
+int train_chain(const config& c);          // --recovery chain (strict)
+int train_chain_relaxed(const config& c);  // --recovery chain-relaxed
 
 }  // namespace fashion

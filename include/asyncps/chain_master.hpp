@@ -258,10 +258,11 @@ class basic_chain_master {
     std::erase(sh.chain, &s);
     if (sh.chain.size() == before) return;
     ++stats_.failures;
+    if (stopped_) return;
     log("shard " + std::to_string(s.shard) + " server " + std::to_string(s.member) + " removed (" +
         why + "): " + describe(sh));
     if (sh.chain.empty()) log("shard " + std::to_string(s.shard) + " has no server left");
-    if (!stopped_) configure(sh, s.shard);
+    configure(sh, s.shard);
   }
 
   std::string describe(const shard& sh) const {
