@@ -63,6 +63,9 @@ CONFIGS = {
     "stateless/mean": (["--recovery", "stateless", "--merge", "mean"], True),
     "stateless/lr-scaled": (["--recovery", "stateless", "--merge", "lr-scaled"], True),
     "stateless/staleness-aware": (["--recovery", "stateless", "--merge", "staleness-aware"], True),
+    "chain/strict": (["--recovery", "chain", "--replicas", "2"], True),
+    "chain-relaxed/500": (
+        ["--recovery", "chain-relaxed", "--replicas", "2", "--replicate-every", "500"], True),
 }
 CONTROL = "control: none (no kill)"
 COLORS = {
@@ -75,6 +78,8 @@ COLORS = {
     "stateless/mean": "tab:cyan",
     "stateless/lr-scaled": "tab:green",
     "stateless/staleness-aware": "tab:purple",
+    "chain/strict": "tab:olive",
+    "chain-relaxed/500": "tab:pink",
 }
 NEVER_KILL = 100000.0  # seconds: a kill that never fires (servers still run as processes)
 
@@ -176,9 +181,9 @@ def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
 # ------------------------------------------------------------------------------------------
 # Parsing one run
 
-KILL_RE = re.compile(r"\[fault\] killed server (\d+) \(SIGKILL\) at ([0-9.]+) s")
-RESTART_RE = re.compile(r"\[fault\] restarted server (\d+) at ([0-9.]+) s")
-LISTEN_RE = re.compile(r"^server (\d+) of \d+ listening")
+KILL_RE = re.compile(r"\[fault\] killed server (\d+)(?:\.\d+)? \(SIGKILL\) at ([0-9.]+) s")
+RESTART_RE = re.compile(r"\[fault\] restarted server (\d+)(?:\.\d+)? at ([0-9.]+) s")
+LISTEN_RE = re.compile(r"^server (\d+)(?:\.\d+)? of \d+ listening")
 RESTORED_RE = re.compile(r"restored from .*\(server clock (\d+)\)")
 REJOINS_RE = re.compile(r"server 0: worker \d+ rejoins at clock (\d+)")
 
@@ -244,8 +249,10 @@ def parse_run(path):
     bounds = r["kills"][1:] + [float("inf")]
     r["listening"] = [next((x - b for x in listens if rs + b < x < nk + b), float("nan"))
                       for rs, nk in zip(r["restarts"], bounds)]
-    r["rejoined"] = [next((x - b for x in rejoins if x > rs + b), float("nan"))
-                     for rs in r["restarts"]]
+    # The first rejoin after each kill: after the restart for checkpoint and stateless (the
+    # shard has no other server), within milliseconds for chain replication (the backup).
+    r["rejoined"] = [next((x - b for x in rejoins if x > k), float("nan"))
+                     for k in kills[:len(r["restarts"])]]
     # Checkpoint: clocks rolled back at each restart = the workers' clocks when they rejoin
     # minus the restored checkpoint's clock.
     r["rollback"] = []
@@ -338,7 +345,11 @@ def run_metrics(r, T, thresholds, post_frac, control_curve, rate, tables, server
         clocks.append(r["final"]["clock"])
     c_ref = interp(clocks_ts, clocks, t_ref)
     m["grads_at_ref"] = c_ref * workers
-    m["reserved"] = (servers + workers) * m["duration"] * rate
+    # Chain replication runs every shard on --replicas servers (and a chain master, which is
+    # not counted: it is a membership service, not a parameter server).
+    flags = CONFIGS[r["config"]][0]
+    nodes = servers * (int(flags[flags.index("--replicas") + 1]) if "--replicas" in flags else 1)
+    m["reserved"] = (nodes + workers) * m["duration"] * rate
     m["useful_per_reserved"] = m["useful"] / m["reserved"]
     m["useful_per_use"] = m["useful"] / m["per_use"] if m["per_use"] == m["per_use"] else float("nan")
     return m
@@ -593,7 +604,6 @@ def main():
                 off = statistics.mean(r["load_offset"] for r in ctrl)
                 # The trainer now counts --kill-at from worker 0's first clock (it counted from
                 # process start when docs/results/recovery.md was measured), so no load offset.
-                del off
                 kill_at = [round(f * T, 1) for f in map(float, args.kill_fractions.split(","))]
                 if downtime is None:
                     downtime = round(args.downtime_fraction * T, 1)
