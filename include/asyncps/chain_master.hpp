@@ -23,9 +23,9 @@
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
-#include <asio/steady_timer.hpp>
 
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/transport_time.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport.hpp"
@@ -85,7 +85,7 @@ class basic_chain_master {
       }
       auto& s = sessions_.emplace_back(std::move(conn), transport_.get_executor());
       s.self = std::prev(sessions_.end());
-      s.last_seen = std::chrono::steady_clock::now();
+      s.last_seen = clock_type::now();
       asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
       asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
     }
@@ -118,12 +118,17 @@ class basic_chain_master {
   const chain_master_stats& stats() const noexcept { return stats_; }
 
  private:
+  // The transport's timer and clock (asio::steady_timer and std::chrono::steady_clock unless
+  // it declares its own, e.g. a simulated transport's virtual time).
+  using timer_type = detail::transport_timer_t<Transport>;
+  using clock_type = detail::transport_clock_t<Transport>;
+
   static constexpr std::uint32_t none = 0xffffffffu;
   struct session {
     session(typename Transport::connection_type c, const typename Transport::executor_type& ex)
-        : conn(std::move(c)), wake(ex, asio::steady_timer::time_point::max()) {}
+        : conn(std::move(c)), wake(ex, clock_type::time_point::max()) {}
     typename Transport::connection_type conn;
-    asio::steady_timer wake;
+    timer_type wake;
     typename std::list<session>::iterator self;
     std::vector<message> outbox;
     bool open = true;
@@ -132,7 +137,7 @@ class basic_chain_master {
     bool joining = false;  // its next configuration tells it to wait for a state transfer
     std::uint32_t shard = 0;
     std::uint32_t member = 0;
-    std::chrono::steady_clock::time_point last_seen{};
+    typename clock_type::time_point last_seen{};
   };
   struct shard {
     bool started = false;
@@ -172,7 +177,7 @@ class basic_chain_master {
     while (s.open) {
       auto [ec, m] = co_await s.conn.async_receive();
       if (ec) break;
-      s.last_seen = std::chrono::steady_clock::now();
+      s.last_seen = clock_type::now();
       const auto& h = m.header;
       if (!s.registered) {
         if (h.type != message_type::chain_hello || h.sender >= opts_.num_shards) {
@@ -200,11 +205,11 @@ class basic_chain_master {
   }
 
   asio::awaitable<void> watchdog() {
-    asio::steady_timer timer(transport_.get_executor());
+    timer_type timer(transport_.get_executor());
     while (!stopped_) {
       timer.expires_after(std::max(opts_.heartbeat_timeout / 4, std::chrono::milliseconds(1)));
       co_await timer.async_wait(detail::use_tuple);
-      const auto now = std::chrono::steady_clock::now();
+      const auto now = clock_type::now();
       for (auto& s : sessions_) {
         if (s.registered && s.open && now - s.last_seen > opts_.heartbeat_timeout) {
           log("shard " + std::to_string(s.shard) + " server " + std::to_string(s.member) +
@@ -296,7 +301,7 @@ class basic_chain_master {
   chain_master_options opts_;
   std::vector<shard> shards_;
   std::list<session> sessions_;
-  asio::steady_timer done_;
+  timer_type done_;
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
   bool watching_ = false;

@@ -32,11 +32,11 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/post.hpp>
-#include <asio/steady_timer.hpp>
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/state_codec.hpp"
+#include "asyncps/detail/transport_time.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
@@ -305,6 +305,11 @@ class basic_server {
   }
 
  private:
+  // The transport's timer and clock (asio::steady_timer and std::chrono::steady_clock unless
+  // it declares its own, e.g. a simulated transport's virtual time).
+  using timer_type = detail::transport_timer_t<Transport>;
+  using clock_type = detail::transport_clock_t<Transport>;
+
   struct table_state {
     table_spec spec;
     key_range range;
@@ -322,9 +327,9 @@ class basic_server {
   enum class session_kind : std::uint8_t { unknown, worker, predecessor, successor, master };
   struct session {
     session(typename Transport::connection_type c, const typename Transport::executor_type& ex)
-        : conn(std::move(c)), wake(ex, asio::steady_timer::time_point::max()) {}
+        : conn(std::move(c)), wake(ex, clock_type::time_point::max()) {}
     typename Transport::connection_type conn;
-    asio::steady_timer wake;
+    timer_type wake;
     typename std::list<session>::iterator self;
     session_kind kind = session_kind::unknown;
     bool synced = false;  // successor: its first ack (log position) arrived
@@ -413,9 +418,11 @@ class basic_server {
   }
 
   void reject(session& s, std::error_code ec, const std::string& detail) {
-    ++stats_.rejected;
     const std::string reason = ec.message() + detail;
-    log("closing connection of " + who(s) + ": " + reason);
+    if (ec != errc::not_head) {  // a not-head refusal is routine: the worker tries the next
+      ++stats_.rejected;
+      log("closing connection of " + who(s) + ": " + reason);
+    }
     message m;
     m.header.type = message_type::error;
     m.header.sender = opts_.shard;
@@ -775,7 +782,7 @@ class basic_server {
   // Registers with the chain master, sends it heartbeats, and registers again when the link
   // drops (the master then treats this server as a new member: it rejoins as the tail).
   asio::awaitable<void> master_link() {
-    asio::steady_timer timer(transport_.get_executor());
+    timer_type timer(transport_.get_executor());
     std::chrono::milliseconds backoff{10};
     while (!stopped_) {
       if (master_ == nullptr) {
@@ -804,7 +811,7 @@ class basic_server {
 
   // Keeps a connection to the configured successor (reconnecting while it stays configured).
   asio::awaitable<void> successor_link() {
-    asio::steady_timer timer(transport_.get_executor());
+    timer_type timer(transport_.get_executor());
     succ_wake_ = &timer;  // cancelled when the successor session ends or changes
     std::chrono::milliseconds backoff{1};
     while (!stopped_ && succ_member_ != no_member) {
@@ -855,6 +862,17 @@ class basic_server {
     ++stats_.chain_configs;
     const auto pred = static_cast<std::uint32_t>(h.first_row);
     const auto succ = static_cast<std::uint32_t>(h.seq);
+    const auto known = [this](std::uint64_t m) {
+      return m == no_member || m < chain_.members.size();
+    };
+    if (!known(h.first_row) || !known(h.seq)) {
+      // The master's member ids and this server's set_chain list disagree: a configuration
+      // error, reported instead of connecting to an endpoint this server does not know.
+      log("chain master names member " + std::to_string(h.first_row) + " / " +
+          std::to_string(h.seq) + ", but set_chain lists " + std::to_string(chain_.members.size()) +
+          " members; ignoring the configuration");
+      return;
+    }
     if (h.has(frame_flags::state) && first_config_) {
       // Registered anew with a running chain: whatever this server holds may be stale.
       if (serving_) log("rejoining the chain: dropping this server's state and connections");
@@ -1057,7 +1075,16 @@ class basic_server {
 
   void send_state(session& s) {
     save_state(outgoing_);
-    buffer b = transport_.allocate(detail::encoded_state_size(outgoing_));
+    const std::size_t bytes = detail::encoded_state_size(outgoing_);
+    if (bytes > wire_limits(transport_.limits()).max_frame_bytes) {
+      // The successor would reject the frame (frame_too_large) and we would resend it forever.
+      log("cannot transfer this shard's state (" + std::to_string(bytes) +
+          " bytes) to its successor: above wire_limits::max_frame_bytes (" +
+          std::to_string(wire_limits(transport_.limits()).max_frame_bytes) + ")");
+      close_session(s);
+      return;
+    }
+    buffer b = transport_.allocate(bytes);
     detail::encode_state(outgoing_, std::span<std::byte>(b.data(), b.size()));
     message m = chain_message(message_type::state, log_index_);
     m.header.clock = server_clock_;
@@ -1366,7 +1393,7 @@ class basic_server {
   clock_value server_clock_ = 0;
   std::list<session> sessions_;
   std::vector<pending_pull> pending_;
-  asio::steady_timer done_;
+  timer_type done_;
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
   server_stats stats_{};
@@ -1391,10 +1418,10 @@ class basic_server {
   }();
   static constexpr std::uint32_t no_member = 0xffffffffu;
   recovery::chain_endpoints<typename Transport::endpoint_type> chain_{};
-  session* master_ = nullptr;                // link to the chain master
-  session* pred_ = nullptr;                  // incoming link from the predecessor
-  session* succ_ = nullptr;                  // outgoing link to the successor
-  asio::steady_timer* succ_wake_ = nullptr;  // successor_link's timer
+  session* master_ = nullptr;        // link to the chain master
+  session* pred_ = nullptr;          // incoming link from the predecessor
+  session* succ_ = nullptr;          // outgoing link to the successor
+  timer_type* succ_wake_ = nullptr;  // successor_link's timer
   std::uint32_t pred_member_ = no_member;
   std::uint32_t succ_member_ = no_member;
   std::int64_t epoch_ = 0;

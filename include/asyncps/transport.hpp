@@ -68,6 +68,11 @@ concept acceptor = std::movable<A> && requires(A& a) {
 /// | `t.async_connect(ep)`   | `asio::awaitable<std::tuple<std::error_code, T::connection_type>>` | connects to `ep` |
 /// | `t.allocate(n)`         | `buffer`                               | an `n`-byte buffer to send (pooled) |
 /// | `t.limits()`            | convertible to `wire_limits`           | validation limits for received frames |
+///
+/// Optional (not checked here): `T::timer_type` and `T::clock_type`, the timer and clock the
+/// server, worker and chain master loops use (default `asio::steady_timer` and
+/// `std::chrono::steady_clock`); see asyncps/detail/transport_time.hpp and
+/// transport/simulated.hpp (virtual time).
 template <class T>
 concept transport =
     requires(T& t, const typename T::endpoint_type& ep, std::size_t n) {

@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -25,11 +26,11 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
-#include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/transport_time.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/model.hpp"
 #include "asyncps/recovery.hpp"
@@ -154,10 +155,11 @@ class basic_worker {
 
   /// Runs `clocks` iterations of pull -> gradient -> push -> clock, then closes its
   /// connections. Completes with success, or: `errc::server_lost` (a connection failed and
-  /// the recovery policy gave up), `errc::timeout` (no fresh rows within `wait_timeout`),
-  /// `errc::layout_mismatch` (a server refused this worker's layout), `errc::unexpected_message`
-  /// (a server refused the handshake; the reason is logged), or a connect error. Precondition: runs
-  /// on `transport.get_executor()`.
+  /// the recovery policy gave up), `errc::timeout` (no fresh rows, or no ack of pending
+  /// pushes, within `wait_timeout`), `errc::layout_mismatch` (a server refused this worker's
+  /// layout), `errc::unexpected_message` (a server refused the handshake; the reason is
+  /// logged), `errc::not_head` (chain replication: no server of a shard accepted it within
+  /// `connect_timeout`), or a connect error. Precondition: runs on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
     std::error_code ec = co_await connect_all();
     // The whole clock loop lives in this one coroutine frame: calling a coroutine per clock
@@ -176,12 +178,12 @@ class basic_worker {
       }
       // 2. Wait until every part is fresh enough (parts of a shard that is down are read from
       //    the cache when the recovery policy continues locally).
-      const auto wait_start = std::chrono::steady_clock::now();
+      const auto wait_start = clock_type::now();
       auto timeout_start = wait_start;
       while (!(ec = check_links()) && (!ready(need) || unacked_full())) {
         // While a server is being reconnected its own timeout applies, not wait_timeout.
-        if (!all_up()) timeout_start = std::chrono::steady_clock::now();
-        if (std::chrono::steady_clock::now() - timeout_start > opts_.wait_timeout) {
+        if (!all_up()) timeout_start = clock_type::now();
+        if (clock_type::now() - timeout_start > opts_.wait_timeout) {
           log("no fresh rows for clock " + std::to_string(c) + " within the wait timeout");
           ec = errc::timeout;
           break;
@@ -199,7 +201,7 @@ class basic_worker {
         }
       }
       if (ec) break;
-      const auto computed = std::chrono::steady_clock::now();
+      const auto computed = clock_type::now();
       stats_.wait_seconds += std::chrono::duration<double>(computed - wait_start).count();
       record_staleness(c);
       // 3. Snapshot and compute the gradient straight into a pooled buffer.
@@ -216,8 +218,7 @@ class basic_worker {
       } else {
         loss = model_.compute_gradient(params, gview);
       }
-      stats_.compute_seconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - computed).count();
+      stats_.compute_seconds += std::chrono::duration<double>(clock_type::now() - computed).count();
       // 4. Push each shard's slice of the buffer (no copy); the last push ends the clock.
       //    A shard that is down gets the slice added to its backlog instead (stateless).
       //    A link that failed during the computation gets its recovery action first.
@@ -240,10 +241,18 @@ class basic_worker {
     // Before leaving, deliver what was trained while a shard was down (stateless), and wait
     // for the acks of acknowledged pushes (resending them after a failover), within the
     // policy's reconnect timeout.
+    // While every link is up, waiting for acks is bounded by wait_timeout.
+    auto ack_wait_start = clock_type::now();
     while (!ec && (has_backlog() || has_unacked())) {
       if ((ec = check_links())) break;
       co_await join_links();
       if (!has_backlog() && !has_unacked()) break;
+      if (!all_up()) ack_wait_start = clock_type::now();
+      if (clock_type::now() - ack_wait_start > opts_.wait_timeout) {
+        log("pushes still unacknowledged after the wait timeout");
+        ec = errc::timeout;
+        break;
+      }
       wake_.expires_after(std::chrono::milliseconds(50));
       co_await wake_.async_wait(detail::use_tuple);
     }
@@ -261,6 +270,11 @@ class basic_worker {
   const options_type& options() const noexcept { return opts_; }
 
  private:
+  // The transport's timer and clock (asio::steady_timer and std::chrono::steady_clock unless
+  // it declares its own, e.g. a simulated transport's virtual time).
+  using timer_type = detail::transport_timer_t<Transport>;
+  using clock_type = detail::transport_clock_t<Transport>;
+
   struct unapplied {
     std::uint64_t index;  // per-part push index (1-based)
     buffer grad;          // this part's slice of the gradient
@@ -322,7 +336,7 @@ class basic_worker {
 
   asio::awaitable<std::error_code> connect_all() {
     for (auto& l : links_) {
-      const auto deadline = std::chrono::steady_clock::now() + opts_.connect_timeout;
+      const auto deadline = clock_type::now() + opts_.connect_timeout;
       std::chrono::milliseconds backoff{20};
       for (;;) {
         auto [ec, conn] = co_await transport_.async_connect(endpoint_of(l));
@@ -332,13 +346,15 @@ class basic_worker {
           if (!ec) break;
           if (ec != errc::not_head) co_return ec;
         }
-        if (std::chrono::steady_clock::now() + backoff > deadline) {
+        const auto now = clock_type::now();
+        if (now >= deadline) {
           log("cannot connect to server " + std::to_string(l.shard) + ": " + ec.message());
           co_return ec;
         }
         next_endpoint(l);
         if (l.endpoint != 0) continue;  // try the shard's other servers before backing off
-        wake_.expires_after(backoff);
+        // The last wait is cut to the deadline, so the worker tries until the timeout ends.
+        wake_.expires_after(std::min<typename clock_type::duration>(backoff, deadline - now));
         co_await wake_.async_wait(detail::use_tuple);
         backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
       }
@@ -394,10 +410,32 @@ class basic_worker {
       auto& p = l.parts[t];
       const auto applied = detail::load_le<std::uint64_t>(w + 8);
       // (Under continue_local the server is rebuilt from replicas and backlogs instead.)
-      // (With acknowledged pushes the unacked ones are resent, so none is lost.)
-      if (applied < p.pushed && l.action != recovery_action::continue_local && !acknowledged)
-        stats_.lost_pushes += p.pushed - applied;
-      p.pushed = applied;
+      // With acknowledged pushes the unacked ones are resent (join_links) and the server drops
+      // those it has, so it ends up with all `pushed` of them: nothing is lost or recounted.
+      if constexpr (acknowledged) {
+        (void)applied;
+      } else {
+        if constexpr (std::is_same_v<Recovery, recovery::none>) {
+          if (applied < p.pushed) {  // the server came back without this worker's pushes
+            log("server " + std::to_string(l.shard) + " came back without " +
+                std::to_string(p.pushed - applied) +
+                " of this worker's pushes; recovery policy 'none' gives up");
+            l.conn.close();
+            co_return errc::server_lost;
+          }
+        }
+        if (applied < p.pushed && l.action != recovery_action::continue_local)
+          stats_.lost_pushes += p.pushed - applied;
+        if (applied < p.pushed && l.action == recovery_action::continue_local &&
+            !m.header.has(frame_flags::state)) {
+          // The server kept its state but not these pushes (they were in flight when the
+          // link dropped): their gradients (kept for read-my-writes) join the backlog, so
+          // they are applied once. (A server without state is rebuilt from replicas instead.)
+          for (const auto& u : p.local)
+            if (u.index > applied) add_to_backlog(p, u.grad.floats());
+        }
+        p.pushed = applied;
+      }
       p.local.clear();
       p.pulling = false;
     }
@@ -550,9 +588,9 @@ class basic_worker {
   // clock loop finishes the rejoin, see `join`), the worker stops, or the policy's
   // reconnect_timeout passes (then the run ends with errc::server_lost).
   asio::awaitable<void> reconnect(link& l) {
-    asio::steady_timer timer(transport_.get_executor());
+    timer_type timer(transport_.get_executor());
     const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(recovery_.reconnect_timeout());
+        clock_type::now() + std::chrono::milliseconds(recovery_.reconnect_timeout());
     std::chrono::milliseconds backoff{20};
     while (!stopping_) {
       if (!l.reading) {  // the old read loop is done with the old connection
@@ -565,7 +603,8 @@ class basic_worker {
             break;
           }
           l.conn.close();
-          if (ec == errc::layout_mismatch || ec == condition::protocol_violation) {
+          if (ec == errc::layout_mismatch || ec == errc::server_lost ||
+              ec == condition::protocol_violation) {
             l.gave_up = true;  // a different server answers there: retrying will not help
             break;
           }
@@ -573,13 +612,15 @@ class basic_worker {
         next_endpoint(l);               // chain replication: the next server may be the new head
         if (l.endpoint != 0) continue;  // back off only after trying every server once
       }
-      if (std::chrono::steady_clock::now() + backoff > deadline) {
+      const auto now = clock_type::now();
+      if (now >= deadline) {
         log("server " + std::to_string(l.shard) + " still unreachable after " +
             std::to_string(recovery_.reconnect_timeout().count()) + " ms; giving up");
         l.gave_up = true;
         break;
       }
-      timer.expires_after(backoff);
+      // The last wait is cut to the deadline, so the worker tries until the timeout ends.
+      timer.expires_after(std::min<typename clock_type::duration>(backoff, deadline - now));
       co_await timer.async_wait(detail::use_tuple);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
@@ -613,7 +654,6 @@ class basic_worker {
         message r;
         r.header = u.header;
         r.payload = u.payload.share();
-        if (u.header.type == message_type::push) ++l.parts[u.header.table].pushed;
         ec = co_await l.conn.async_send(std::move(r));
       }
       if (ec) {
@@ -678,6 +718,20 @@ class basic_worker {
     co_return co_await l.conn.async_send(std::move(m));
   }
 
+  // Adds gradient slice `g` (one part's rows) to the part's backlog.
+  static void add_to_backlog(part& p, std::span<const float> g) {
+    const auto n = static_cast<Eigen::Index>(g.size());
+    const Eigen::Map<const Eigen::ArrayXf> gm(g.data(), n);
+    if (p.backlog_clocks == 0) {
+      p.backlog.resize(g.size());
+      Eigen::Map<Eigen::ArrayXf>(p.backlog.data(), n) = gm;
+      p.backlog_since = p.clock;
+    } else {
+      Eigen::Map<Eigen::ArrayXf>(p.backlog.data(), n) += gm;
+    }
+    ++p.backlog_clocks;
+  }
+
   // continue_local: a shard is unreachable, so this clock's slice of the gradient is applied
   // to the local cache (read-my-writes) and added to the part's backlog.
   void keep_local(link& l, const buffer& grad) {
@@ -688,15 +742,7 @@ class basic_worker {
       const std::size_t off = offsets_[t] + std::size_t{p.range.begin} * w;
       const auto n = static_cast<Eigen::Index>(std::size_t{p.range.size()} * w);
       const auto slice = grad.floats().subspan(off, static_cast<std::size_t>(n));
-      const Eigen::Map<const Eigen::ArrayXf> g(slice.data(), n);
-      if (p.backlog_clocks == 0) {
-        p.backlog.resize(static_cast<std::size_t>(n));
-        Eigen::Map<Eigen::ArrayXf>(p.backlog.data(), n) = g;
-        p.backlog_since = p.clock;
-      } else {
-        Eigen::Map<Eigen::ArrayXf>(p.backlog.data(), n) += g;
-      }
-      ++p.backlog_clocks;
+      add_to_backlog(p, slice);
       if (opts_.local_step > 0) local_apply(t, p.range, slice);
     }
     ++stats_.local_clocks;
@@ -824,7 +870,7 @@ class basic_worker {
   Model& model_;
   options_type opts_;
   std::optional<asio::any_io_executor> compute_;
-  asio::steady_timer wake_;
+  timer_type wake_;
   [[no_unique_address]] Consistency policy_{};
   [[no_unique_address]] typename Recovery::worker_part recovery_{};
   std::vector<table_spec> tables_;

@@ -230,11 +230,12 @@ struct chain_run {
   struct outcome {
     int kills = 0;
     int errors = 0;
-    std::vector<std::int64_t> clocks;        // per worker
-    std::vector<std::uint64_t> lost;         // per worker (relaxed)
-    std::vector<std::vector<float>> rows;    // per live member: row w (column 0)
-    std::vector<std::vector<float>> values;  // per live member: whole shard
-    std::vector<std::uint64_t> positions;    // per live member: log position
+    std::vector<std::int64_t> clocks;                // per worker
+    std::vector<std::uint64_t> lost;                 // per worker (relaxed)
+    std::vector<std::int64_t> own_write_violations;  // per worker
+    std::vector<std::vector<float>> rows;            // per live member: row w (column 0)
+    std::vector<std::vector<float>> values;          // per live member: whole shard
+    std::vector<std::uint64_t> positions;            // per live member: log position
     std::uint64_t unacked_left = 0;
     std::uint64_t duplicates = 0, resent = 0, states = 0;
     std::string log;
@@ -396,6 +397,7 @@ struct chain_run {
     for (std::uint32_t w = 0; w < workers; ++w) {
       out.clocks.push_back(models[w].clock);
       out.lost.push_back(ws[w]->stats().lost_pushes);
+      out.own_write_violations.push_back(models[w].own_write_violations);
     }
     return out;
   }
@@ -423,6 +425,9 @@ TEST_CASE("chain replication (strict): 21 kills of head, middle and tail lose an
       // counts worker w's applied pushes: equal means 0 lost and 0 applied twice.
       CHECK(r.clocks[w] == static_cast<std::int64_t>(clocks));
       CHECK(r.rows[m][w] == static_cast<float>(clocks));
+      // Read-my-writes held through every failover (the resent pushes are not re-applied to
+      // the worker's cache).
+      if (m == 0) CHECK(r.own_write_violations[w] == 0);
     }
   }
   MESSAGE("strict chain: " << r.kills << " kills, " << r.duplicates << " duplicate pushes dropped, "
@@ -454,4 +459,82 @@ TEST_CASE("chain replication (relaxed): a failover loses at most the pushes sinc
   // Two of the six kills hit the head; each loses at most replicate_every pushes (30) plus
   // the ones in flight (one clock per worker).
   CHECK(lost <= 2 * (30 + workers));
+}
+
+TEST_CASE("recovery::none: a grace period rides out nothing it should not; the run ends cleanly") {
+  // The server is stopped mid-run; during the grace period a fresh server (without the
+  // worker's pushes) comes back. The worker must end with server_lost, never train on from
+  // lost parameters and never hang; without a server at all it ends after the grace period.
+  for (const bool comes_back : {false, true}) {
+    CAPTURE(comes_back);
+    using none_server = basic_server<in_process_transport, policy>;
+    using none_worker = basic_worker<test::counter_model, in_process_transport, policy>;
+    asio::io_context io(1);
+    in_process_network net;
+    in_process_transport st(asio::make_strand(io), net);
+    in_process_transport wt(asio::make_strand(io), net);
+    test::counter_model model(0, 1, 0);
+    server_options so;
+    so.tables = {model.spec[0]};
+    so.log = [](std::string_view) {};
+    auto first = std::make_unique<none_server>(st, so, optimizer::sgd{1.0f});
+    std::unique_ptr<none_server> second;
+    none_worker::options_type o;
+    o.servers = {"s"};
+    std::string logged;
+    o.log = [&](std::string_view line) { logged += std::string(line) + '\n'; };
+    recovery::none::worker_part part;
+    part.grace = std::chrono::milliseconds(300);
+    none_worker worker(wt, model, o, std::nullopt, part);
+    auto serve = [&](none_server& s) -> asio::awaitable<void> {
+      asio::steady_timer t(st.get_executor());
+      for (;;) {
+        auto acc = st.listen("s");
+        if (acc.has_value()) {
+          (void)co_await s.async_serve(std::move(acc).value());
+          co_return;
+        }
+        t.expires_after(std::chrono::milliseconds(1));
+        co_await t.async_wait(detail::use_tuple);
+      }
+    };
+    asio::co_spawn(st.get_executor(), serve(*first), asio::detached);
+    asio::co_spawn(
+        st.get_executor(),
+        [&]() -> asio::awaitable<void> {
+          asio::steady_timer t(st.get_executor());
+          while (first->clock() < 20) {
+            t.expires_after(std::chrono::microseconds(200));
+            co_await t.async_wait(detail::use_tuple);
+          }
+          first->stop();
+          if (!comes_back) co_return;
+          t.expires_after(std::chrono::milliseconds(50));
+          co_await t.async_wait(detail::use_tuple);
+          second = std::make_unique<none_server>(st, so, optimizer::sgd{1.0f});
+          co_await serve(*second);
+        },
+        asio::detached);
+    std::error_code result;
+    asio::co_spawn(
+        wt.get_executor(),
+        [&]() -> asio::awaitable<void> {
+          result = co_await worker.async_run(1000000);
+          asio::post(st.get_executor(), [&] {
+            if (second) second->stop();
+          });
+        },
+        asio::detached);
+    const auto start = std::chrono::steady_clock::now();
+    io.run();
+    const auto took = std::chrono::steady_clock::now() - start;
+    CHECK(result == errc::server_lost);
+    CHECK(model.clock < 1000000);
+    if (comes_back) {
+      CHECK(logged.find("came back without") != std::string::npos);
+    } else {
+      CHECK(took >= std::chrono::milliseconds(300));  // it tried for the whole grace period
+      CHECK(logged.find("giving up") != std::string::npos);
+    }
+  }
 }

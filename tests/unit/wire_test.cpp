@@ -9,6 +9,7 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/state_codec.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/staleness.hpp"
@@ -229,4 +230,63 @@ TEST_CASE("staleness histogram") {
   CHECK(h.max() == 31);
   CHECK(h.mean() == doctest::Approx((0 + 2 + 2 + 31) / 4.0));
   CHECK(h.to_string() == "0:1 2:2 31+:1");
+}
+
+TEST_CASE("state transfer encoding round-trips and rejects every truncation") {
+  shard_state st;
+  st.shard = 1;
+  st.num_shards = 2;
+  st.num_workers = 3;
+  st.state_per_param = 1;
+  st.server_clock = 41;
+  st.worker_clocks = {41, 42, 44};
+  st.applied = {1, 2, 3, 4, 5, 6};
+  st.last_seq = {7, 8, 9};
+  for (table_id t = 0; t < 2; ++t) {
+    table_state_copy c;
+    c.spec = table_spec{t, 10, 3, 0.5f};
+    c.range = key_range{5, 10};
+    c.step = 100 + t;
+    for (int i = 0; i < 15; ++i) c.values.push_back(0.25f * static_cast<float>(i) - 1.0f);
+    c.optimizer_state.assign(15, -0.125f);
+    st.tables.push_back(c);
+  }
+  std::vector<std::byte> bytes(detail::encoded_state_size(st));
+  detail::encode_state(st, bytes);
+  shard_state back;
+  std::string why;
+  REQUIRE_FALSE(detail::decode_state(bytes, back, why));
+  CHECK(back.shard == 1);
+  CHECK(back.num_workers == 3);
+  CHECK(back.server_clock == 41);
+  CHECK(back.worker_clocks == st.worker_clocks);
+  CHECK(back.applied == st.applied);
+  CHECK(back.last_seq == st.last_seq);
+  REQUIRE(back.tables.size() == 2);
+  for (std::size_t t = 0; t < 2; ++t) {
+    CHECK(back.tables[t].spec == st.tables[t].spec);
+    CHECK(back.tables[t].range == st.tables[t].range);
+    CHECK(back.tables[t].step == st.tables[t].step);
+    CHECK(back.tables[t].values == st.tables[t].values);
+    CHECK(back.tables[t].optimizer_state == st.tables[t].optimizer_state);
+  }
+  // A state without per-worker sequence numbers (a checkpoint's) round-trips too.
+  st.last_seq.clear();
+  bytes.resize(detail::encoded_state_size(st));
+  detail::encode_state(st, bytes);
+  REQUIRE_FALSE(detail::decode_state(bytes, back, why));
+  CHECK(back.last_seq.empty());
+  // Every truncation and one trailing byte are rejected with the field named.
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    CAPTURE(n);
+    why.clear();
+    CHECK(detail::decode_state(std::span<const std::byte>(bytes.data(), n), back, why) ==
+          errc::payload_size_mismatch);
+    CHECK(why.find("state transfer") != std::string::npos);
+  }
+  bytes.push_back(std::byte{0});
+  CHECK(detail::decode_state(bytes, back, why) == errc::payload_size_mismatch);
+  // Hostile counts do not allocate what the payload cannot hold.
+  bytes.assign(detail::encoded_state_size(st), std::byte{0xff});
+  CHECK(detail::decode_state(bytes, back, why) == errc::payload_size_mismatch);
 }

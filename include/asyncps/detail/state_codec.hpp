@@ -95,8 +95,10 @@ inline std::error_code decode_state(std::span<const std::byte> in, shard_state& 
     return fail("header");
   out.server_clock = server_clock;
   const std::uint64_t w = out.num_workers;
+  // Bound each count by the bytes present before multiplying (no overflow, no huge resize).
+  if (w > left / 8 || tables > left / 48) return fail("worker and table counts");
   const std::uint64_t fixed = w * 8 + w * tables * 8 + (has_last_seq != 0 ? w * 8 : 0);
-  if (fixed > left || tables > left / 48) return fail("worker and table counts");
+  if (fixed > left) return fail("worker and table counts");
   out.worker_clocks.resize(w);
   for (auto& c : out.worker_clocks) {
     std::int64_t v = 0;

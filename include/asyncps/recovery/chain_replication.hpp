@@ -32,7 +32,7 @@ enum class chain_mode {
 /// Configuration of `chain_replication` (server part: heartbeats and the relaxed interval;
 /// worker part: the reconnect timeout).
 struct chain_options {
-  /// How often a server sends a heartbeat to the chain master (and to its successor).
+  /// How often a server sends a heartbeat to the chain master.
   std::chrono::milliseconds heartbeat_interval{100};
   /// Relaxed mode: pushes the head applies between two state copies to its successor.
   std::uint64_t replicate_every = 200;
