@@ -46,6 +46,8 @@ struct stateless_options {
 ///   already part of them. A server that comes back *with state* (restored by the user, e.g.
 ///   from its own checkpoint via `basic_server::restore_state`) rebuilds nothing.
 /// * Every other backlog is merged once, with `stateless_options::rule`.
+/// * A server that kept its state but misses pushes that were on the wire when the link
+///   dropped (its welcome's applied counts say so) gets their gradients in the backlog.
 ///
 /// Promise: every delta a worker computes while a shard is down is applied exactly once (a
 /// worker finishing its run during an outage waits, within `reconnect_timeout`, to deliver
