@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <list>
 #include <random>
@@ -35,6 +34,7 @@
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/state_codec.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/error.hpp"
@@ -1430,14 +1430,14 @@ class basic_server {
   bool first_config_ = true;  // the next configuration is the first of a registration
   bool fresh_ = false;        // joined a running chain: waits for a state transfer
   bool succ_connecting_ = false;
-  int connectors_ = 0;                    // master_link / successor_link coroutines running
-  std::uint64_t log_index_ = 0;           // entries applied (strict) or pushes applied (relaxed)
-  std::uint64_t committed_ = 0;           // entries the tail has (strict)
-  std::uint64_t since_copy_ = 0;          // relaxed: pushes since the last state copy
-  std::deque<message> sent_;              // strict: entries forwarded, not yet acked by the tail
-  std::uint64_t sent_first_ = 0;          // log position of sent_.front()
-  std::deque<pending_ack> pending_acks_;  // head: worker acks waiting for the tail
-  shard_state incoming_{};                // state transfer buffers (reused)
+  int connectors_ = 0;                      // master_link / successor_link coroutines running
+  std::uint64_t log_index_ = 0;             // entries applied (strict) or pushes applied (relaxed)
+  std::uint64_t committed_ = 0;             // entries the tail has (strict)
+  std::uint64_t since_copy_ = 0;            // relaxed: pushes since the last state copy
+  detail::ring<message> sent_;              // strict: entries forwarded, not yet acked by the tail
+  std::uint64_t sent_first_ = 0;            // log position of sent_.front()
+  detail::ring<pending_ack> pending_acks_;  // head: worker acks waiting for the tail
+  shard_state incoming_{};                  // state transfer buffers (reused)
   shard_state outgoing_{};
 };
 

@@ -12,7 +12,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <optional>
 #include <span>
@@ -30,6 +29,7 @@
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/model.hpp"
@@ -298,7 +298,7 @@ class basic_worker {
     std::uint32_t endpoint = 0;  // 0: servers[shard]; i > 0: replicas[shard][i - 1]
     // Pushes (and clocks) sent but not acknowledged yet, oldest first; resent after a
     // failover (recovery policies with acknowledged pushes). Payloads are shared, not copied.
-    std::deque<message> unacked;
+    detail::ring<message> unacked;
     typename Transport::connection_type conn;
     bool up = false;
     bool reading = false;

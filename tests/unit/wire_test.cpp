@@ -9,6 +9,7 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/state_codec.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
@@ -289,4 +290,36 @@ TEST_CASE("state transfer encoding round-trips and rejects every truncation") {
   // Hostile counts do not allocate what the payload cannot hold.
   bytes.assign(detail::encoded_state_size(st), std::byte{0xff});
   CHECK(detail::decode_state(bytes, back, why) == errc::payload_size_mismatch);
+}
+
+TEST_CASE("ring keeps FIFO order across wrap-around and growth") {
+  buffer_pool pool;
+  detail::ring<buffer> r;
+  std::vector<int> expect;
+  int next = 0;
+  int popped = 0;
+  // Interleave pushes and pops so the head wraps around several capacities.
+  for (int round = 0; round < 200; ++round) {
+    for (int k = 0; k < 1 + round % 7; ++k) {
+      buffer b = pool.allocate(4);
+      std::memcpy(b.data(), &next, 4);
+      r.push_back(std::move(b));
+      ++next;
+    }
+    for (int k = 0; k < round % 5 && !r.empty(); ++k) {
+      int v = -1;
+      std::memcpy(&v, r.front().data(), 4);
+      CHECK(v == popped);
+      r.pop_front();
+      ++popped;
+    }
+    REQUIRE(r.size() == static_cast<std::size_t>(next - popped));
+    for (std::size_t i = 0; i < r.size(); ++i) {
+      int v = -1;
+      std::memcpy(&v, r[i].data(), 4);
+      CHECK(v == popped + static_cast<int>(i));
+    }
+  }
+  r.clear();
+  CHECK(r.empty());
 }
