@@ -52,6 +52,8 @@
 #include "asyncps/model.hpp"
 #include "asyncps/table.hpp"
 
+#include "../common/load_result.hpp"
+
 namespace asyncps::examples::mf {
 
 // ---------------------------------------------------------------------------------------------
@@ -241,25 +243,11 @@ inline ratings make_synthetic(const synthetic_options& o) {
 // Loading MovieLens-style text files
 // ---------------------------------------------------------------------------------------------
 
-/// Why a load failed.
-struct load_error {
-  std::error_code code;  ///< always `asyncps::errc::bad_file` (so `== condition::fatal`)
-  std::string message;   ///< "<file>:<line>: <what is wrong>" or "<file>: <what>", ready to print
-};
-
-/// Lets Boost.Outcome (and callers) see a `load_error` as its error code (found by ADL).
-inline std::error_code make_error_code(const load_error& e) noexcept { return e.code; }
-
-/// Called by Boost.Outcome when `.value()` is used on a failed `load_result`: throws
-/// `std::system_error` carrying both the code and the message (found by ADL).
-[[noreturn]] inline void outcome_throw_as_system_error_with_payload(const load_error& e) {
-  throw std::system_error(e.code, e.message);
-}
-
-/// The result of a loader: a `T` or a `load_error`. Reading `.value()` of a failure throws
-/// `std::system_error(code, message)`; test with `if (!r)` and read `r.error()` instead.
-template <class T>
-using load_result = BOOST_OUTCOME_V2_NAMESPACE::std_result<T, load_error>;
+// `load_error`, `load_result` and their ADL hooks live in examples/common/load_result.hpp.
+using asyncps::examples::load_error;
+using asyncps::examples::load_result;
+using asyncps::examples::make_error_code;
+using asyncps::examples::outcome_throw_as_system_error_with_payload;
 
 namespace detail {
 

@@ -6,6 +6,7 @@
 #include "asyncps/consistency.hpp"
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/group.hpp"
 #include "asyncps/model.hpp"
 #include "asyncps/optimizer.hpp"
 #include "asyncps/optimizer/optimizers.hpp"

@@ -48,4 +48,18 @@ concept consistency_policy = std::default_initializable<P> &&
                                { p.on_read(c, cached, have) } -> std::same_as<read_action>;
                              };
 
+/// Whether `P` is a value-bounded policy (VAP, Dai et al. 2015): besides the clock rules above
+/// it declares `static constexpr bool value_bounded = true` and `float threshold(clock_value c)`
+/// (the most update magnitude a worker at clock `c` may have in transit). Servers then push
+/// fresh rows to every reader after each writer's clock and acknowledge it; workers block
+/// while their unacknowledged (not yet visible) updates would exceed the threshold.
+template <class P>
+inline constexpr bool is_value_bounded_v = [] {
+  if constexpr (requires { P::value_bounded; }) {
+    return static_cast<bool>(P::value_bounded);
+  } else {
+    return false;
+  }
+}();
+
 }  // namespace asyncps

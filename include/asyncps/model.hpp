@@ -10,6 +10,15 @@
 
 namespace asyncps {
 
+/// A model whose gradient comes from elsewhere (another server, a device stream): instead of
+/// `compute_gradient` it provides `m.async_compute_gradient(p, g)`, an
+/// `asio::awaitable<float>` with the same contract that runs on the worker's executor and may
+/// wait (e.g. `group_link`, the central side of a group server). The worker's `compute`
+/// executor is not used for it.
+template <class M>
+concept async_gradient_source =
+    requires(M& m, const parameter_view& p, gradient_view& g) { m.async_compute_gradient(p, g); };
+
 /// A trainable model, one object per worker (it usually owns that worker's data shard and
 /// random generator).
 ///
@@ -17,6 +26,7 @@ namespace asyncps {
 /// |---------------------------------|-----------------------------|-----------|
 /// | `cm.tables()`                   | convertible to `std::span<const table_spec>` | the parameter layout; identical on every worker and server |
 /// | `m.compute_gradient(p, g)`      | convertible to `float`      | draws the next minibatch, writes d(loss)/d(params) into every value of `g`, returns the minibatch's mean loss |
+/// | or `m.async_compute_gradient(p, g)` | `asio::awaitable<float>` | the same, as a coroutine on the worker's executor (see `async_gradient_source`) |
 ///
 /// `compute_gradient` runs on the worker's compute executor, never on an I/O thread, and is
 /// never called concurrently on the same object. `p` is a consistent snapshot: it does not
@@ -24,7 +34,8 @@ namespace asyncps {
 template <class M>
 concept model = requires(M& m, const M& cm, const parameter_view& p, gradient_view& g) {
   { cm.tables() } -> std::convertible_to<std::span<const table_spec>>;
-  { m.compute_gradient(p, g) } -> std::convertible_to<float>;
-};
+} && (requires(M& m, const parameter_view& p, gradient_view& g) {
+                  { m.compute_gradient(p, g) } -> std::convertible_to<float>;
+                } || async_gradient_source<M>);
 
 }  // namespace asyncps

@@ -78,6 +78,9 @@ struct server_options {
   std::uint32_t max_queued_messages = 4096;
   std::uint64_t max_queued_bytes = std::uint64_t{256} << 20;  ///< same, in payload bytes
   log_function log{};  ///< connection events and rejected frames
+  /// Called on the server's executor each time the server clock advances, with the new
+  /// clock (progress, evaluation, a group server's central link). May be empty.
+  std::function<void(clock_value)> on_clock{};
 };
 
 /// Counters of a server (read on its executor).
@@ -106,8 +109,9 @@ struct server_stats {
 /// A parameter-server shard.
 ///
 /// Template parameters: `Transport` (models `transport`), `Consistency` (models
-/// `consistency_policy`; only `Consistency::eager` matters on the server), `Recovery` (models
-/// `recovery_policy`, same type as the workers'), `Optimizer` (models `optimizer_policy`).
+/// `consistency_policy`; on the server only `Consistency::eager` and `is_value_bounded_v` matter),
+/// `Recovery` (models `recovery_policy`, same type as the workers'), `Optimizer` (models
+/// `optimizer_policy`).
 ///
 /// Thread safety: construct anywhere; call every member on `transport.get_executor()`.
 /// Object lifetime: the transport outlives the server; `async_serve` must have completed before
@@ -235,8 +239,26 @@ class basic_server {
   key_range range(table_id t) const noexcept { return tables_[t].range; }
   /// This shard's values of table `t`: `range(t).size() x width` floats, row-major.
   std::span<const float> values(table_id t) const noexcept { return tables_[t].values; }
+  /// Replaces this shard's values of table `t` (`range(t).size() x width` floats, row-major),
+  /// e.g. a group server adopting the central model. Optimizer state, clocks and counts are
+  /// kept; readers get the new values with their next rows. Throws `std::invalid_argument`
+  /// when the size differs or a value is not finite (nothing is changed then). On the
+  /// server's executor.
+  void set_values(table_id t, std::span<const float> v) {
+    if (t >= tables_.size() || v.size() != tables_[t].values.size())
+      throw std::invalid_argument(
+          "asyncps::basic_server::set_values: table " + std::to_string(t) + " needs " +
+          std::to_string(t < tables_.size() ? tables_[t].values.size() : 0) + " floats, got " +
+          std::to_string(v.size()));
+    if (!all_finite(v))
+      throw std::invalid_argument("asyncps::basic_server::set_values: non-finite value");
+    std::copy(v.begin(), v.end(), tables_[t].values.begin());
+    has_state_ = true;
+  }
   const server_options& options() const noexcept { return opts_; }
   const server_stats& stats() const noexcept { return stats_; }
+  /// The transport it serves on.
+  Transport& transport() const noexcept { return transport_; }
   /// Connected sessions.
   std::size_t connections() const noexcept { return sessions_.size(); }
   /// The server part of the recovery policy (its counters, for reports).
@@ -678,17 +700,23 @@ class basic_server {
         ++applied_[s.worker][h.table];
         last_seq_[s.worker] = h.seq;
         ++stats_.pushes;
+        // VAP: the writer's clock is acknowledged once its rows are on their way to every
+        // reader (below), not when applied.
+        const bool visibility_ack = is_value_bounded_v<Consistency> && !is_chain &&
+                                    h.has(frame_flags::want_ack) &&
+                                    h.has(frame_flags::end_of_clock);
         if constexpr (is_chain) {
           log_worker_entry(s, m);
-        } else if (h.has(frame_flags::want_ack)) {
-          message a;
-          a.header.type = message_type::ack;
-          a.header.sender = opts_.shard;
-          a.header.table = h.table;
-          a.header.seq = h.seq;
-          enqueue(s, std::move(a));
+        } else if (h.has(frame_flags::want_ack) && !visibility_ack) {
+          send_worker_ack(s, h.seq);
         }
-        if (h.has(frame_flags::end_of_clock)) advance(s.worker, h.clock + 1);
+        if (h.has(frame_flags::end_of_clock)) {
+          advance(s.worker, h.clock + 1);
+          if constexpr (is_value_bounded_v<Consistency>) {
+            push_subscribed();
+            if (visibility_ack) send_worker_ack(s, h.seq);
+          }
+        }
         return {};
       }
       case message_type::clock:
@@ -1262,7 +1290,7 @@ class basic_server {
               rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
                            payload_keys(req)));
     if (!eager) ++stats_.pulls;
-    if constexpr (Consistency::eager) {
+    if constexpr (Consistency::eager || is_value_bounded_v<Consistency>) {
       if (!eager) subscribe(s, req);
     }
   }
@@ -1352,31 +1380,35 @@ class basic_server {
       recovery_.on_clock(m);
     }
     answer_ready_pulls();
-    if constexpr (Consistency::eager) {
-      // Workers of a dense model all subscribe to the whole shard of a table: snapshot it
-      // once per table and share that buffer between their messages.
-      for (table_id t = 0; t < tables_.size(); ++t) {
-        buffer whole;
-        const key_range all = tables_[t].range;
-        for (auto& s : sessions_) {
-          if (!s.open || s.worker == no_worker) continue;
-          const auto& sub = s.subs[t];
-          if (sub.ranged) {
-            buffer payload;
-            if (sub.range == all) {
-              if (whole.empty()) whole = rows_payload(t, true, all.begin, all.size(), {});
-              payload = whole.share();
-            } else {
-              payload = rows_payload(t, true, sub.range.begin, sub.range.size(), {});
-            }
-            send_rows(s, t, true, sub.range.begin, sub.range.size(), true, std::move(payload));
-            ++stats_.eager_messages;
+    if constexpr (Consistency::eager) push_subscribed();
+    if (opts_.on_clock) opts_.on_clock(m);
+  }
+
+  // Sends every reader the rows it subscribed to, as of now (ESSP: when the server clock
+  // advances; VAP: after each writer clock). Workers of a dense model all subscribe to the
+  // whole shard of a table: it is snapshot once per table and the buffer shared.
+  void push_subscribed() {
+    for (table_id t = 0; t < tables_.size(); ++t) {
+      buffer whole;
+      const key_range all = tables_[t].range;
+      for (auto& s : sessions_) {
+        if (!s.open || s.worker == no_worker) continue;
+        const auto& sub = s.subs[t];
+        if (sub.ranged) {
+          buffer payload;
+          if (sub.range == all) {
+            if (whole.empty()) whole = rows_payload(t, true, all.begin, all.size(), {});
+            payload = whole.share();
+          } else {
+            payload = rows_payload(t, true, sub.range.begin, sub.range.size(), {});
           }
-          if (!sub.keys.empty()) {
-            const auto n = static_cast<std::uint32_t>(sub.keys.size());
-            send_rows(s, t, false, 0, n, true, rows_payload(t, false, 0, n, sub.keys));
-            ++stats_.eager_messages;
-          }
+          send_rows(s, t, true, sub.range.begin, sub.range.size(), true, std::move(payload));
+          ++stats_.eager_messages;
+        }
+        if (!sub.keys.empty()) {
+          const auto n = static_cast<std::uint32_t>(sub.keys.size());
+          send_rows(s, t, false, 0, n, true, rows_payload(t, false, 0, n, sub.keys));
+          ++stats_.eager_messages;
         }
       }
     }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -95,6 +96,9 @@ struct worker_stats {
   std::uint64_t local_clocks = 0;   ///< (shard, clock) pairs computed with a shard unreachable
   std::uint64_t backlogs_sent = 0;  ///< backlog pushes sent after reconnecting
   std::uint64_t replicas_sent = 0;  ///< replica pushes sent to a server that lost its state
+  /// VAP: clocks whose push waited for earlier updates to become visible, and how long.
+  std::uint64_t value_waits = 0;
+  double value_wait_seconds = 0;  ///< included in `wait_seconds`
 };
 
 /// One worker.
@@ -210,16 +214,47 @@ class basic_worker {
       const parameter_view params(tables_, snapshot_.data());
       gradient_view gview(tables_, reinterpret_cast<float*>(grad.data()));
       float loss = 0;
-      if (compute_) {
-        loss = co_await asio::co_spawn(
-            *compute_,
-            [&]() -> asio::awaitable<float> { co_return model_.compute_gradient(params, gview); },
-            asio::use_awaitable);
+      if constexpr (async_gradient_source<Model>) {
+        loss = co_await model_.async_compute_gradient(params, gview);
       } else {
-        loss = model_.compute_gradient(params, gview);
+        if (compute_) {
+          loss = co_await asio::co_spawn(
+              *compute_,
+              [&]() -> asio::awaitable<float> { co_return model_.compute_gradient(params, gview); },
+              asio::use_awaitable);
+        } else {
+          loss = model_.compute_gradient(params, gview);
+        }
       }
       stats_.compute_seconds += std::chrono::duration<double>(clock_type::now() - computed).count();
-      // 4. Push each shard's slice of the buffer (no copy); the last push ends the clock.
+      // 4. VAP: wait until this update fits under the bound on in-transit magnitude.
+      //    (Inline, not a coroutine call: that would allocate a frame per clock.)
+      if constexpr (value_bounded) {
+        const float added = set_magnitudes(grad);
+        const float bound = policy_.threshold(c);
+        const auto vstart = clock_type::now();
+        bool waited = false;
+        while (!(ec = check_links()) && in_transit_magnitude() > 0 &&
+               in_transit_magnitude() + added > bound) {
+          if (clock_type::now() - vstart > opts_.wait_timeout) {
+            log("updates before clock " + std::to_string(c) +
+                " not visible within the wait timeout");
+            ec = errc::timeout;
+            break;
+          }
+          waited = true;
+          wake_.expires_after(all_up() ? opts_.wait_timeout : std::chrono::milliseconds(100));
+          co_await wake_.async_wait(detail::use_tuple);
+        }
+        if (ec) break;
+        if (waited) {
+          const double secs = std::chrono::duration<double>(clock_type::now() - vstart).count();
+          ++stats_.value_waits;
+          stats_.value_wait_seconds += secs;
+          stats_.wait_seconds += secs;
+        }
+      }
+      // 5. Push each shard's slice of the buffer (no copy); the last push ends the clock.
       //    A shard that is down gets the slice added to its backlog instead (stateless).
       //    A link that failed during the computation gets its recovery action first.
       if ((ec = check_links())) break;
@@ -262,6 +297,10 @@ class basic_worker {
 
   /// The worker's current clock.
   clock_value clock() const noexcept { return clock_; }
+  /// The consistency policy object, for policies configured at run time (e.g.
+  /// `consistency::vap::magnitude`). Set it before `async_run`; on the worker's executor.
+  Consistency& consistency() noexcept { return policy_; }
+  const Consistency& consistency() const noexcept { return policy_; }
   /// Observed staleness of every read so far (one sample per cached part per clock).
   const staleness_histogram& staleness() const noexcept { return staleness_; }
   const worker_stats& stats() const noexcept { return stats_; }
@@ -278,6 +317,10 @@ class basic_worker {
   struct unapplied {
     std::uint64_t index;  // per-part push index (1-based)
     buffer grad;          // this part's slice of the gradient
+  };
+  struct in_transit_update {
+    std::uint64_t seq = 0;
+    float magnitude = 0;
   };
   struct part {
     key_range range;
@@ -312,6 +355,11 @@ class basic_worker {
     std::string reason;
     std::uint64_t seq = 0;
     std::vector<part> parts;
+    // VAP: this worker's clocks the server has not acknowledged as visible yet (seq of the
+    // clock's last push, magnitude of its update to this shard), and the magnitude of the
+    // clock being pushed now.
+    detail::ring<in_transit_update> in_transit;
+    float magnitude = 0;
   };
 
   void log(const std::string& line) const {
@@ -324,6 +372,7 @@ class basic_worker {
       return Recovery::worker_part::acknowledged_pushes;
     return false;
   }();
+  static constexpr bool value_bounded = is_value_bounded_v<Consistency>;
 
   const typename Transport::endpoint_type& endpoint_of(const link& l) const {
     return l.endpoint == 0 ? opts_.servers[l.shard] : opts_.replicas[l.shard][l.endpoint - 1];
@@ -467,6 +516,9 @@ class basic_worker {
     l.failure = ec;
     l.reason = std::move(reason);
     l.conn.close();
+    // VAP: what the lost server had not acknowledged is lost with it or travels through the
+    // recovery policy; it no longer counts as in transit.
+    while (!l.in_transit.empty()) l.in_transit.pop_front();
     wake_.cancel();
   }
 
@@ -514,6 +566,11 @@ class basic_worker {
       case message_type::ack: {
         const bool full = l.unacked.size() >= opts_.max_unacked;
         while (!l.unacked.empty() && l.unacked.front().header.seq <= h.seq) l.unacked.pop_front();
+        if constexpr (value_bounded) {
+          while (!l.in_transit.empty() && l.in_transit.front().seq <= h.seq)
+            l.in_transit.pop_front();
+          wake_.cancel();
+        }
         if (l.unacked.empty() || (full && l.unacked.size() < opts_.max_unacked)) wake_.cancel();
         return {};
       }
@@ -791,6 +848,36 @@ class basic_worker {
         if (!p.range.empty() && l.up) staleness_.record(c - p.clock);
   }
 
+  // VAP: sets each link's magnitude of `grad` (lr * L2 norm of its slices); returns their sum.
+  float set_magnitudes(const buffer& grad) {
+    const float lr = opts_.local_step > 0 ? opts_.local_step : 1.0f;
+    float added = 0;
+    for (auto& l : links_) {
+      double sq = 0;
+      for (table_id t = 0; t < l.parts.size(); ++t) {
+        const auto& p = l.parts[t];
+        if (p.range.empty()) continue;
+        const std::uint32_t w = tables_[t].width;
+        const std::size_t off = offsets_[t] + std::size_t{p.range.begin} * w;
+        const Eigen::Map<const Eigen::VectorXf> g(
+            grad.floats().data() + off, static_cast<Eigen::Index>(std::size_t{p.range.size()} * w));
+        sq += static_cast<double>(g.squaredNorm());
+      }
+      l.magnitude = lr * static_cast<float>(std::sqrt(sq));
+      added += l.magnitude;
+    }
+    return added;
+  }
+
+  // VAP: magnitude of this worker's updates not yet acknowledged as visible (live links).
+  float in_transit_magnitude() const noexcept {
+    float sum = 0;
+    for (const auto& l : links_)
+      if (l.up)
+        for (std::size_t i = 0; i < l.in_transit.size(); ++i) sum += l.in_transit[i].magnitude;
+    return sum;
+  }
+
   // Message `t` of the pushes to link `l` at clock `c`: the push of table t's slice of `grad`
   // (t < tables), or for t == tables a bare clock message when the shard owns no rows at all.
   // The last push to a shard carries end_of_clock.
@@ -832,6 +919,12 @@ class basic_worker {
     if constexpr (acknowledged) {
       m.header.flags |= frame_flags::want_ack;
       l.unacked.push_back(message{m.header, m.payload.share()});
+    }
+    if constexpr (value_bounded) {
+      if (t == last) {
+        m.header.flags |= frame_flags::want_ack;
+        l.in_transit.push_back(in_transit_update{m.header.seq, l.magnitude});
+      }
     }
     ++p.pushed;
     if (opts_.local_step > 0) {

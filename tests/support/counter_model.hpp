@@ -1,12 +1,15 @@
 // Test model whose parameter values count pushes, so consistency bounds can be checked
 // exactly: table 0 has one row per worker (width `width`); worker w's gradient is -1 on its
 // own row and 0 elsewhere, so with SGD (learning rate 1) row w holds the number of w's pushes
-// the reader has seen. Every read checks the SSP bound and read-my-writes.
+// the reader has seen. Every read checks the SSP bound and read-my-writes. With
+// `generated_before_read` set (single-threaded runs, e.g. the simulation), every read also
+// measures how many of each other worker's computed updates it lacks (VAP's bound, in updates).
 #pragma once
 
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
 #include <thread>
@@ -40,11 +43,16 @@ struct counter_model {
       // Observed per-row lag (clocks of w's updates this reader has not seen, vs its own).
       const std::int64_t lag = c - seen;
       if (w != id && lag > max_lag) max_lag = lag;
+      if (generated_before_read && w != id) {
+        const std::int64_t missing = generated_before_read(id, w) - seen;
+        if (missing > max_missing) max_missing = missing;
+      }
     }
     auto gt = g.table(0);
     gt.setZero();
     gt.row(id).setConstant(-1.0f);
     ++clock;
+    if (on_generated) on_generated(id);
     if (max_delay_us > 0) {
       std::uniform_int_distribution<int> d(0, max_delay_us);
       std::this_thread::sleep_for(std::chrono::microseconds(d(rng)));
@@ -62,6 +70,13 @@ struct counter_model {
   std::int64_t bound_violations = 0;
   std::int64_t own_write_violations = 0;
   std::int64_t max_lag = 0;
+  /// (reader, writer) -> updates the writer had computed when the reader took the snapshot
+  /// it is reading now. Empty: not tracked.
+  std::function<std::int64_t(std::uint32_t, std::uint32_t)> generated_before_read{};
+  /// Called with this model's id each time it computes an update. May be empty.
+  std::function<void(std::uint32_t)> on_generated{};
+  /// Largest number of another worker's computed updates a read lacked.
+  std::int64_t max_missing = 0;
 };
 
 }  // namespace asyncps::test

@@ -26,6 +26,7 @@
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/worker.hpp"
 #include "counter_model.hpp"
+#include "listen_and_serve.hpp"
 
 using namespace asyncps;
 
@@ -67,12 +68,7 @@ outage_result run_outage(std::uint32_t workers, std::uint64_t clocks, clock_valu
   outage_result r;
 
   std::atomic<std::uint32_t> done{0};
-  auto serve = [&](server_t& s) -> asio::awaitable<void> {
-    auto acc = st.listen("shard0");
-    REQUIRE(acc.has_value());
-    (void)co_await s.async_serve(std::move(acc).value());
-  };
-  asio::co_spawn(st.get_executor(), serve(*first), asio::detached);
+  asio::co_spawn(st.get_executor(), test::listen_and_serve(st, "shard0", *first), asio::detached);
   // The fault: stop the first server at `kill_at`, start a fresh one after `outage`.
   asio::co_spawn(
       st.get_executor(),
@@ -87,7 +83,7 @@ outage_result run_outage(std::uint32_t workers, std::uint64_t clocks, clock_valu
         co_await t.async_wait(detail::use_tuple);
         r.first = first->stats();
         second = std::make_unique<server_t>(st, so, optimizer::sgd{1.0f}, part);
-        co_await serve(*second);
+        co_await test::listen_and_serve(st, "shard0", *second);
       },
       asio::detached);
 
@@ -273,14 +269,7 @@ struct chain_run {
     mo.heartbeat_timeout = std::chrono::milliseconds(2000);
     mo.log = sink;
     basic_chain_master<in_process_transport> master(mt, mo);
-    asio::co_spawn(
-        mt.get_executor(),
-        [&]() -> asio::awaitable<void> {
-          auto acc = mt.listen("master");
-          REQUIRE(acc.has_value());
-          (void)co_await master.async_serve(std::move(acc).value());
-        },
-        asio::detached);
+    asio::co_spawn(mt.get_executor(), test::listen_and_serve(mt, "master", master), asio::detached);
 
     const std::vector<std::string> names{"s0", "s1", "s2"};
     std::vector<std::unique_ptr<in_process_transport>> sts;
@@ -293,21 +282,8 @@ struct chain_run {
       cserver_t* s = generations.back().get();
       s->set_chain({"master", names, m});
       live[m] = s;
-      asio::co_spawn(
-          t.get_executor(),
-          [&t, s, name = names[m]]() -> asio::awaitable<void> {
-            asio::steady_timer timer(t.get_executor());
-            for (;;) {  // the killed server's name may not be released yet
-              auto acc = t.listen(name);
-              if (acc.has_value()) {
-                (void)co_await s->async_serve(std::move(acc).value());
-                co_return;
-              }
-              timer.expires_after(std::chrono::milliseconds(1));
-              co_await timer.async_wait(detail::use_tuple);
-            }
-          },
-          asio::detached);
+      // The killed server's name may not be released yet: listen_and_serve retries.
+      asio::co_spawn(t.get_executor(), test::listen_and_serve(t, names[m], *s), asio::detached);
     };
     for (std::uint32_t m = 0; m < members; ++m) start(m);
 
@@ -490,19 +466,7 @@ TEST_CASE("recovery::none: a grace period rides out nothing it should not; the r
     recovery::none::worker_part part;
     part.grace = std::chrono::milliseconds(300);
     none_worker worker(wt, model, o, std::nullopt, part);
-    auto serve = [&](none_server& s) -> asio::awaitable<void> {
-      asio::steady_timer t(st.get_executor());
-      for (;;) {
-        auto acc = st.listen("s");
-        if (acc.has_value()) {
-          (void)co_await s.async_serve(std::move(acc).value());
-          co_return;
-        }
-        t.expires_after(std::chrono::milliseconds(1));
-        co_await t.async_wait(detail::use_tuple);
-      }
-    };
-    asio::co_spawn(st.get_executor(), serve(*first), asio::detached);
+    asio::co_spawn(st.get_executor(), test::listen_and_serve(st, "s", *first), asio::detached);
     asio::co_spawn(
         st.get_executor(),
         [&]() -> asio::awaitable<void> {
@@ -516,7 +480,7 @@ TEST_CASE("recovery::none: a grace period rides out nothing it should not; the r
           t.expires_after(std::chrono::milliseconds(50));
           co_await t.async_wait(detail::use_tuple);
           second = std::make_unique<none_server>(st, so, optimizer::sgd{1.0f});
-          co_await serve(*second);
+          co_await test::listen_and_serve(st, "s", *second);
         },
         asio::detached);
     std::error_code result;

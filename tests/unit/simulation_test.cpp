@@ -45,6 +45,7 @@ struct sim_config {
   simulation_options net{};
   // Called before the run (faults, scheduled actions).
   std::function<void(simulated_network&)> setup{};
+  float vap_magnitude = 0;  // consistency::vap's bound (when the policy is vap)
 };
 
 struct sim_result {
@@ -60,6 +61,7 @@ struct sim_result {
   std::int64_t bound_violations = 0;
   std::int64_t own_write_violations = 0;
   std::int64_t max_lag = 0;
+  std::int64_t max_missing = 0;  // most updates of another worker a read lacked
   staleness_histogram staleness;
   simulation_stats stats{};
   bool all_done = false;    // every worker's async_run completed
@@ -75,9 +77,19 @@ sim_result simulate(const sim_config& cfg, typename Recovery::server_part server
   simulated_network net(cfg.net);
   if (cfg.setup) cfg.setup(net);
   std::vector<test::counter_model> models;
+  // When each worker computed each of its updates (virtual time), to count at every read the
+  // updates of other workers computed before the reader's snapshot that it lacks.
+  std::vector<std::vector<simulated_clock::time_point>> generated(cfg.workers);
   models.reserve(cfg.workers);
-  for (std::uint32_t w = 0; w < cfg.workers; ++w)
+  for (std::uint32_t w = 0; w < cfg.workers; ++w) {
     models.emplace_back(w, cfg.workers, cfg.bound, 4, cfg.net.seed, 0);
+    models.back().on_generated = [&](std::uint32_t id) { generated[id].push_back(net.now()); };
+    models.back().generated_before_read = [&](std::uint32_t reader, std::uint32_t writer) {
+      const auto& g = generated[writer];
+      return static_cast<std::int64_t>(
+          std::upper_bound(g.begin(), g.end(), net.compute_started(reader)) - g.begin());
+    };
+  }
   const auto quiet = [](std::string_view) {};
 
   std::vector<std::unique_ptr<simulated_transport>> sts;
@@ -122,6 +134,8 @@ sim_result simulate(const sim_config& cfg, typename Recovery::server_part server
     o.log = quiet;
     ws.push_back(std::make_unique<worker_t>(*wts.back(), models[w], o,
                                             asio::any_io_executor(net.compute_executor(w))));
+    if constexpr (is_value_bounded_v<Policy>)
+      ws.back()->consistency().magnitude = cfg.vap_magnitude;
     asio::co_spawn(
         net.get_executor(),
         [&, w]() -> asio::awaitable<void> {
@@ -151,6 +165,7 @@ sim_result simulate(const sim_config& cfg, typename Recovery::server_part server
     r.bound_violations += models[w].bound_violations;
     r.own_write_violations += models[w].own_write_violations;
     r.max_lag = std::max(r.max_lag, models[w].max_lag);
+    r.max_missing = std::max(r.max_missing, models[w].max_missing);
     r.staleness += ws[w]->staleness();
     r.workers.push_back(ws[w]->stats());
     r.compute_seconds.push_back(ws[w]->stats().compute_seconds);
@@ -293,6 +308,63 @@ TEST_CASE("simulation: ESSP's observed staleness is lower than SSP's on the same
   const auto ssp = check_schedules<consistency::ssp<3>>("ssp<3>", 3, 700000, 100);
   const auto essp = check_schedules<consistency::essp<3>>("essp<3>", 3, 700000, 100);
   CHECK(essp.mean() < ssp.mean());
+}
+
+TEST_CASE("simulation: VAP bounds the updates a read lacks; ASP on the same schedules does not") {
+  // Counter model: each update is -1 on the worker's row of width 4 (L2 norm 2, lr 1). With
+  // magnitude 2.5 a worker pushes only when nothing of its own is in transit, so a read lacks
+  // at most: the writer's unacknowledged update, the one it is computing, and one whose rows
+  // were sent before the writer's ack but are still on the wire to the reader: 3.
+  std::int64_t vap_worst = 0;
+  std::int64_t asp_worst = 0;
+  std::uint64_t vap_rows = 0;
+  std::uint64_t vap_waits = 0;
+  for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+    sim_config cfg = random_config(seed, -1);
+    cfg.vap_magnitude = 2.5f;
+    INFO("replay: policy vap, seed " << seed << " (" << describe(cfg) << ")");
+    const auto v = simulate<consistency::vap>(cfg);
+    REQUIRE(v.all_done);
+    CHECK(v.all_served);
+    for (const auto& ec : v.errors) CHECK_MESSAGE(!ec, ec.message());
+    CHECK(v.own_write_violations == 0);
+    CHECK(v.max_missing <= 3);
+    for (std::uint32_t s = 0; s < cfg.shards; ++s) {
+      const auto range = shard_range(cfg.workers, s, cfg.shards);
+      for (row_id row = range.begin; row < range.end; ++row)
+        CHECK(v.params[s][std::size_t{row - range.begin} * 4] == static_cast<float>(cfg.clocks));
+    }
+    vap_worst = std::max(vap_worst, v.max_missing);
+    for (const auto& w : v.workers) {
+      vap_rows += w.eager_messages;
+      vap_waits += w.value_waits;
+    }
+    const auto a = simulate<consistency::asp>(cfg);
+    REQUIRE(a.all_done);
+    asp_worst = std::max(asp_worst, a.max_missing);
+  }
+  MESSAGE("60 schedules: most updates a read lacked: VAP " << vap_worst << ", ASP " << asp_worst
+                                                           << "; VAP rows pushed " << vap_rows
+                                                           << ", clocks that waited " << vap_waits);
+  CHECK(asp_worst > 3);  // the bound is not met by accident
+  CHECK(vap_waits > 0);
+  CHECK(vap_rows > 0);
+}
+
+TEST_CASE("simulation: VAP with a huge bound never waits; the shrinking bound is v / sqrt(c + 1)") {
+  sim_config cfg = random_config(5, -1);
+  cfg.vap_magnitude = 1e9f;
+  const auto loose = simulate<consistency::vap>(cfg);
+  REQUIRE(loose.all_done);
+  std::uint64_t loose_waits = 0;
+  for (const auto& w : loose.workers) loose_waits += w.value_waits;
+  CHECK(loose_waits == 0);
+  consistency::vap shrinking;
+  shrinking.magnitude = 8.0f;
+  shrinking.shrink = true;
+  CHECK(shrinking.threshold(0) == doctest::Approx(8.0f));
+  CHECK(shrinking.threshold(3) == doctest::Approx(4.0f));
+  CHECK(shrinking.threshold(-5) == doctest::Approx(8.0f));
 }
 
 TEST_CASE("simulation: BSP takes clocks x the slowest worker's compute time; ASP does not") {

@@ -273,6 +273,12 @@ class simulated_network {
   asio::any_io_executor get_executor() const { return io_->get_executor(); }
   /// Current virtual time (since the start of the simulation).
   time_point now() const noexcept { return now_; }
+  /// When worker `worker`'s latest compute job was posted to its `compute_executor` (for
+  /// `basic_worker`: when it took the parameter snapshot of its current gradient); the epoch
+  /// if it never was. A compute job runs at this time plus its compute time.
+  time_point compute_started(std::uint32_t worker) const noexcept {
+    return worker < compute_started_.size() ? compute_started_[worker] : time_point{};
+  }
   /// The configuration it was built with.
   const simulation_options& options() const noexcept { return opts_; }
   /// Counters so far (deterministic for a given configuration and seed).
@@ -644,6 +650,8 @@ class simulated_network {
   }
 
   void schedule_compute(std::uint32_t worker, detail::sim_action job) {
+    if (compute_started_.size() <= worker) compute_started_.resize(worker + 1);
+    compute_started_[worker] = now_;
     schedule(now_ + compute_time(worker),
              detail::sim_action([this, job = std::move(job)]() mutable {
                ++stats_.computations;
@@ -659,6 +667,7 @@ class simulated_network {
   simulation_options opts_;
   std::mt19937_64 rng_;
   time_point now_{};
+  std::vector<time_point> compute_started_;  // per worker: when its latest compute job was posted
   std::uint64_t seq_ = 0;
   // The event queue, earliest (time, sequence number) first. An ordered map rather than a
   // heap: a cancelled timer wait or delivery is erased, so it never advances the clock.
