@@ -19,6 +19,16 @@ template <class M>
 concept async_gradient_source =
     requires(M& m, const parameter_view& p, gradient_view& g) { m.async_compute_gradient(p, g); };
 
+/// A model whose gradients are sparse: after `compute_gradient`, `cm.touched_rows(t)` gives the
+/// rows of table `t` it wrote (sorted ascending, no repeats, global row ids); every other row of
+/// that gradient is zero. The worker then pushes only those rows (a keyed push: 4 bytes of key
+/// per row plus the rows) whenever that is smaller than the shard's whole slice. Valid until
+/// the next `compute_gradient`. Example: `examples/matrix_factorization/mf.hpp`'s `mf_model`.
+template <class M>
+concept sparse_gradient_source = requires(const M& cm, table_id t) {
+  { cm.touched_rows(t) } -> std::convertible_to<std::span<const row_id>>;
+};
+
 /// A trainable model, one object per worker (it usually owns that worker's data shard and
 /// random generator).
 ///

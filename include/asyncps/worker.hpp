@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -916,6 +917,7 @@ class basic_worker {
     m.header.row_count = p.range.size();
     m.header.width = w;
     m.payload = grad.share(off, bytes);
+    if constexpr (sparse_gradient_source<Model>) sparsify(m, p, t, grad);
     if constexpr (acknowledged) {
       m.header.flags |= frame_flags::want_ack;
       l.unacked.push_back(message{m.header, m.payload.share()});
@@ -928,12 +930,40 @@ class basic_worker {
     }
     ++p.pushed;
     if (opts_.local_step > 0) {
-      local_apply(t, p.range, m.payload.floats());
-      p.local.push_back(unapplied{p.pushed, grad.share(off, bytes)});
+      buffer slice = grad.share(off, bytes);  // dense, whatever went on the wire
+      local_apply(t, p.range, slice.floats());
+      p.local.push_back(unapplied{p.pushed, std::move(slice)});
     }
     ++stats_.pushes;
-    stats_.bytes_out += bytes;
+    stats_.bytes_out += m.payload.size();
     return m;
+  }
+
+  // Sparse models: turns push `m` (part `p` of table `t`, a slice of `grad`) into a keyed push
+  // of only the rows the model touched in that part, when that is smaller. The rows are copied
+  // into one pooled buffer (keys, padded to 16 bytes, then the rows).
+  void sparsify(message& m, const part& p, table_id t, const buffer& grad) {
+    if constexpr (sparse_gradient_source<Model>) {
+      const std::span<const row_id> touched = model_.touched_rows(t);
+      const auto lo = std::lower_bound(touched.begin(), touched.end(), p.range.begin);
+      const auto hi = std::lower_bound(lo, touched.end(), p.range.end);
+      const auto n = static_cast<std::uint32_t>(hi - lo);
+      const std::uint32_t w = tables_[t].width;
+      const std::size_t keys = key_bytes(n);
+      const std::size_t bytes = keys + std::size_t{n} * w * sizeof(float);
+      if (bytes >= m.payload.size()) return;
+      buffer b = transport_.allocate(bytes);
+      std::memset(b.data(), 0, keys);
+      if (n > 0) std::memcpy(b.data(), std::to_address(lo), std::size_t{n} * sizeof(row_id));
+      float* rows = reinterpret_cast<float*>(b.data() + keys);
+      const float* src = grad.floats().data() + offsets_[t];
+      for (std::uint32_t i = 0; i < n; ++i)
+        std::memcpy(rows + std::size_t{i} * w, src + std::size_t{lo[i]} * w, w * sizeof(float));
+      m.header.flags = static_cast<std::uint8_t>(m.header.flags & ~frame_flags::range);
+      m.header.first_row = 0;
+      m.header.row_count = n;
+      m.payload = std::move(b);
+    }
   }
 
   asio::awaitable<void> shutdown() {
