@@ -7,7 +7,7 @@
 //
 //   asyncps_consistency_experiment --out FILE.jsonl [--quick] [--seeds N] [--seed0 N]
 //       [--profiles mixed,uniform,noisy] [--batches 1,10] [--policies bsp,ssp3,essp3,asp,vap]
-//       [--clocks1 N] [--clocks10 N] [--lr1 X] [--lr10 X] [--vap1 V,V] [--vap10 V,V]
+//       [--clocks1 N] [--clocks10 N] [--lr1 X] [--lr10 X] [--vap1 V[s],..] [--vap10 V[s],..]
 //       [--evals N] [--users N] [--items N] [--count N] [--rank N] [--lambda X]
 //       [--us-per-rating X] [--user-exponent X] [--item-exponent X] [--init-scale X]
 //
@@ -24,6 +24,10 @@
 // "clock" is the mean clock over workers: work done, comparable across policies), at that
 // instant of virtual time. Pushes still in flight at that instant are not in it. Final
 // figures are taken after every worker finished and every push was applied.
+//
+// Traffic: the model is a `sparse_gradient_source`, so a worker pushes only the rows its
+// minibatch touched (a keyed push per shard and table); pulls and the servers' eager (ESSP) and
+// visibility (VAP) row pushes send whole shards.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -36,7 +40,6 @@
 #include <functional>
 #include <memory>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -47,8 +50,10 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/post.hpp>
+#include <nlohmann/json.hpp>
 
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/model.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/staleness.hpp"
 #include "asyncps/transport/simulated.hpp"
@@ -59,6 +64,12 @@ namespace asyncps::bench {
 namespace {
 
 namespace mf = asyncps::examples::mf;
+
+/// A VAP bound of the sweep: v_thr, constant or shrinking as v_thr / sqrt(c + 1).
+struct vap_bound {
+  float magnitude;
+  bool shrink = false;
+};
 
 /// Everything that is fixed for a sweep (data, cluster, timing, learning rates).
 struct experiment {
@@ -99,9 +110,10 @@ struct experiment {
   std::vector<int> batches{1, 10};  // percent of a worker's ratings per clock
   std::vector<std::string> policies{};
   // VAP bounds v_thr (L2 norm of in-transit parameter change), one run per value; the typical
-  // update lr * |g|_2 of one clock is printed per run ("|lr g|") to pick them.
-  std::vector<float> vap1{1.5f, 6.0f};
-  std::vector<float> vap10{2.0f, 8.0f};
+  // update lr * |g|_2 of one clock is printed per run ("|lr g|") to pick them. 0.25 is below
+  // one update at lr 4 and above (a synchronous flush every clock); "s" = shrinking bound.
+  std::vector<vap_bound> vap1{{1.5f}, {6.0f}, {6.0f, true}, {0.25f}};
+  std::vector<vap_bound> vap10{{2.0f}, {8.0f}, {8.0f, true}, {0.25f}};
   std::string out = "consistency.jsonl";
 };
 
@@ -160,7 +172,8 @@ dataset make_dataset(const experiment& ex) {
 }
 
 /// `mf_model` plus running means of the norms of the gradients it writes (to size VAP
-/// thresholds relative to a typical update lr * |g|).
+/// thresholds relative to a typical update lr * |g|); forwards `touched_rows`, so it is a
+/// `sparse_gradient_source` like `mf_model` and the workers push only the touched rows.
 struct measured_model {
   mf::mf_model inner;
   double l2_sum = 0;   // sum over clocks of |g|_2
@@ -169,6 +182,8 @@ struct measured_model {
 
   /// The layout of the wrapped model.
   std::span<const table_spec> tables() const noexcept { return inner.tables(); }
+  /// The rows the last gradient touched (so the worker pushes only those, keyed).
+  std::span<const row_id> touched_rows(table_id t) const noexcept { return inner.touched_rows(t); }
   /// The wrapped model's gradient; records its L2 and max norm.
   float compute_gradient(const parameter_view& p, gradient_view& g) noexcept {
     const float loss = inner.compute_gradient(p, g);
@@ -184,6 +199,7 @@ struct measured_model {
     return loss;
   }
 };
+static_assert(sparse_gradient_source<measured_model>);
 
 /// What to run: one point of the sweep.
 struct run_spec {
@@ -399,73 +415,87 @@ run_result simulate(const experiment& ex, const dataset& data, const run_spec& r
 // JSON output
 // ---------------------------------------------------------------------------------------------
 
-/// `x` as a JSON number (NaN and infinities as null).
-std::string num(double x) {
-  if (!std::isfinite(x)) return "null";
+/// `x` as a JSON value: the number, or null for NaN and infinities.
+nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); }
+
+/// A JSON array of `num(f(x))` for `x` in `xs`.
+template <class Range, class F>
+nlohmann::json numbers(const Range& xs, F f) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& x : xs) a.push_back(num(static_cast<double>(f(x))));
+  return a;
+}
+
+/// `x` with up to 6 significant digits, for labels ("1.5", "0.25").
+std::string short_number(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", x);
   return buf;
 }
 
-/// A JSON array of the values `f(x)` for `x` in `xs`.
-template <class Range, class F>
-std::string array_of(const Range& xs, F f) {
-  std::string s = "[";
-  bool first = true;
-  for (const auto& x : xs) {
-    if (!first) s += ',';
-    first = false;
-    s += f(x);
-  }
-  return s + "]";
-}
-
 /// The JSON line of one run.
 std::string to_json(const experiment& ex, const run_spec& rs, const run_result& r) {
-  const auto d = [](double x) { return num(x); };
-  const auto u = [](std::uint64_t x) { return std::to_string(x); };
+  const auto same = [](double x) { return x; };
   double done_sum = 0, wait_sum = 0;
   for (std::size_t w = 0; w < r.done.size(); ++w) {
     done_sum += r.done[w];
     wait_sum += r.wait[w];
   }
-  std::ostringstream o;
-  o << "{\"label\":\"" << rs.label << "\",\"family\":\"" << rs.family << "\",\"s\":" << rs.staleness
-    << ",\"profile\":\"" << rs.profile << "\",\"batch_percent\":" << rs.batch_percent
-    << ",\"seed\":" << rs.seed << ",\"clocks\":" << rs.clocks << ",\"lr\":" << num(rs.lr)
-    << ",\"vap_threshold\":" << num(rs.vap_threshold)
-    << ",\"vap_shrink\":" << (rs.vap_shrink ? "true" : "false") << ",\"workers\":" << ex.workers
-    << ",\"servers\":" << ex.servers << ",\"users\":" << ex.users << ",\"items\":" << ex.items
-    << ",\"rank\":" << ex.rank << ",\"ratings\":" << ex.count
-    << ",\"user_exponent\":" << num(ex.user_exponent)
-    << ",\"item_exponent\":" << num(ex.item_exponent) << ",\"lambda\":" << num(ex.lambda)
-    << ",\"init_scale\":" << num(ex.init_scale) << ",\"us_per_rating\":" << num(ex.us_per_rating)
-    << ",\"link_bytes_per_second\":" << num(ex.link_bytes_per_second)
-    << ",\"staleness\":" << array_of(r.staleness.counts, u)
-    << ",\"staleness_mean\":" << num(r.staleness.mean())
-    << ",\"staleness_per_worker\":" << array_of(r.worker_staleness, d)
-    << ",\"series\":{\"clock\":" << array_of(r.series, [](const sample& s) { return num(s.clock); })
-    << ",\"time\":" << array_of(r.series, [](const sample& s) { return num(s.time); })
-    << ",\"server_clock\":"
-    << array_of(r.series, [](const sample& s) { return std::to_string(s.min_srv); })
-    << ",\"rmse\":" << array_of(r.series, [](const sample& s) { return num(s.rmse); }) << "}"
-    << ",\"final_train_rmse\":" << num(r.final_train)
-    << ",\"final_test_rmse\":" << num(r.final_test) << ",\"sim_seconds\":" << num(r.sim_seconds)
-    << ",\"worker_done\":" << array_of(r.done, d) << ",\"wait_seconds\":" << array_of(r.wait, d)
-    << ",\"compute_seconds\":" << array_of(r.compute, d)
-    << ",\"wait_fraction\":" << num(done_sum > 0 ? wait_sum / done_sum : 0)
-    << ",\"messages\":" << r.net.messages << ",\"bytes\":" << r.net.bytes
-    << ",\"worker_pushes\":" << r.wsum.pushes << ",\"worker_pulls\":" << r.wsum.pulls
-    << ",\"rows_messages\":" << r.wsum.rows_messages
-    << ",\"eager_messages\":" << r.wsum.eager_messages
-    << ",\"worker_bytes_out\":" << r.wsum.bytes_out << ",\"worker_bytes_in\":" << r.wsum.bytes_in
-    << ",\"server_deferred_pulls\":" << r.ssum.deferred_pulls
-    << ",\"value_waits\":" << r.wsum.value_waits
-    << ",\"value_wait_seconds\":" << num(r.wsum.value_wait_seconds)
-    << ",\"diverged\":" << (std::isfinite(r.final_train) ? "false" : "true")
-    << ",\"update_l2\":" << num(r.update_l2) << ",\"update_inf\":" << num(r.update_inf)
-    << ",\"wall_seconds\":" << num(r.wall_seconds) << ",\"errors\":" << r.errors << "}";
-  return o.str();
+  const nlohmann::json j = {
+      {"label", rs.label},
+      {"family", rs.family},
+      {"s", rs.staleness},
+      {"profile", rs.profile},
+      {"batch_percent", rs.batch_percent},
+      {"seed", rs.seed},
+      {"clocks", rs.clocks},
+      {"lr", num(rs.lr)},
+      {"vap_threshold", num(rs.vap_threshold)},
+      {"vap_shrink", rs.vap_shrink},
+      {"workers", ex.workers},
+      {"servers", ex.servers},
+      {"users", ex.users},
+      {"items", ex.items},
+      {"rank", ex.rank},
+      {"ratings", ex.count},
+      {"user_exponent", num(ex.user_exponent)},
+      {"item_exponent", num(ex.item_exponent)},
+      {"lambda", num(ex.lambda)},
+      {"init_scale", num(ex.init_scale)},
+      {"us_per_rating", num(ex.us_per_rating)},
+      {"link_bytes_per_second", num(ex.link_bytes_per_second)},
+      {"staleness", r.staleness.counts},
+      {"staleness_mean", num(r.staleness.mean())},
+      {"staleness_per_worker", numbers(r.worker_staleness, same)},
+      {"series",
+       {{"clock", numbers(r.series, [](const sample& x) { return x.clock; })},
+        {"time", numbers(r.series, [](const sample& x) { return x.time; })},
+        {"server_clock", numbers(r.series, [](const sample& x) { return x.min_srv; })},
+        {"rmse", numbers(r.series, [](const sample& x) { return x.rmse; })}}},
+      {"final_train_rmse", num(r.final_train)},
+      {"final_test_rmse", num(r.final_test)},
+      {"sim_seconds", num(r.sim_seconds)},
+      {"worker_done", numbers(r.done, same)},
+      {"wait_seconds", numbers(r.wait, same)},
+      {"compute_seconds", numbers(r.compute, same)},
+      {"wait_fraction", num(done_sum > 0 ? wait_sum / done_sum : 0)},
+      {"messages", r.net.messages},
+      {"bytes", r.net.bytes},
+      {"worker_pushes", r.wsum.pushes},
+      {"worker_pulls", r.wsum.pulls},
+      {"rows_messages", r.wsum.rows_messages},
+      {"eager_messages", r.wsum.eager_messages},
+      {"worker_bytes_out", r.wsum.bytes_out},
+      {"worker_bytes_in", r.wsum.bytes_in},
+      {"server_deferred_pulls", r.ssum.deferred_pulls},
+      {"value_waits", r.wsum.value_waits},
+      {"value_wait_seconds", num(r.wsum.value_wait_seconds)},
+      {"diverged", !std::isfinite(r.final_train)},
+      {"update_l2", num(r.update_l2)},
+      {"update_inf", num(r.update_inf)},
+      {"wall_seconds", num(r.wall_seconds)},
+      {"errors", r.errors}};
+  return j.dump();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -533,7 +563,7 @@ std::vector<std::string> split_list(std::string_view s) {
       "usage: asyncps_consistency_experiment --out FILE [--quick] [--seeds N] "
       "[--seed0 N]\n"
       "    [--profiles mixed,uniform,noisy] [--batches 1,10] [--policies bsp,ssp3,...,vap]\n"
-      "    [--clocks1 N] [--clocks10 N] [--lr1 X] [--lr10 X] [--vap1 V,..] [--vap10 V,..]\n"
+      "    [--clocks1 N] [--clocks10 N] [--lr1 X] [--lr10 X] [--vap1 V[s],..] [--vap10 V[s],..]\n"
       "    [--evals N] [--users N] [--items N] [--count N] [--rank N] [--lambda X]\n"
       "    [--us-per-rating X] [--user-exponent X] [--item-exponent X] "
       "[--init-scale X]\n");
@@ -561,8 +591,8 @@ experiment parse(int argc, char** argv) {
       ex.clocks10 = 20;
       ex.lr1 = 0.5f;
       ex.lr10 = 2.0f;
-      ex.vap1 = {0.2f};
-      ex.vap10 = {0.2f};
+      ex.vap1 = {{0.2f}, {0.5f, true}};
+      ex.vap10 = {{0.2f}, {0.5f, true}};
       ex.servers = 2;
       ex.evals = 10;
       ex.profiles = {"mixed"};
@@ -589,7 +619,8 @@ experiment parse(int argc, char** argv) {
       auto& v = a == "--vap1" ? ex.vap1 : ex.vap10;
       v.clear();
       for (const auto& t : split_list(next()))
-        v.push_back(static_cast<float>(std::strtod(t.c_str(), nullptr)));
+        v.push_back(
+            {static_cast<float>(std::strtod(t.c_str(), nullptr)), !t.empty() && t.back() == 's'});
     } else if (a == "--evals") {
       ex.evals = static_cast<std::uint32_t>(uint());
     } else if (a == "--users") {
@@ -669,12 +700,13 @@ int main_impl(int argc, char** argv) {
           report(rs, p.run(ex, data, rs));
         }
         if (!selected(ex, "vap")) continue;
-        for (const float v : b == 1 ? ex.vap1 : ex.vap10) {
+        for (const vap_bound& v : b == 1 ? ex.vap1 : ex.vap10) {
           run_spec rs = base;
           rs.family = "vap";
           rs.staleness = -1;
-          rs.vap_threshold = v;
-          rs.label = "VAP(" + num(v) + ")";
+          rs.vap_threshold = v.magnitude;
+          rs.vap_shrink = v.shrink;
+          rs.label = "VAP(" + short_number(v.magnitude) + (v.shrink ? "/sqrt(c+1))" : ")");
           report(rs, run_vap(ex, data, rs));
         }
       }

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -54,11 +55,12 @@ def group(runs: list[dict]) -> dict:
 
 
 def order_key(label: str) -> tuple:
-    """Report order: BSP, SSP(s), ESSP(s), ASP, VAP(v)."""
+    """Report order: BSP, SSP(s), ESSP(s), ASP, VAP(v), shrinking VAP last."""
     fam = label.split("(")[0]
     rank = {"BSP": 0, "SSP": 1, "ESSP": 2, "ASP": 3, "VAP": 4}.get(fam, 5)
-    arg = float(label[label.index("(") + 1 : -1]) if "(" in label else 0.0
-    return (rank, arg)
+    m = re.match(r"[A-Z]+\(([0-9.e+-]+)", label)
+    arg = float(m.group(1)) if m else 0.0
+    return (rank, "/" in label, arg)
 
 
 def finite(xs) -> list[float]:

@@ -32,7 +32,6 @@
 #include <memory>
 #include <numeric>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -43,6 +42,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/post.hpp>
+#include <nlohmann/json.hpp>
 
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/group.hpp"
@@ -490,25 +490,15 @@ std::pair<double, double> final_metrics(const data_sets& d, const parameter_view
 // JSON output
 // ---------------------------------------------------------------------------------------------
 
-/// `x` as a JSON number (NaN and infinities as null).
-std::string num(double x) {
-  if (!std::isfinite(x)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", x);
-  return buf;
-}
+/// `x` as a JSON value: the number, or null for NaN and infinities.
+nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); }
 
-/// A JSON array of `f(x)` for `x` in `xs`.
+/// A JSON array of `num(f(x))` for `x` in `xs`.
 template <class Range, class F>
-std::string array_of(const Range& xs, F f) {
-  std::string s = "[";
-  bool first = true;
-  for (const auto& x : xs) {
-    if (!first) s += ',';
-    first = false;
-    s += f(x);
-  }
-  return s + "]";
+nlohmann::json numbers(const Range& xs, F f) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& x : xs) a.push_back(num(static_cast<double>(f(x))));
+  return a;
 }
 
 /// One run's record (a single phase, or the phases of a regrouping run).
@@ -531,8 +521,6 @@ struct run_record {
 
 /// The JSON line of `r`.
 std::string to_json(const experiment& ex, const family& f, const run_record& r) {
-  const auto d = [](double x) { return num(x); };
-  const auto u = [](std::uint64_t x) { return std::to_string(x); };
   double total = 0;
   staleness_histogram st;
   int errors = 0;
@@ -541,39 +529,49 @@ std::string to_json(const experiment& ex, const family& f, const run_record& r) 
     st += p.push_staleness;
     errors += p.errors;
   }
-  std::ostringstream o;
-  o << "{\"kind\":\"" << r.kind << "\",\"model\":\"" << r.model << "\",\"config\":\"" << r.config
-    << "\",\"groups\":" << r.groups << ",\"straggler\":" << (r.straggler ? "true" : "false")
-    << ",\"seed\":" << r.seed << ",\"workers\":" << ex.workers << ",\"budget\":" << r.budget
-    << ",\"lr\":" << num(r.lr)
-    << ",\"compute_ms\":" << num(static_cast<double>(f.compute.count()) / 1e6)
-    << ",\"jitter\":" << num(ex.jitter) << ",\"metric\":\"" << f.metric_name << "\""
-    << ",\"sim_seconds\":" << num(total) << ",\"final_metric\":" << num(r.final_metric)
-    << ",\"final_secondary\":" << num(r.final_secondary)
-    << ",\"push_staleness\":" << array_of(st.counts, u)
-    << ",\"push_staleness_mean\":" << num(st.total() > 0 ? st.mean() : 0.0) << ",\"phases\":[";
+  nlohmann::json phases = nlohmann::json::array();
   for (std::size_t i = 0; i < r.phases.size(); ++i) {
     const auto& ps = r.phases[i];
     const auto& pr = r.results[i];
-    if (i > 0) o << ',';
-    o << "{\"mode\":\""
-      << (ps.m == mode::bsp   ? "bsp"
-          : ps.m == mode::asp ? "asp"
-                              : "groups")
-      << "\",\"group_of\":"
-      << array_of(ps.plan.group_of, [](std::uint32_t g) { return std::to_string(g); })
-      << ",\"speed\":" << array_of(ps.speed, d) << ",\"clocks\":" << array_of(ps.clocks, u)
-      << ",\"seconds\":" << num(pr.seconds) << ",\"done\":" << array_of(pr.done, d)
-      << ",\"seconds_per_clock\":" << array_of(pr.seconds_per_clock, d)
-      << ",\"push_staleness\":" << array_of(pr.push_staleness.counts, u)
-      << ",\"errors\":" << pr.errors << "}";
+    phases.push_back(
+        {{"mode", ps.m == mode::bsp   ? "bsp"
+                  : ps.m == mode::asp ? "asp"
+                                      : "groups"},
+         {"group_of", ps.plan.group_of},
+         {"speed", numbers(ps.speed, [](double x) { return x; })},
+         {"clocks", ps.clocks},
+         {"seconds", num(pr.seconds)},
+         {"done", numbers(pr.done, [](double x) { return x; })},
+         {"seconds_per_clock", numbers(pr.seconds_per_clock, [](double x) { return x; })},
+         {"push_staleness", pr.push_staleness.counts},
+         {"errors", pr.errors}});
   }
-  o << "],\"series\":{\"gradients\":"
-    << array_of(r.series, [](const sample& s) { return num(s.gradients); })
-    << ",\"time\":" << array_of(r.series, [](const sample& s) { return num(s.time); })
-    << ",\"metric\":" << array_of(r.series, [](const sample& s) { return num(s.metric); })
-    << "},\"errors\":" << errors << ",\"wall_seconds\":" << num(r.wall_seconds) << "}";
-  return o.str();
+  const nlohmann::json j = {
+      {"kind", r.kind},
+      {"model", r.model},
+      {"config", r.config},
+      {"groups", r.groups},
+      {"straggler", r.straggler},
+      {"seed", r.seed},
+      {"workers", ex.workers},
+      {"budget", r.budget},
+      {"lr", num(r.lr)},
+      {"compute_ms", num(static_cast<double>(f.compute.count()) / 1e6)},
+      {"jitter", num(ex.jitter)},
+      {"metric", f.metric_name},
+      {"sim_seconds", num(total)},
+      {"final_metric", num(r.final_metric)},
+      {"final_secondary", num(r.final_secondary)},
+      {"push_staleness", st.counts},
+      {"push_staleness_mean", num(st.total() > 0 ? st.mean() : 0.0)},
+      {"phases", std::move(phases)},
+      {"series",
+       {{"gradients", numbers(r.series, [](const sample& x) { return x.gradients; })},
+        {"time", numbers(r.series, [](const sample& x) { return x.time; })},
+        {"metric", numbers(r.series, [](const sample& x) { return x.metric; })}}},
+      {"errors", errors},
+      {"wall_seconds", num(r.wall_seconds)}};
+  return j.dump();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,9 @@
 //   fashion_mnist --role worker --worker-id 0 --workers 2 --connect 127.0.0.1:7000,127.0.0.1:7001
 //   fashion_mnist --recovery stateless --kill-at 3,8 --downtime 2   # kill -9 server 0 twice
 //   fashion_mnist --recovery chain --replicas 2 --kill-at 3,8         # kill the head of shard 0
+//   fashion_mnist --consistency vap --vap-magnitude 0.2 --vap-shrink  # value-bounded (VAP)
+//   fashion_mnist --groups 2 --slow-worker 3 --slow-factor 4          # group servers (BSP
+//                                                                     # inside, ASP between)
 //
 // The consistency model, the recovery policy and the server optimizer are compile-time
 // policies; the command line picks one of the instantiations compiled in train_*.cpp.
@@ -172,6 +175,8 @@ class server_supervisor {
 
 int train(const config& c) {
   if (c.role == "master") return fashion::run_master(c);
+  if (c.groups >= 2) return fashion::train_groups(c);
+  if (c.consistency == "vap") return fashion::train_vap(c);
   if (c.recovery == "chain") return fashion::train_chain(c);
   if (c.recovery == "chain-relaxed") return fashion::train_chain_relaxed(c);
   if (c.recovery == "checkpoint") return fashion::train_checkpoint(c);
@@ -190,9 +195,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"all", "server", "worker", "master"}));
   app.add_option("--model", c.model)->check(CLI::IsMember({"softmax", "mlp"}));
   app.add_option("--consistency", c.consistency)
-      ->check(CLI::IsMember({"bsp", "ssp", "essp", "asp"}));
+      ->check(CLI::IsMember({"bsp", "ssp", "essp", "asp", "vap"}));
   app.add_option("--staleness", c.staleness, "SSP/ESSP bound s in clocks")
       ->check(CLI::IsMember({1, 2, 3, 4, 7, 15}));
+  app.add_option("--vap-magnitude", c.vap_magnitude,
+                 "--consistency vap: bound on a worker's in-transit update magnitude (L2 norm of "
+                 "lr x gradient; default 0.15 softmax, 0.5 MLP: about 2 clocks of SGD updates)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--vap-shrink", c.vap_shrink,
+               "--consistency vap: bound --vap-magnitude / sqrt(clock + 1)");
   app.add_option("--optimizer", c.optimizer, "server optimizer")
       ->check(CLI::IsMember({"sgd", "momentum", "adagrad", "adam"}));
   app.add_option("--servers", c.servers, "number of server shards")->check(CLI::Range(1, 64));
@@ -251,6 +262,23 @@ int main(int argc, char** argv) {
   app.add_option("--downtime", c.downtime, "seconds a killed server stays down")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--kill-shard", c.kill_shard, "which server --kill-at kills");
+  app.add_option("--groups", c.groups,
+                 "group servers against stragglers: G >= 2 groups train BSP on their group "
+                 "server, which pushes to the --servers central shards (ASP); 0 or 1: off")
+      ->check(CLI::Range(0, 256));
+  app.add_option("--group-by", c.group_by,
+                 "--groups: id (contiguous ids) or speed (by the --slow-factor known up front)")
+      ->check(CLI::IsMember({"id", "speed"}));
+  app.add_option("--push-every", c.push_every, "--groups: group clocks per central push")
+      ->check(CLI::Range(1, 1000000));
+  app.add_flag("--scale-staleness", c.scale_staleness,
+               "--groups: scale each central push by 1 / its staleness (other groups' pushes "
+               "it did not see)");
+  app.add_option("--slow-worker", c.slow_worker, "straggler: which worker --slow-factor slows");
+  app.add_option("--slow-factor", c.slow_factor,
+                 "straggler: --slow-worker sleeps (F - 1) x its compute time after each "
+                 "gradient, on its own thread; 1: off")
+      ->check(CLI::Range(1.0, 1000.0));
   // One line per error, naming the flag and (for choices) the accepted values.
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return "fashion_mnist: " + std::string(e.what()) + " (see --help)\n";
@@ -282,6 +310,49 @@ int main(int argc, char** argv) {
     c.lr = c.optimizer == "sgd" ? (mlp ? 0.1f : 0.05f) : (c.optimizer == "adam" ? 1e-3f : 0.05f);
   if (c.epochs == 0) c.epochs = mlp ? 20 : 30;
   if (c.decay_at < 0) c.decay_at = c.epochs * (mlp ? 0.75 : 2.0 / 3.0);
+  // VAP bound: about two clocks of updates in transit. With the default SGD learning rates and
+  // batch 64, one clock's update lr x |g| (summed over 2 shards' slices, as the worker counts
+  // it) has a median of 0.06-0.09 (softmax) and 0.18-0.26 (MLP) over the first 3 epochs.
+  if (c.vap_magnitude == 0) c.vap_magnitude = mlp ? 0.5f : 0.15f;
+
+  const bool vap = c.consistency == "vap";
+  if (!vap && (app.count("--vap-magnitude") > 0 || c.vap_shrink)) {
+    std::cerr << "fashion_mnist: --vap-magnitude and --vap-shrink need --consistency vap\n";
+    return 2;
+  }
+  if (vap && c.recovery != "none") {
+    std::cerr << "fashion_mnist: --consistency vap is compiled with --recovery none only in "
+                 "this example (drop --recovery "
+              << c.recovery << " or pick another --consistency)\n";
+    return 2;
+  }
+  if (c.slow_factor > 1 && c.slow_worker >= c.workers) {
+    std::cerr << "fashion_mnist: --slow-worker must be < --workers (" << c.workers << ")\n";
+    return 2;
+  }
+  if (c.groups >= 2) {
+    // Group servers: everything in this process; BSP inside a group and ASP between groups.
+    const char* bad = nullptr;
+    if (c.groups > c.workers)
+      bad = "--groups must be <= --workers";
+    else if (c.role != "all")
+      bad = "--groups needs --role all";
+    else if (c.recovery != "none")
+      bad = "--groups needs --recovery none";
+    else if (!c.kill_at.empty())
+      bad = "--groups does not combine with --kill-at";
+    else if (app.count("--consistency") > 0 || app.count("--staleness") > 0)
+      bad = "--groups fixes the consistency (BSP inside a group, ASP between groups): drop "
+            "--consistency and --staleness";
+    if (bad != nullptr) {
+      std::cerr << "fashion_mnist: " << bad << '\n';
+      return 2;
+    }
+  } else if (app.count("--group-by") > 0 || app.count("--push-every") > 0 || c.scale_staleness) {
+    std::cerr << "fashion_mnist: --group-by, --push-every and --scale-staleness need --groups "
+                 ">= 2\n";
+    return 2;
+  }
 
   if (c.recovery != "none" && c.optimizer != "sgd") {
     std::cerr << "fashion_mnist: --recovery " << c.recovery

@@ -80,6 +80,18 @@ struct config {
   double downtime = 5;          // seconds a killed server stays down
   std::uint32_t kill_shard = 0;
   bool external_servers = false;  // role all, but the servers are other processes (--connect)
+  // VAP (--consistency vap): the bound on a worker's in-transit update magnitude.
+  float vap_magnitude = 0;  // 0: the model's default (main.cpp)
+  bool vap_shrink = false;  // bound magnitude / sqrt(c + 1)
+  // Group servers against stragglers (train_groups.cpp); groups < 2: off.
+  std::uint32_t groups = 0;
+  std::string group_by = "id";   // id | speed (the --slow-factor of each worker)
+  std::uint32_t push_every = 1;  // group clocks per central push
+  bool scale_staleness = false;  // scale each central push by 1 / staleness
+  // Straggler injection: worker `slow_worker` sleeps (slow_factor - 1) x its compute time
+  // after each gradient; slow_factor 1: off.
+  std::uint32_t slow_worker = 0;
+  double slow_factor = 1;
   std::function<void()> on_first_clock{};  // called once, when worker 0 finishes its first clock
 };
 
@@ -145,15 +157,24 @@ class any_model {
                                       c.batch, c.seed, c.l2, c.hidden)
                             : variant(std::in_place_type<fashion::softmax_model>, train, shard,
                                       shards, c.batch, c.seed, c.l2)),
-        decay_at_(c.decay_at), factor_(c.decay_factor) {}
+        decay_at_(c.decay_at), factor_(c.decay_factor),
+        slow_(is_slow(c, shard) ? c.slow_factor : 1.0) {}
+  /// Whether worker `w` is the straggler --slow-worker/--slow-factor inject.
+  static bool is_slow(const config& c, std::uint32_t w) {
+    return c.slow_factor > 1 && c.slow_worker == w;
+  }
   std::span<const asyncps::table_spec> tables() const {
     return std::visit([](const auto& m) { return m.tables(); }, m_);
   }
   // Learning-rate step schedule, applied as gradient scaling so it works with every server
   // optimizer and keeps read-my-writes exact: after `decay_at` epochs of this worker's shard,
   // gradients are multiplied by `decay_factor`.
+  // A straggler (--slow-worker) also sleeps (factor - 1) x the time the gradient took, on
+  // its own compute thread (run() gives it one), so it is slower without slowing the others.
   float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) {
+    const auto t0 = clock_type::now();
     const float loss = std::visit([&](auto& m) { return m.compute_gradient(p, g); }, m_);
+    if (slow_ > 1) std::this_thread::sleep_for((clock_type::now() - t0) * (slow_ - 1));
     if (decay_at_ >= 0 && epoch() >= decay_at_) {
       for (asyncps::table_id t = 0; t < g.tables().size(); ++t) {
         const auto s = g.span(t);
@@ -174,6 +195,7 @@ class any_model {
   variant m_;
   double decay_at_;
   float factor_;
+  double slow_;
 };
 
 // Progress and metrics shared by the workers of this process.
@@ -233,12 +255,15 @@ struct monitor {
   }
 };
 
-// A server only uses its policy's `eager` flag (the staleness bound travels in each pull as
-// the minimum clock wanted), so the example instantiates one server per (eager, optimizer)
-// rather than one per staleness value: this keeps its build time reasonable on 2 cores.
+// A server only uses its policy's `eager` and value-bounded flags (the staleness bound travels
+// in each pull as the minimum clock wanted, VAP's bound is the worker's), so the example
+// instantiates one server per (eager / VAP / lazy, optimizer) rather than one per staleness
+// value: this keeps its build time reasonable on 2 cores.
 template <class Consistency>
-using server_policy = std::conditional_t<Consistency::eager, asyncps::consistency::essp<0>,
-                                         asyncps::consistency::bsp>;
+using server_policy =
+    std::conditional_t<asyncps::is_value_bounded_v<Consistency>, asyncps::consistency::vap,
+                       std::conditional_t<Consistency::eager, asyncps::consistency::essp<0>,
+                                          asyncps::consistency::bsp>>;
 template <class Consistency, class Optimizer, class Recovery>
 using server_type =
     asyncps::basic_server<asyncps::tcp_transport, server_policy<Consistency>, Recovery, Optimizer>;
@@ -443,6 +468,7 @@ int run(const config& c, Optimizer opt) {
   asio::io_context io(2);
   const unsigned threads = c.role == "all" ? 2 : 1;
   asio::thread_pool compute(c.compute_threads != 0 ? c.compute_threads : 2);
+  asio::thread_pool slow_compute(1);  // the straggler's own thread (--slow-worker)
   monitor mon(c, test);
   if (!mon.metrics) {
     std::cerr << "fashion_mnist: --metrics: cannot write " << c.metrics << '\n';
@@ -543,8 +569,14 @@ int run(const config& c, Optimizer opt) {
         mon.samples += per_clock;
         if (i == 0) mon.on_clock(r, *model, workers[0]->staleness());
       };
-      workers.push_back(std::make_unique<worker_t>(*t, *m, o, compute.get_executor(),
-                                                   make_worker_part<Recovery>(c)));
+      workers.push_back(std::make_unique<worker_t>(
+          *t, *m, o,
+          any_model::is_slow(c, w) ? slow_compute.get_executor() : compute.get_executor(),
+          make_worker_part<Recovery>(c)));
+      if constexpr (asyncps::is_value_bounded_v<Consistency>) {
+        workers.back()->consistency().magnitude = c.vap_magnitude;
+        workers.back()->consistency().shrink = c.vap_shrink;
+      }
     }
     for (std::size_t i = 0; i < workers.size(); ++i) {
       asio::co_spawn(
@@ -570,6 +602,9 @@ int run(const config& c, Optimizer opt) {
   std::cout << "fashion_mnist: " << c.model << ", " << Consistency::name;
   if constexpr (requires { Consistency::staleness; })
     std::cout << "(" << Consistency::staleness << ")";
+  if constexpr (asyncps::is_value_bounded_v<Consistency>)
+    std::cout << "(magnitude " << c.vap_magnitude << (c.vap_shrink ? "/sqrt(c+1)" : "") << ")";
+  if (c.slow_factor > 1) std::cout << ", worker " << c.slow_worker << " slowed x" << c.slow_factor;
   std::cout << ", recovery " << Recovery::name << ", " << c.servers << " servers, " << c.workers
             << " workers, " << epochs << " epochs (" << clocks << " clocks of " << c.batch
             << " per worker), role " << c.role << std::endl;
@@ -579,6 +614,7 @@ int run(const config& c, Optimizer opt) {
   io.run();
   for (auto& t : pool) t.join();
   compute.join();
+  slow_compute.join();
   if (mon.tty && !c.quiet) std::cout << '\n';
 
   if (c.role == "server") return failures == 0 ? 0 : 1;
@@ -661,6 +697,34 @@ int run(const config& c, Optimizer opt) {
                        .dump()
                 << '\n';
   }
+  if constexpr (asyncps::is_value_bounded_v<Consistency>) {
+    std::uint64_t waits = 0, grads = 0;
+    double wait_s = 0, value_wait_s = 0, compute_s = 0;
+    for (auto& w : workers) {
+      const auto& s = w->stats();
+      waits += s.value_waits;
+      value_wait_s += s.value_wait_seconds;
+      wait_s += s.wait_seconds;
+      compute_s += s.compute_seconds;
+      grads += s.clocks;
+    }
+    std::printf("vap: %llu of %llu clocks waited for visibility (%.2f s in all, %.2f s waiting "
+                "of any kind, %.2f s computing; %zu workers)\n",
+                static_cast<unsigned long long>(waits), static_cast<unsigned long long>(grads),
+                value_wait_s, wait_s, compute_s, workers.size());
+    mon.metrics << nlohmann::json{{"summary", true},
+                                  {"time_s", secs},
+                                  {"gradients", grads},
+                                  {"value_waits", waits},
+                                  {"value_wait_s", value_wait_s},
+                                  {"wait_s", wait_s},
+                                  {"compute_s", compute_s},
+                                  {"vap_magnitude", c.vap_magnitude},
+                                  {"vap_shrink", c.vap_shrink},
+                                  {"workers", workers.size()}}
+                       .dump()
+                << '\n';
+  }
   std::printf("final test accuracy %.4f (loss %.4f) after %.1f s; metrics in %s\n", e.accuracy,
               e.loss, secs, c.metrics.c_str());
   return failures == 0 ? 0 : 1;
@@ -705,8 +769,11 @@ int train(const config& c) {
   return with_staleness<essp, Recovery>(c, seq);
 }
 
-// Defined in train_none.cpp, train_checkpoint.cpp, train_stateless.cpp and train_chain.cpp.
+// Defined in train_none.cpp, train_checkpoint.cpp, train_stateless.cpp, train_chain*.cpp,
+// train_vap.cpp and train_groups.cpp.
 int train_none(const config& c);
+int train_vap(const config& c);     // --consistency vap (recovery none)
+int train_groups(const config& c);  // --groups G >= 2 (recovery none, role all)
 int train_checkpoint(const config& c);
 int train_stateless(const config& c);
 int train_chain(const config& c);          // --recovery chain (strict)
