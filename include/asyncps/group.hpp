@@ -47,7 +47,7 @@ namespace asyncps {
 /// Which group each worker trains in. Workers of group g get the local ids 0..n_g-1 on their
 /// group server, in increasing global id.
 struct group_plan {
-  std::uint32_t groups = 1;
+  std::uint32_t groups = 1;               ///< number of groups
   std::vector<std::uint32_t> group_of{};  ///< group of worker w (global id)
 
   /// The global ids of group `g`'s workers, increasing. Precondition: `g < groups`.
