@@ -58,6 +58,7 @@
 #include "asyncps/staleness.hpp"
 #include "asyncps/transport/simulated.hpp"
 #include "asyncps/worker.hpp"
+#include "bench/json_output.hpp"
 #include "examples/matrix_factorization/mf.hpp"
 
 namespace asyncps::bench {
@@ -414,17 +415,6 @@ run_result simulate(const experiment& ex, const dataset& data, const run_spec& r
 // ---------------------------------------------------------------------------------------------
 // JSON output
 // ---------------------------------------------------------------------------------------------
-
-/// `x` as a JSON value: the number, or null for NaN and infinities.
-nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); }
-
-/// A JSON array of `num(f(x))` for `x` in `xs`.
-template <class Range, class F>
-nlohmann::json numbers(const Range& xs, F f) {
-  nlohmann::json a = nlohmann::json::array();
-  for (const auto& x : xs) a.push_back(num(static_cast<double>(f(x))));
-  return a;
-}
 
 /// `x` with up to 6 significant digits, for labels ("1.5", "0.25").
 std::string short_number(double x) {

@@ -50,6 +50,7 @@
 #include "asyncps/staleness.hpp"
 #include "asyncps/transport/simulated.hpp"
 #include "asyncps/worker.hpp"
+#include "bench/json_output.hpp"
 #include "examples/fashion_mnist/dataset.hpp"
 #include "examples/fashion_mnist/models.hpp"
 #include "examples/matrix_factorization/mf.hpp"
@@ -489,17 +490,6 @@ std::pair<double, double> final_metrics(const data_sets& d, const parameter_view
 // ---------------------------------------------------------------------------------------------
 // JSON output
 // ---------------------------------------------------------------------------------------------
-
-/// `x` as a JSON value: the number, or null for NaN and infinities.
-nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(); }
-
-/// A JSON array of `num(f(x))` for `x` in `xs`.
-template <class Range, class F>
-nlohmann::json numbers(const Range& xs, F f) {
-  nlohmann::json a = nlohmann::json::array();
-  for (const auto& x : xs) a.push_back(num(static_cast<double>(f(x))));
-  return a;
-}
 
 /// One run's record (a single phase, or the phases of a regrouping run).
 struct run_record {

@@ -153,16 +153,7 @@ std::string member_list(const std::vector<std::uint32_t>& ws) {
 int train_groups(const config& c) {
   fashion::dataset train, test;
   std::vector<asyncps::table_spec> layout;
-  {
-    auto loaded = fashion::load_fashion_mnist(c.data);
-    if (!loaded) {
-      std::cerr << "fashion_mnist: " << loaded.error().message << '\n';
-      return 2;
-    }
-    std::tie(train, test) = std::move(loaded).value();
-    any_model probe(c, train, 0, 1);
-    layout.assign(probe.tables().begin(), probe.tables().end());
-  }
+  if (!load_data(c, train, test, layout)) return 2;
   const asyncps::group_plan plan = make_plan(c);
   const auto central_tables = asyncps::central_layout(layout, c.groups);
   const auto counter_table = static_cast<asyncps::table_id>(layout.size());

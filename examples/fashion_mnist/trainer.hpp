@@ -198,6 +198,22 @@ class any_model {
   double slow_;
 };
 
+/// Loads Fashion-MNIST from `c.data` into `train` (60,000 images) and `test` (10,000), and the
+/// layout of the model `c` selects into `layout`. On a missing or bad file prints the error
+/// (it names the file) and returns false.
+inline bool load_data(const config& c, fashion::dataset& train, fashion::dataset& test,
+                      std::vector<asyncps::table_spec>& layout) {
+  auto loaded = fashion::load_fashion_mnist(c.data);
+  if (!loaded) {
+    std::cerr << "fashion_mnist: " << loaded.error().message << '\n';
+    return false;
+  }
+  std::tie(train, test) = std::move(loaded).value();
+  const any_model probe(c, train, 0, 1);
+  layout.assign(probe.tables().begin(), probe.tables().end());
+  return true;
+}
+
 // Progress and metrics shared by the workers of this process.
 struct monitor {
   monitor(const config& c, const fashion::dataset& t) : cfg(c), test(t), metrics(c.metrics) {}
@@ -453,17 +469,8 @@ int run(const config& c, Optimizer opt) {
   const bool need_data = c.role != "server";
   fashion::dataset train, test;
   std::vector<asyncps::table_spec> layout;
-  {
-    auto loaded = fashion::load_fashion_mnist(c.data);
-    if (!loaded) {
-      std::cerr << "fashion_mnist: " << loaded.error().message << '\n';
-      return 2;
-    }
-    std::tie(train, test) = std::move(loaded).value();
-    any_model probe(c, train, 0, 1);
-    layout.assign(probe.tables().begin(), probe.tables().end());
-    if (!need_data) train = {};
-  }
+  if (!load_data(c, train, test, layout)) return 2;
+  if (!need_data) train = {};
 
   asio::io_context io(2);
   const unsigned threads = c.role == "all" ? 2 : 1;
