@@ -917,7 +917,7 @@ class basic_worker {
     m.header.row_count = p.range.size();
     m.header.width = w;
     m.payload = grad.share(off, bytes);
-    if constexpr (sparse_gradient_source<Model>) sparsify(m, p, t, grad);
+    sparsify(m, p, t, grad);  // sparse models only (a no-op otherwise)
     if constexpr (acknowledged) {
       m.header.flags |= frame_flags::want_ack;
       l.unacked.push_back(message{m.header, m.payload.share()});
@@ -975,6 +975,18 @@ class basic_worker {
         bye.header.sender = opts_.id;
         (void)co_await l.conn.async_send(std::move(bye));
       }
+    }
+    // Graceful close: a server answers `bye` by closing once it has sent what it queued.
+    // Closing first could reset a TCP connection that still has rows arriving (ESSP, VAP), and
+    // a reset may drop this worker's last pushes before the server has read them.
+    const auto deadline = clock_type::now() + std::chrono::seconds(2);
+    while (clock_type::now() < deadline &&
+           std::any_of(links_.begin(), links_.end(),
+                       [](const link& l) { return l.up && l.reading; })) {
+      wake_.expires_after(std::chrono::milliseconds(10));
+      co_await wake_.async_wait(detail::use_tuple);
+    }
+    for (auto& l : links_) {
       l.up = false;
       l.conn.close();
     }
