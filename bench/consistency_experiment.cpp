@@ -25,9 +25,10 @@
 // instant of virtual time. Pushes still in flight at that instant are not in it. Final
 // figures are taken after every worker finished and every push was applied.
 //
-// Traffic: the model is a `sparse_gradient_source`, so a worker pushes only the rows its
-// minibatch touched (a keyed push per shard and table); pulls and the servers' eager (ESSP) and
-// visibility (VAP) row pushes send whole shards.
+// Traffic: the model is a `sparse_gradient_source` and a `sparse_read_source`, so a worker
+// pushes only the rows its minibatch touched and pulls only the rows it will read (keyed, per
+// shard and table); the servers' eager (ESSP) and visibility (VAP) row pushes carry only the
+// subscribed rows that changed.
 #include <algorithm>
 #include <array>
 #include <cctype>
@@ -173,8 +174,9 @@ dataset make_dataset(const experiment& ex) {
 }
 
 /// `mf_model` plus running means of the norms of the gradients it writes (to size VAP
-/// thresholds relative to a typical update lr * |g|); forwards `touched_rows`, so it is a
-/// `sparse_gradient_source` like `mf_model` and the workers push only the touched rows.
+/// thresholds relative to a typical update lr * |g|); forwards `touched_rows` and
+/// `rows_to_read`, so like `mf_model` it is a `sparse_gradient_source` and a
+/// `sparse_read_source`: the workers push and pull only the rows a minibatch touches.
 struct measured_model {
   mf::mf_model inner;
   double l2_sum = 0;   // sum over clocks of |g|_2
@@ -185,6 +187,8 @@ struct measured_model {
   std::span<const table_spec> tables() const noexcept { return inner.tables(); }
   /// The rows the last gradient touched (so the worker pushes only those, keyed).
   std::span<const row_id> touched_rows(table_id t) const noexcept { return inner.touched_rows(t); }
+  /// The rows the next gradient reads (so the worker pulls and checks only those).
+  std::span<const row_id> rows_to_read(table_id t) noexcept { return inner.rows_to_read(t); }
   /// The wrapped model's gradient; records its L2 and max norm.
   float compute_gradient(const parameter_view& p, gradient_view& g) noexcept {
     const float loss = inner.compute_gradient(p, g);
@@ -200,7 +204,7 @@ struct measured_model {
     return loss;
   }
 };
-static_assert(sparse_gradient_source<measured_model>);
+static_assert(sparse_gradient_source<measured_model> && sparse_read_source<measured_model>);
 
 /// What to run: one point of the sweep.
 struct run_spec {

@@ -6,8 +6,8 @@
 // Parameter Server Consistency Models" (AAAI 2015; /work/shared/papers.md section D): Netflix
 // (480k users x 18k items, 100M ratings), factors held in two parameter-server tables, each
 // worker drawing minibatches of 1% or 10% of its data per clock. A minibatch touches few rows
-// of two large tables, which is the case a sparse (row-set) push is for: see
-// `mf_model::touched_rows`.
+// of two large tables, which is the case sparse (row-set) pulls and pushes are for: see
+// `mf_model::rows_to_read` and `mf_model::touched_rows`.
 //
 // Errors from the loader are `load_result<T>`: a Boost.Outcome `std_result` whose error is a
 // `load_error` (the code `asyncps::errc::bad_file` plus a message "<file>:<line>: <what>"):
@@ -615,7 +615,8 @@ class mf_model {
     grad_left.setZero();
     grad_right.setZero();
 
-    next_batch();
+    if (!drawn_) next_batch();
+    drawn_ = false;
     const float scale = 2.0f / static_cast<float>(batch_size_);
     double squared = 0.0;
     for (const std::uint32_t k : batch_) {
@@ -641,10 +642,25 @@ class mf_model {
   /// The rows of table `t` that the last `compute_gradient` touched (users for `user_table`,
   /// items for `item_table`), sorted ascending, without repeats; empty before the first call
   /// and for any other `t`. Every other row of the last gradient is zero. Valid until the next
-  /// `compute_gradient`. Complexity: O(1).
+  /// `compute_gradient` or `rows_to_read`. Complexity: O(1).
   std::span<const row_id> touched_rows(table_id t) const noexcept {
     if (t >= touched_.size()) return {};
     return touched_[t];
+  }
+
+  /// The rows of table `t` the next `compute_gradient` reads (and touches): draws the next
+  /// minibatch if it is not drawn yet, so the worker can pull only those rows
+  /// (`asyncps::sparse_read_source`). The minibatch sequence is the same whether or not this
+  /// is called. Sorted ascending, without repeats; empty for any `t` other than the two
+  /// tables. Valid until the next `compute_gradient`.
+  /// Allocation: none. Complexity: O(batch_size log batch_size) for the first call after a
+  /// `compute_gradient`, O(1) after that.
+  std::span<const row_id> rows_to_read(table_id t) noexcept {
+    if (!drawn_) {
+      next_batch();
+      drawn_ = true;
+    }
+    return touched_rows(t);
   }
 
   /// The penalty (lambda / 2)(sum |L_u|^2 + sum |R_i|^2) over the rows the last
@@ -701,10 +717,12 @@ class mf_model {
   std::uint64_t seen_ = 0;
   std::vector<std::uint32_t> batch_;            // entry indices of the last minibatch
   std::array<std::vector<row_id>, 2> touched_;  // sorted distinct rows per table
+  bool drawn_ = false;                          // batch_ is the next minibatch, not the last
   float last_penalty_ = 0.0f;
 };
 
 static_assert(model<mf_model>);
+static_assert(sparse_gradient_source<mf_model> && sparse_read_source<mf_model>);
 
 /// Root-mean-square error of the factorization in `p` on `data`, in rating units:
 /// sqrt(mean over entries of (L_u . R_i - value)^2), where L = `p.table(mf_model::user_table)`

@@ -152,6 +152,7 @@ class basic_server {
       t.range = shard_range(spec.rows, opts_.shard, opts_.num_shards);
       t.values.resize(std::size_t{t.range.size()} * spec.width);
       t.state.resize(t.values.size() * Optimizer::state_per_param, 0.0f);
+      t.row_version.assign(t.range.size(), 0);
       init_table(t);
       tables_.push_back(std::move(t));
     }
@@ -253,6 +254,7 @@ class basic_server {
     if (!all_finite(v))
       throw std::invalid_argument("asyncps::basic_server::set_values: non-finite value");
     std::copy(v.begin(), v.end(), tables_[t].values.begin());
+    changed(tables_[t], tables_[t].range);
     has_state_ = true;
   }
   const server_options& options() const noexcept { return opts_; }
@@ -313,6 +315,7 @@ class basic_server {
       std::copy(st.tables[i].values.begin(), st.tables[i].values.end(), tables_[i].values.begin());
       std::copy(st.tables[i].optimizer_state.begin(), st.tables[i].optimizer_state.end(),
                 tables_[i].state.begin());
+      changed(tables_[i], tables_[i].range);
     }
     for (std::uint32_t w = 0; w < opts_.num_workers; ++w) {
       clocks_[w] = st.worker_clocks[w];
@@ -338,11 +341,21 @@ class basic_server {
     std::vector<float> values;
     std::vector<float> state;  // Optimizer::state_per_param planes of values.size()
     std::uint64_t step = 0;
+    // Change tracking for eager rows (only changed rows are pushed): `version` counts changes
+    // of the table, `row_version[r]` is the version of row r's last change.
+    std::uint64_t version = 0;
+    std::vector<std::uint64_t> row_version;
   };
+  // The rows a reader subscribed to (by pulling them) in one table: a range (dense reads)
+  // and/or single rows outside it (sparse reads), in order of their first pull.
   struct subscription {
     bool ranged = false;
     key_range range{};
     std::vector<row_id> keys;
+    std::vector<bool> keyed;  // per row of the shard: in `keys` (sized on the first keyed pull)
+    // The table version the reader's subscribed rows are current at (as of the last rows
+    // this session sent it): eager rows carry only rows changed since.
+    std::uint64_t synced = 0;
   };
   // What the peer of a session is: not yet known (before its hello), a worker, or (chain
   // replication) this server's predecessor, successor or the chain master.
@@ -1220,6 +1233,7 @@ class basic_server {
         if (needs_state_[h.table]) {
           std::copy(vals.begin(), vals.end(), t.values.begin());
           std::fill(t.state.begin(), t.state.end(), 0.0f);
+          changed(t, t.range);
           needs_state_[h.table] = false;
           state_source_[h.table] = s.worker;
           has_state_ = true;
@@ -1260,19 +1274,30 @@ class basic_server {
     const std::uint32_t w = t.spec.width;
     ++t.step;
     if (h.has(frame_flags::range)) {
-      const std::size_t off = std::size_t{static_cast<row_id>(h.first_row) - t.range.begin} * w;
-      apply_rows(t, off, std::size_t{h.row_count} * w, grad.data());
+      const auto first = static_cast<row_id>(h.first_row);
+      apply_rows(t, std::size_t{first - t.range.begin} * w, std::size_t{h.row_count} * w,
+                 grad.data());
+      changed(t, key_range{first, first + h.row_count});
     } else {
       const auto keys = payload_keys(m);
-      for (std::uint32_t i = 0; i < h.row_count; ++i)
+      ++t.version;
+      for (std::uint32_t i = 0; i < h.row_count; ++i) {
         apply_rows(t, std::size_t{keys[i] - t.range.begin} * w, w,
                    grad.data() + std::size_t{i} * w);
+        t.row_version[keys[i] - t.range.begin] = t.version;
+      }
     }
     if constexpr (requires(typename Recovery::server_part& p) {
                     p.on_update(h.table, h.first_row, h.row_count, grad);
                   }) {
       recovery_.on_update(h.table, h.first_row, h.row_count, grad);
     }
+  }
+
+  // Rows `r` of table `t` changed (for eager rows: see push_subscribed).
+  static void changed(table_state& t, key_range r) noexcept {
+    ++t.version;
+    std::fill_n(t.row_version.begin() + (r.begin - t.range.begin), r.size(), t.version);
   }
 
   void apply_rows(table_state& t, std::size_t off, std::size_t n, const float* g) {
@@ -1336,8 +1361,14 @@ class basic_server {
     enqueue(s, std::move(r));
   }
 
+  // Adds the rows of pull `req` to the reader's subscription (each row once; amortized O(1)
+  // per row). Keyed rows that come to cover the whole shard become a range subscription.
   void subscribe(session& s, const message& req) {
     auto& sub = s.subs[req.header.table];
+    const key_range all = tables_[req.header.table].range;
+    // The reply just sent has these rows as of now; rows subscribed earlier are current as of
+    // `synced` (older), so a first subscription starts at the table's current version.
+    if (!sub.ranged && sub.keys.empty()) sub.synced = tables_[req.header.table].version;
     if (req.header.has(frame_flags::range)) {
       const key_range r{static_cast<row_id>(req.header.first_row),
                         static_cast<row_id>(req.header.first_row + req.header.row_count)};
@@ -1345,11 +1376,24 @@ class basic_server {
           sub.ranged ? key_range{std::min(sub.range.begin, r.begin), std::max(sub.range.end, r.end)}
                      : r;
       sub.ranged = true;
+      std::erase_if(sub.keys, [&](row_id k) {
+        if (!sub.range.contains(k)) return false;
+        sub.keyed[k - all.begin] = false;
+        return true;
+      });
     } else {
-      const auto keys = payload_keys(req);
-      sub.keys.insert(sub.keys.end(), keys.begin(), keys.end());
-      std::sort(sub.keys.begin(), sub.keys.end());
-      sub.keys.erase(std::unique(sub.keys.begin(), sub.keys.end()), sub.keys.end());
+      if (sub.keyed.empty()) sub.keyed.assign(all.size(), false);
+      for (const row_id k : payload_keys(req)) {
+        if ((sub.ranged && sub.range.contains(k)) || sub.keyed[k - all.begin]) continue;
+        sub.keyed[k - all.begin] = true;
+        sub.keys.push_back(k);
+      }
+      if (sub.keys.size() + (sub.ranged ? sub.range.size() : 0) == all.size()) {
+        sub.ranged = true;
+        sub.range = all;
+        sub.keys.clear();
+        std::fill(sub.keyed.begin(), sub.keyed.end(), false);
+      }
     }
   }
 
@@ -1384,32 +1428,49 @@ class basic_server {
     if (opts_.on_clock) opts_.on_clock(m);
   }
 
-  // Sends every reader the rows it subscribed to, as of now (ESSP: when the server clock
-  // advances; VAP: after each writer clock). Workers of a dense model all subscribe to the
-  // whole shard of a table: it is snapshot once per table and the buffer shared.
+  // Brings every reader's subscribed rows up to date (ESSP: when the server clock advances;
+  // VAP: after each writer clock): one eager rows message per reader and table, holding the
+  // subscribed rows that changed since the last rows this session sent, possibly none; every
+  // other subscribed row is unchanged as of the message's clock (the worker re-stamps them).
+  // When every row of the shard changed and is subscribed (dense models), the whole shard is
+  // sent as a range, snapshot once per table and the buffer shared.
   void push_subscribed() {
     for (table_id t = 0; t < tables_.size(); ++t) {
+      auto& ts = tables_[t];
       buffer whole;
-      const key_range all = tables_[t].range;
+      const key_range all = ts.range;
+      const std::uint32_t w = ts.spec.width;
       for (auto& s : sessions_) {
         if (!s.open || s.worker == no_worker) continue;
-        const auto& sub = s.subs[t];
-        if (sub.ranged) {
-          buffer payload;
-          if (sub.range == all) {
-            if (whole.empty()) whole = rows_payload(t, true, all.begin, all.size(), {});
-            payload = whole.share();
-          } else {
-            payload = rows_payload(t, true, sub.range.begin, sub.range.size(), {});
-          }
-          send_rows(s, t, true, sub.range.begin, sub.range.size(), true, std::move(payload));
-          ++stats_.eager_messages;
+        auto& sub = s.subs[t];
+        if (!sub.ranged && sub.keys.empty()) continue;
+        const auto fresh = [&](row_id r) { return ts.row_version[r - all.begin] > sub.synced; };
+        std::uint32_t n = 0;
+        if (sub.ranged)
+          for (row_id r = sub.range.begin; r < sub.range.end; ++r) n += fresh(r) ? 1 : 0;
+        for (const row_id k : sub.keys) n += fresh(k) ? 1 : 0;
+        if (sub.ranged && sub.range == all && n == all.size()) {
+          if (whole.empty()) whole = rows_payload(t, true, all.begin, all.size(), {});
+          send_rows(s, t, true, all.begin, all.size(), true, whole.share());
+        } else {
+          const std::size_t kb = key_bytes(n);
+          buffer b = transport_.allocate(kb + std::size_t{n} * w * sizeof(float));
+          std::memset(b.data(), 0, kb);
+          auto* keys = reinterpret_cast<row_id*>(b.data());
+          auto* rows = reinterpret_cast<float*>(b.data() + kb);
+          const auto add = [&](row_id r) {
+            if (!fresh(r)) return;
+            *keys++ = r;
+            std::memcpy(rows, ts.values.data() + std::size_t{r - all.begin} * w, w * sizeof(float));
+            rows += w;
+          };
+          if (sub.ranged)
+            for (row_id r = sub.range.begin; r < sub.range.end; ++r) add(r);
+          for (const row_id k : sub.keys) add(k);
+          send_rows(s, t, false, 0, n, true, std::move(b));
         }
-        if (!sub.keys.empty()) {
-          const auto n = static_cast<std::uint32_t>(sub.keys.size());
-          send_rows(s, t, false, 0, n, true, rows_payload(t, false, 0, n, sub.keys));
-          ++stats_.eager_messages;
-        }
+        sub.synced = ts.version;
+        ++stats_.eager_messages;
       }
     }
   }

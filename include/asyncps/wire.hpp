@@ -92,7 +92,10 @@ struct frame_flags {
   static constexpr std::uint8_t range = 1;         ///< rows are [first_row, first_row + row_count)
   static constexpr std::uint8_t end_of_clock = 2;  ///< push: the sender's last push of its clock
   static constexpr std::uint8_t want_ack = 4;      ///< push: reply with an ack
-  static constexpr std::uint8_t eager = 8;         ///< rows: pushed by the server unrequested
+  /// rows: pushed by the server unrequested (ESSP, VAP): the reader's subscribed rows that
+  /// changed since the rows last sent to it in this table (any number, even none); every other
+  /// subscribed row is unchanged as of the message's `clock`.
+  static constexpr std::uint8_t eager = 8;
   /// push: the payload is row *values* (a worker's replica), to be installed by a server that
   /// restarted without state; welcome: this server has no state and asks for replicas.
   static constexpr std::uint8_t state = 16;

@@ -1,8 +1,9 @@
 // asyncps — basic_worker: the pull -> gradient -> push -> clock loop of one worker.
 //
 // A worker connects to every shard, keeps a local cache of all tables stamped with the server
-// clock each part reflects, and per clock: asks its consistency policy whether each cached
-// part may be read (pulling or waiting when not), snapshots the cache, computes the gradient
+// clock each part reflects (each row, for a model with sparse reads), and per clock: asks its
+// consistency policy whether each cached part (or the rows the model will read) may be read
+// (pulling or waiting when not), snapshots the cache, computes the gradient
 // straight into a pooled buffer (on the compute executor, so I/O continues meanwhile), applies
 // it to its own cache (read-my-writes), and pushes each shard's slice of that same buffer
 // without copying it, the last push of a shard marking the end of the clock.
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -85,6 +87,7 @@ struct worker_stats {
   std::uint64_t clocks = 0;          ///< clocks completed
   std::uint64_t pushes = 0;          ///< push messages sent
   std::uint64_t pulls = 0;           ///< pull requests sent
+  std::uint64_t sparse_pulls = 0;    ///< of which keyed (single rows, `sparse_read_source`)
   std::uint64_t rows_messages = 0;   ///< rows messages received (replies and eager pushes)
   std::uint64_t eager_messages = 0;  ///< of which pushed by the server unrequested
   std::uint64_t bytes_out = 0;       ///< payload bytes sent
@@ -150,6 +153,7 @@ class basic_worker {
       for (const auto& t : tables_) {
         part p;
         p.range = shard_range(t.rows, s, shards);
+        if constexpr (sparse_reads) p.row_clock.assign(p.range.size(), no_clock);
         l.parts.push_back(std::move(p));
       }
     }
@@ -172,8 +176,10 @@ class basic_worker {
     for (std::uint64_t k = 0; !ec && k < clocks; ++k) {
       const clock_value c = clock_;
       const clock_value need = policy_.min_server_clock(c);
-      // 1. Consistency: decide per cached part; pull where needed.
+      // 1. Consistency: decide per cached part (per row the model will read, for sparse
+      //    reads); pull where needed.
       co_await join_links();
+      if constexpr (sparse_reads) select_rows();
       for (auto& l : links_) {
         for (table_id t = 0; t < l.parts.size() && l.up; ++t) {
           if (auto m = decide_read(l, t, c, need)) {
@@ -325,8 +331,9 @@ class basic_worker {
   };
   struct part {
     key_range range;
-    bool have = false;
-    clock_value clock = no_clock;  // server clock of the cached rows
+    bool have = false;             // every row of the part is cached
+    clock_value clock = no_clock;  // server clock of the cached rows (sparse reads: of the
+                                   // rows read at the last clock)
     bool pulling = false;          // a pull is outstanding
     std::uint64_t pushed = 0;      // pushes of this part the server counts (its applied + sent)
     std::vector<unapplied> local;  // own pushes not yet reflected in `have` rows
@@ -336,6 +343,12 @@ class basic_worker {
     std::vector<float> backlog;
     std::uint64_t backlog_clocks = 0;
     clock_value backlog_since = 0;
+    // Sparse reads: the server clock of each cached row (no_clock: not cached), how many rows
+    // are cached, and the rows of this part the model reads at this clock (a subrange of the
+    // model's `rows_to_read`, valid until its next compute_gradient).
+    std::vector<clock_value> row_clock;
+    std::uint32_t rows_cached = 0;
+    std::span<const row_id> want;
   };
   struct link {
     std::uint32_t shard = 0;
@@ -374,6 +387,7 @@ class basic_worker {
     return false;
   }();
   static constexpr bool value_bounded = is_value_bounded_v<Consistency>;
+  static constexpr bool sparse_reads = sparse_read_source<Model>;
 
   const typename Transport::endpoint_type& endpoint_of(const link& l) const {
     return l.endpoint == 0 ? opts_.servers[l.shard] : opts_.replicas[l.shard][l.endpoint - 1];
@@ -535,28 +549,54 @@ class basic_worker {
         if (h.has(frame_flags::eager)) ++stats_.eager_messages;
         float* base = cache_.data() + offsets_[h.table];
         const auto vals = payload_floats(m);
-        if (h.has(frame_flags::range)) {
+        const bool ranged = h.has(frame_flags::range);
+        const auto keys = payload_keys(m);
+        if (ranged) {
           if (h.first_row < p.range.begin || h.first_row > p.range.end ||
               h.row_count > p.range.end - h.first_row)
             return errc::bad_row_range;
           std::memcpy(base + h.first_row * t.width, vals.data(), vals.size_bytes());
         } else {
-          const auto keys = payload_keys(m);
           for (std::uint32_t i = 0; i < h.row_count; ++i) {
             if (!p.range.contains(keys[i])) return errc::bad_row_range;
             std::memcpy(base + std::size_t{keys[i]} * t.width,
                         vals.data() + std::size_t{i} * t.width, t.width * sizeof(float));
           }
         }
-        // Own pushes the server had not applied when it sent these rows: re-apply locally.
+        // Own pushes the server had not applied when it sent these rows: re-apply them to the
+        // rows just overwritten (every other cached row still has them).
         std::erase_if(p.local, [&](const unapplied& u) { return u.index <= h.seq; });
-        if (opts_.local_step > 0 && h.has(frame_flags::range) && h.first_row == p.range.begin &&
-            h.row_count == p.range.size()) {
-          for (const auto& u : p.local) local_apply(h.table, p.range, u.grad.floats());
+        if (opts_.local_step > 0) {
+          for (const auto& u : p.local) {
+            const auto g = u.grad.floats();
+            if (ranged) {
+              const auto first = static_cast<row_id>(h.first_row);
+              local_apply(h.table, key_range{first, first + h.row_count},
+                          g.subspan(std::size_t{first - p.range.begin} * t.width,
+                                    std::size_t{h.row_count} * t.width));
+            } else {
+              for (const row_id k : keys)
+                local_apply(h.table, key_range{k, k + 1},
+                            g.subspan(std::size_t{k - p.range.begin} * t.width, t.width));
+            }
+          }
         }
-        const bool covers = !h.has(frame_flags::range) ||
-                            (h.first_row == p.range.begin && h.row_count == p.range.size());
-        if (covers) {
+        // Eager rows carry only the subscribed rows that changed: every other row this worker
+        // caches (all of them subscribed, under the policies that push rows) is unchanged as
+        // of h.clock, so the whole part is re-stamped.
+        const bool eager = h.has(frame_flags::eager);
+        if constexpr (sparse_reads) {
+          if (ranged) {
+            for (std::uint32_t i = 0; i < h.row_count; ++i)
+              note_row(p, static_cast<row_id>(h.first_row) + i, h.clock);
+          } else {
+            for (const row_id k : keys) note_row(p, k, h.clock);
+          }
+          if (eager)
+            for (clock_value& rc : p.row_clock)
+              if (rc != no_clock) rc = std::max(rc, h.clock);
+        } else if ((ranged && h.first_row == p.range.begin && h.row_count == p.range.size()) ||
+                   (eager && p.have)) {
           p.have = true;
           p.clock = std::max(p.clock, h.clock);
         }
@@ -720,7 +760,13 @@ class basic_worker {
         continue;  // still down: check_links starts over
       }
       // Cached rows are from before the outage: fetch (and, for ESSP, resubscribe).
-      for (auto& p : l.parts) p.have = false;
+      for (auto& p : l.parts) {
+        p.have = false;
+        if constexpr (sparse_reads) {
+          std::fill(p.row_clock.begin(), p.row_clock.end(), no_clock);
+          p.rows_cached = 0;
+        }
+      }
       ++stats_.reconnects;
       l.up = true;
       l.reading = true;
@@ -812,9 +858,16 @@ class basic_worker {
                                      bool fetch_only = false) {
     auto& p = l.parts[t];
     if (p.range.empty() || p.pulling) return std::nullopt;
-    const auto action = policy_.on_read(c, p.clock, p.have);
+    if constexpr (sparse_reads) {
+      if (p.want.empty()) return std::nullopt;  // the model reads none of these rows
+    }
+    const auto [have, cached] = read_state(p);
+    const auto action = policy_.on_read(c, cached, have);
     if (action != read_action::fetch && (fetch_only || action != read_action::read_and_refresh))
       return std::nullopt;
+    if constexpr (sparse_reads) {
+      if (auto m = sparse_pull(l, t, action == read_action::fetch ? need : no_clock)) return m;
+    }
     message m;
     m.header.type = message_type::pull;
     m.header.flags = frame_flags::range;
@@ -832,21 +885,108 @@ class basic_worker {
 
   bool ready(clock_value need) const noexcept {
     for (const auto& l : links_) {
-      if (!l.up && l.action == recovery_action::continue_local) {
-        for (const auto& p : l.parts)
-          if (!p.range.empty() && !p.have) return false;  // nothing cached to train on yet
-        continue;
+      for (const auto& p : l.parts) {
+        if (p.range.empty()) continue;
+        if constexpr (sparse_reads) {
+          if (p.want.empty()) continue;
+        }
+        const auto [have, cached] = read_state(p);
+        if (!l.up && l.action == recovery_action::continue_local) {
+          if (!have) return false;  // nothing cached to train on yet
+          continue;
+        }
+        if (!(l.up && have && cached >= need)) return false;
       }
-      for (const auto& p : l.parts)
-        if (!p.range.empty() && !(l.up && p.have && p.clock >= need)) return false;
     }
     return true;
   }
 
+  // Whether the rows a read of part `p` needs are cached, and the oldest server clock among
+  // them: the whole part, or (sparse reads) the rows the model reads at this clock.
+  std::pair<bool, clock_value> read_state(const part& p) const noexcept {
+    if constexpr (sparse_reads) {
+      clock_value oldest = std::numeric_limits<clock_value>::max();
+      for (const row_id k : p.want) {
+        const clock_value rc = p.row_clock[k - p.range.begin];
+        if (rc == no_clock) return {false, no_clock};
+        oldest = std::min(oldest, rc);
+      }
+      return {true, oldest};
+    } else {
+      return {p.have, p.clock};
+    }
+  }
+
   void record_staleness(clock_value c) noexcept {
-    for (const auto& l : links_)
-      for (const auto& p : l.parts)
-        if (!p.range.empty() && l.up) staleness_.record(c - p.clock);
+    for (auto& l : links_) {
+      for (auto& p : l.parts) {
+        if (p.range.empty() || !l.up) continue;
+        if constexpr (sparse_reads) {
+          if (p.want.empty()) continue;
+          p.clock = read_state(p).second;  // the clock this read's gradient is computed on
+        }
+        staleness_.record(c - p.clock);
+      }
+    }
+  }
+
+  // Sparse reads: asks the model which rows its next gradient reads and narrows them to each
+  // part (no copy: a subrange of the model's span).
+  void select_rows() {
+    if constexpr (sparse_reads) {
+      for (table_id t = 0; t < tables_.size(); ++t) {
+        const std::span<const row_id> rows = model_.rows_to_read(t);
+        for (auto& l : links_) {
+          auto& p = l.parts[t];
+          const auto lo = std::lower_bound(rows.begin(), rows.end(), p.range.begin);
+          const auto hi = std::lower_bound(lo, rows.end(), p.range.end);
+          p.want = rows.subspan(static_cast<std::size_t>(lo - rows.begin()),
+                                static_cast<std::size_t>(hi - lo));
+        }
+      }
+    }
+  }
+
+  // Sparse reads: a row of part `p` arrived with server clock `c`.
+  static void note_row(part& p, row_id k, clock_value c) noexcept {
+    clock_value& rc = p.row_clock[k - p.range.begin];
+    if (rc == no_clock && ++p.rows_cached == p.range.size()) p.have = true;
+    rc = std::max(rc, c);
+  }
+
+  // Sparse reads: a keyed pull of the rows of part `t` the model reads at this clock that are
+  // older than `need` (or not cached), or of all of them when `need` is no_clock and they are
+  // all cached (a refresh). Empty when pulling the whole part is smaller on the wire.
+  std::optional<message> sparse_pull(link& l, table_id t, clock_value need) {
+    auto& p = l.parts[t];
+    const auto stale = [&](row_id k) {
+      const clock_value rc = p.row_clock[k - p.range.begin];
+      return rc == no_clock || rc < need;
+    };
+    auto n = static_cast<std::uint32_t>(std::count_if(p.want.begin(), p.want.end(), stale));
+    const bool refresh = n == 0;  // read_and_refresh: every row is cached; refresh them all
+    if (refresh) n = static_cast<std::uint32_t>(p.want.size());
+    const std::uint32_t w = tables_[t].width;
+    if (key_bytes(n) + std::uint64_t{n} * w * 4 >= std::uint64_t{p.range.size()} * w * 4)
+      return std::nullopt;
+    message m;
+    m.header.type = message_type::pull;
+    m.header.sender = opts_.id;
+    m.header.table = t;
+    m.header.clock = need;
+    m.header.seq = ++l.seq;
+    m.header.row_count = n;
+    m.header.width = w;
+    m.payload = transport_.allocate(key_bytes(n));
+    std::memset(m.payload.data(), 0, m.payload.size());
+    auto* out = reinterpret_cast<row_id*>(m.payload.data());
+    for (const row_id k : p.want)
+      if (refresh || stale(k)) *out++ = k;
+    p.pulling = true;
+    ++stats_.pulls;
+    ++stats_.sparse_pulls;
+    stats_.bytes_out += m.payload.size();
+    return m;
   }
 
   // VAP: sets each link's magnitude of `grad` (lr * L2 norm of its slices); returns their sum.

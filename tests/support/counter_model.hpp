@@ -4,8 +4,11 @@
 // the reader has seen. Every read checks the SSP bound and read-my-writes. With
 // `generated_before_read` set (single-threaded runs, e.g. the simulation), every read also
 // measures how many of each other worker's computed updates it lacks (VAP's bound, in updates).
+// `sparse_counter_model` reads a random subset of the rows each clock (sparse pulls) and checks
+// the bounds on exactly those rows.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -34,6 +37,10 @@ struct counter_model {
     const auto t = p.table(0);
     const std::int64_t c = clock;
     for (std::uint32_t w = 0; w < workers; ++w) {
+      // Sparse reads: only the rows read are checked (and the own row, always exact).
+      if (read_set != nullptr && w != id &&
+          !std::binary_search(read_set->begin(), read_set->end(), w))
+        continue;
       const auto seen = static_cast<std::int64_t>(t(w, 0));
       if (w == id) {
         if (seen != c) ++own_write_violations;
@@ -77,6 +84,41 @@ struct counter_model {
   std::function<void(std::uint32_t)> on_generated{};
   /// Largest number of another worker's computed updates a read lacked.
   std::int64_t max_missing = 0;
+  /// The rows this clock reads (sorted), or null: all of them.
+  const std::vector<asyncps::row_id>* read_set = nullptr;
+};
+
+/// The counter model with sparse reads (`asyncps::sparse_read_source`): each clock it reads a
+/// random subset of table 0's rows (each with probability 1/2, at least one), drawn from
+/// `seed` and the id, and checks the bounds on exactly those rows.
+struct sparse_counter_model : counter_model {
+  sparse_counter_model(std::uint32_t id, std::uint32_t workers, std::int64_t staleness,
+                       std::uint32_t width = 16, std::uint64_t seed = 1, int max_delay_us = 0)
+      : counter_model(id, workers, staleness, width, seed, max_delay_us), pick(seed * 104729 + id) {
+    reads.reserve(workers);
+  }
+
+  std::span<const asyncps::row_id> rows_to_read(asyncps::table_id) {
+    if (!drawn) {
+      reads.clear();
+      while (reads.empty())
+        for (asyncps::row_id r = 0; r < workers; ++r)
+          if (pick() % 2 == 0) reads.push_back(r);
+      drawn = true;
+    }
+    return reads;
+  }
+
+  float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) {
+    (void)rows_to_read(0);
+    drawn = false;
+    read_set = &reads;
+    return counter_model::compute_gradient(p, g);
+  }
+
+  std::mt19937_64 pick;
+  std::vector<asyncps::row_id> reads;
+  bool drawn = false;
 };
 
 }  // namespace asyncps::test

@@ -596,11 +596,14 @@ TEST_CASE("mf: minibatch SGD on the model's gradient reaches the noise level of 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sparse pushes (asyncps::sparse_gradient_source): the worker sends only the touched rows.
+// Sparse pushes (asyncps::sparse_gradient_source): the worker sends only the touched rows; and
+// sparse pulls (asyncps::sparse_read_source): it pulls, checks and subscribes to only the rows
+// the next minibatch reads.
 
 namespace {
 
-// The same model with `touched_rows` hidden: the worker pushes whole shards.
+// The same model with `touched_rows` and `rows_to_read` hidden: the worker pulls and pushes
+// whole shards.
 struct dense_mf {
   asyncps::examples::mf::mf_model m;
   std::span<const asyncps::table_spec> tables() const { return m.tables(); }
@@ -608,25 +611,42 @@ struct dense_mf {
     return m.compute_gradient(p, g);
   }
 };
+// Sparse pushes, whole-shard pulls.
+struct push_sparse_mf : dense_mf {
+  std::span<const asyncps::row_id> touched_rows(asyncps::table_id t) const {
+    return m.touched_rows(t);
+  }
+};
 static_assert(asyncps::sparse_gradient_source<asyncps::examples::mf::mf_model>);
+static_assert(asyncps::sparse_read_source<asyncps::examples::mf::mf_model>);
 static_assert(!asyncps::sparse_gradient_source<dense_mf>);
+static_assert(!asyncps::sparse_read_source<dense_mf>);
+static_assert(asyncps::sparse_gradient_source<push_sparse_mf>);
+static_assert(!asyncps::sparse_read_source<push_sparse_mf>);
 
 struct mf_run {
   std::vector<std::vector<float>> values;  // [shard * 2 + table]
   std::uint64_t bytes_out = 0;
+  std::uint64_t bytes_in = 0;
   std::uint64_t pushes = 0;
+  std::uint64_t pulls = 0;
+  std::uint64_t eager_messages = 0;
+  asyncps::staleness_histogram staleness;
 };
 
-// 3 workers, 2 shards, BSP, 20 clocks on the simulated transport.
-template <class Model>
+// 3 workers (worker 2 at half speed), 2 shards, 20 clocks of `Policy` on the simulated
+// transport.
+template <class Policy, class Model>
 mf_run run_mf(std::vector<Model>& models) {
   using namespace asyncps;
   simulation_options so;
   so.seed = 9;
+  so.compute.base = std::chrono::milliseconds(1);
+  so.compute.speed_factor = {1.0, 1.0, 2.0};
   simulated_network net(so);
   const auto quiet = [](std::string_view) {};
-  using server_t = basic_server<simulated_transport, consistency::bsp>;
-  using worker_t = basic_worker<Model, simulated_transport, consistency::bsp>;
+  using server_t = basic_server<simulated_transport, Policy>;
+  using worker_t = basic_worker<Model, simulated_transport, Policy>;
   std::vector<std::unique_ptr<simulated_transport>> ts;
   std::vector<std::unique_ptr<server_t>> servers;
   const std::span<const table_spec> layout = models[0].tables();
@@ -676,34 +696,102 @@ mf_run run_mf(std::vector<Model>& models) {
     }
   for (auto& w : ws) {
     r.bytes_out += w->stats().bytes_out;
+    r.bytes_in += w->stats().bytes_in;
     r.pushes += w->stats().pushes;
+    r.pulls += w->stats().pulls;
+    r.eager_messages += w->stats().eager_messages;
+    r.staleness += w->staleness();
   }
   return r;
 }
 
-}  // namespace
-
-TEST_CASE("mf: sparse pushes send only touched rows and train exactly like dense pushes") {
-  using namespace asyncps::examples::mf;
-  synthetic_options so;
+mf::ratings small_problem() {
+  mf::synthetic_options so;
   so.users = 400;
   so.items = 300;
   so.rank = 4;
   so.count = 6000;
   so.seed = 5;
-  const ratings all = make_synthetic(so);
-  std::vector<mf_model> sparse;
-  std::vector<dense_mf> dense;
+  return mf::make_synthetic(so);
+}
+
+// Three workers' models of one kind, each over its shard of `all`.
+template <class Model>
+std::vector<Model> mf_workers(const mf::ratings& all) {
+  std::vector<Model> models;
   for (std::uint32_t w = 0; w < 3; ++w) {
-    sparse.emplace_back(take_shard(all, w, 3), 4, 20, 0.01f, 100 + w);
-    dense.push_back(dense_mf{mf_model(take_shard(all, w, 3), 4, 20, 0.01f, 100 + w)});
+    mf::mf_model m(mf::take_shard(all, w, 3), 4, 20, 0.01f, 100 + w);
+    if constexpr (std::is_same_v<Model, mf::mf_model>) {
+      models.push_back(std::move(m));
+    } else {
+      models.push_back(Model{{std::move(m)}});
+    }
   }
-  const mf_run a = run_mf(sparse);
-  const mf_run b = run_mf(dense);
-  CHECK(a.pushes == b.pushes);
-  REQUIRE(a.values.size() == b.values.size());
-  for (std::size_t i = 0; i < a.values.size(); ++i) CHECK(a.values[i] == b.values[i]);
+  return models;
+}
+
+}  // namespace
+
+TEST_CASE("mf: sparse pulls and pushes send only the rows a minibatch reads and train exactly "
+          "like dense ones (BSP)") {
+  using namespace asyncps;
+  const mf::ratings all = small_problem();
+  auto sparse = mf_workers<mf::mf_model>(all);
+  auto push_only = mf_workers<push_sparse_mf>(all);
+  auto dense = mf_workers<dense_mf>(all);
+  const mf_run a = run_mf<consistency::bsp>(sparse);
+  const mf_run b = run_mf<consistency::bsp>(push_only);
+  const mf_run c = run_mf<consistency::bsp>(dense);
+  CHECK(a.pushes == c.pushes);
+  CHECK(b.pushes == c.pushes);
+  REQUIRE(a.values.size() == c.values.size());
+  REQUIRE(b.values.size() == c.values.size());
+  // Under BSP every read sees exactly the previous clock's model, so reading only the rows the
+  // minibatch uses changes nothing: the servers end bit-identical.
+  for (std::size_t i = 0; i < c.values.size(); ++i) {
+    CHECK(a.values[i] == c.values[i]);
+    CHECK(b.values[i] == c.values[i]);
+  }
+  CHECK(a.staleness.max() == 0);
   // 20 ratings touch at most 20 users and 20 items per clock, against 400 + 300 rows.
-  MESSAGE("bytes pushed: sparse " << a.bytes_out << ", dense " << b.bytes_out);
-  CHECK(a.bytes_out * 5 < b.bytes_out);
+  MESSAGE("bytes out (pushes, pull keys): sparse " << a.bytes_out << ", push-sparse " << b.bytes_out
+                                                   << ", dense " << c.bytes_out);
+  MESSAGE("bytes in (rows): sparse " << a.bytes_in << ", push-sparse " << b.bytes_in << ", dense "
+                                     << c.bytes_in);
+  CHECK(b.bytes_out * 5 < c.bytes_out);
+  CHECK(a.bytes_out * 4 < c.bytes_out);  // keyed pulls cost 4 bytes a row (padded to 16)
+  CHECK(b.bytes_in == c.bytes_in);
+  CHECK(a.bytes_in * 5 < c.bytes_in);
+}
+
+TEST_CASE_TEMPLATE("mf: sparse reads keep the staleness bound per row read and subscribe only "
+                   "those rows",
+                   Policy, asyncps::consistency::ssp<2>, asyncps::consistency::essp<2>) {
+  using namespace asyncps;
+  const mf::ratings all = small_problem();
+  auto sparse = mf_workers<mf::mf_model>(all);
+  auto push_only = mf_workers<push_sparse_mf>(all);
+  const mf_run a = run_mf<Policy>(sparse);
+  const mf_run b = run_mf<Policy>(push_only);
+  MESSAGE("staleness: sparse reads " << a.staleness.to_string() << "; whole-shard reads "
+                                     << b.staleness.to_string());
+  MESSAGE("bytes in: sparse " << a.bytes_in << ", whole-shard " << b.bytes_in
+                              << "; rows messages pushed by the servers: " << a.eager_messages
+                              << " vs " << b.eager_messages);
+  CHECK(a.staleness.max() <= 2);
+  CHECK(b.staleness.max() <= 2);
+  CHECK(a.staleness.total() > 0);
+  if constexpr (Policy::eager) {
+    // Eager rows carry only the subscribed rows that changed since the last ones sent: far
+    // less than one whole shard of a table per message (the 400 x 4 and 300 x 4 floats of
+    // the two tables are split over 2 shards: 2,800 bytes per shard and table on average).
+    const std::uint64_t whole_shards = b.eager_messages * (400 + 300) * 4 * 4 / 4;
+    CHECK(a.eager_messages > 0);
+    CHECK(b.bytes_in * 2 < whole_shards);
+    CHECK(a.bytes_in < b.bytes_in);
+  } else {
+    CHECK(a.bytes_in * 2 < b.bytes_in);
+  }
+  for (const auto& v : a.values)
+    for (float x : v) REQUIRE(std::isfinite(x));
 }

@@ -46,6 +46,7 @@ struct sim_config {
   // Called before the run (faults, scheduled actions).
   std::function<void(simulated_network&)> setup{};
   float vap_magnitude = 0;  // consistency::vap's bound (when the policy is vap)
+  std::uint32_t width = 4;  // the counter model's row width (floats)
 };
 
 struct sim_result {
@@ -70,19 +71,19 @@ struct sim_result {
 
 // Runs `cfg.workers` counter-model workers against `cfg.shards` servers on a simulated
 // network: servers on nodes "server<s>" listening at "shard<s>", workers on "worker<w>".
-template <class Policy, class Recovery = recovery::none>
+template <class Policy, class Recovery = recovery::none, class Model = test::counter_model>
 sim_result simulate(const sim_config& cfg, typename Recovery::server_part server_part = {}) {
   using server_t = basic_server<simulated_transport, Policy, Recovery>;
-  using worker_t = basic_worker<test::counter_model, simulated_transport, Policy, Recovery>;
+  using worker_t = basic_worker<Model, simulated_transport, Policy, Recovery>;
   simulated_network net(cfg.net);
   if (cfg.setup) cfg.setup(net);
-  std::vector<test::counter_model> models;
+  std::vector<Model> models;
   // When each worker computed each of its updates (virtual time), to count at every read the
   // updates of other workers computed before the reader's snapshot that it lacks.
   std::vector<std::vector<simulated_clock::time_point>> generated(cfg.workers);
   models.reserve(cfg.workers);
   for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-    models.emplace_back(w, cfg.workers, cfg.bound, 4, cfg.net.seed, 0);
+    models.emplace_back(w, cfg.workers, cfg.bound, cfg.width, cfg.net.seed, 0);
     models.back().on_generated = [&](std::uint32_t id) { generated[id].push_back(net.now()); };
     models.back().generated_before_read = [&](std::uint32_t reader, std::uint32_t writer) {
       const auto& g = generated[writer];
@@ -211,15 +212,18 @@ std::string describe(const sim_config& c) {
 }
 
 // Runs `seeds` random schedules of `Policy` (bound `bound`, -1 for none) and checks every read.
-// Returns the staleness observed over all of them.
-template <class Policy>
+// Returns the staleness observed over all of them. With the sparse counter model (sparse
+// reads, rows of 16 floats) every row read is checked, and the pulls are counted in `pulls`.
+template <class Policy, class Model = test::counter_model>
 staleness_histogram check_schedules(std::string_view policy, std::int64_t bound,
-                                    std::uint64_t first, std::uint64_t seeds) {
+                                    std::uint64_t first, std::uint64_t seeds,
+                                    worker_stats* pulls = nullptr) {
   staleness_histogram all;
   for (std::uint64_t seed = first; seed < first + seeds; ++seed) {
-    const sim_config cfg = random_config(seed, bound);
+    sim_config cfg = random_config(seed, bound);
+    if constexpr (sparse_read_source<Model>) cfg.width = 16;
     INFO("replay: policy " << policy << ", seed " << seed << " (" << describe(cfg) << ")");
-    const sim_result r = simulate<Policy>(cfg);
+    const sim_result r = simulate<Policy, recovery::none, Model>(cfg);
     REQUIRE(r.all_done);
     CHECK(r.all_served);
     for (const auto& ec : r.errors) CHECK_MESSAGE(!ec, ec.message());
@@ -229,7 +233,8 @@ staleness_histogram check_schedules(std::string_view policy, std::int64_t bound,
     for (std::uint32_t s = 0; s < cfg.shards; ++s) {
       const auto range = shard_range(cfg.workers, s, cfg.shards);
       for (row_id row = range.begin; row < range.end; ++row)
-        CHECK(r.params[s][std::size_t{row - range.begin} * 4] == static_cast<float>(cfg.clocks));
+        CHECK(r.params[s][std::size_t{row - range.begin} * cfg.width] ==
+              static_cast<float>(cfg.clocks));
     }
     if (bound >= 0) {
       CHECK(r.bound_violations == 0);
@@ -237,6 +242,13 @@ staleness_histogram check_schedules(std::string_view policy, std::int64_t bound,
       CHECK(r.max_lag <= 2 * bound + 1);
     }
     all += r.staleness;
+    if (pulls != nullptr) {
+      for (const auto& w : r.workers) {
+        pulls->pulls += w.pulls;
+        pulls->sparse_pulls += w.sparse_pulls;
+        pulls->eager_messages += w.eager_messages;
+      }
+    }
   }
   MESSAGE(policy << ": " << seeds << " schedules, staleness " << all.to_string());
   return all;
@@ -302,6 +314,32 @@ TEST_CASE("simulation: consistency bounds hold on every read over 1800 random sc
   CHECK(check_schedules<consistency::essp<1>>("essp<1>", 1, 400000, n).max() == 1);
   CHECK(check_schedules<consistency::essp<3>>("essp<3>", 3, 500000, n).max() == 3);
   check_schedules<consistency::asp>("asp", -1, 600000, n);
+}
+
+TEST_CASE("simulation: sparse reads keep the bounds on every row read over 600 random schedules") {
+  // Each clock every worker reads a random half of the rows: it pulls (keyed) and waits for
+  // only those, and ESSP subscribes it to only those. Rows it does not read may be older than
+  // the bound; the rows it reads may not. Pushes stay dense, so every row counts exactly.
+  constexpr std::uint64_t n = 100;
+  using model = test::sparse_counter_model;
+  worker_stats ssp, essp, asp;
+  CHECK(check_schedules<consistency::bsp, model>("sparse bsp", 0, 110000, n).max() == 0);
+  CHECK(check_schedules<consistency::ssp<1>, model>("sparse ssp<1>", 1, 210000, n, &ssp).max() ==
+        1);
+  CHECK(check_schedules<consistency::ssp<3>, model>("sparse ssp<3>", 3, 310000, n).max() == 3);
+  CHECK(check_schedules<consistency::essp<1>, model>("sparse essp<1>", 1, 410000, n, &essp).max() ==
+        1);
+  CHECK(check_schedules<consistency::essp<3>, model>("sparse essp<3>", 3, 510000, n).max() <= 3);
+  check_schedules<consistency::asp, model>("sparse asp", -1, 610000, n, &asp);
+  MESSAGE("pulls (keyed): ssp<1> " << ssp.pulls << " (" << ssp.sparse_pulls << "), essp<1> "
+                                   << essp.pulls << " (" << essp.sparse_pulls << ", "
+                                   << essp.eager_messages << " rows messages pushed), asp "
+                                   << asp.pulls << " (" << asp.sparse_pulls << ")");
+  // Keyed pulls are used whenever they are smaller than the whole shard's rows.
+  CHECK(ssp.sparse_pulls > ssp.pulls / 4);
+  CHECK(essp.sparse_pulls > 0);
+  CHECK(essp.eager_messages > 0);
+  CHECK(asp.sparse_pulls > 0);
 }
 
 TEST_CASE("simulation: ESSP's observed staleness is lower than SSP's on the same schedules") {
