@@ -342,9 +342,11 @@ class basic_server {
     std::vector<float> state;  // Optimizer::state_per_param planes of values.size()
     std::uint64_t step = 0;
     // Change tracking for eager rows (only changed rows are pushed): `version` counts changes
-    // of the table, `row_version[r]` is the version of row r's last change.
+    // of the table, `row_version[r]` is the version of row r's last change, `all_changed` the
+    // last version that changed every row at once (dense pushes, restores).
     std::uint64_t version = 0;
     std::vector<std::uint64_t> row_version;
+    std::uint64_t all_changed = 0;
   };
   // The rows a reader subscribed to (by pulling them) in one table: a range (dense reads)
   // and/or single rows outside it (sparse reads), in order of their first pull.
@@ -1297,7 +1299,11 @@ class basic_server {
   // Rows `r` of table `t` changed (for eager rows: see push_subscribed).
   static void changed(table_state& t, key_range r) noexcept {
     ++t.version;
-    std::fill_n(t.row_version.begin() + (r.begin - t.range.begin), r.size(), t.version);
+    if (r == t.range) {
+      t.all_changed = t.version;  // no need to stamp each row: see push_subscribed
+    } else {
+      std::fill_n(t.row_version.begin() + (r.begin - t.range.begin), r.size(), t.version);
+    }
   }
 
   void apply_rows(table_state& t, std::size_t off, std::size_t n, const float* g) {
@@ -1444,11 +1450,18 @@ class basic_server {
         if (!s.open || s.worker == no_worker) continue;
         auto& sub = s.subs[t];
         if (!sub.ranged && sub.keys.empty()) continue;
-        const auto fresh = [&](row_id r) { return ts.row_version[r - all.begin] > sub.synced; };
-        std::uint32_t n = 0;
-        if (sub.ranged)
-          for (row_id r = sub.range.begin; r < sub.range.end; ++r) n += fresh(r) ? 1 : 0;
-        for (const row_id k : sub.keys) n += fresh(k) ? 1 : 0;
+        // Every row changed since `synced` (dense models: always) needs no scan.
+        const bool all_fresh = ts.all_changed > sub.synced;
+        const auto fresh = [&](row_id r) {
+          return all_fresh || ts.row_version[r - all.begin] > sub.synced;
+        };
+        auto n = static_cast<std::uint32_t>(sub.keys.size() + (sub.ranged ? sub.range.size() : 0));
+        if (!all_fresh) {
+          n = 0;
+          if (sub.ranged)
+            for (row_id r = sub.range.begin; r < sub.range.end; ++r) n += fresh(r) ? 1 : 0;
+          for (const row_id k : sub.keys) n += fresh(k) ? 1 : 0;
+        }
         if (sub.ranged && sub.range == all && n == all.size()) {
           if (whole.empty()) whole = rows_payload(t, true, all.begin, all.size(), {});
           send_rows(s, t, true, all.begin, all.size(), true, whole.share());
