@@ -4,7 +4,8 @@
 //   - bounded policies: a worker at clock c has seen every update from clocks <= c-s-1,
 //   - every policy: it sees all of its own writes (read-my-writes),
 // and ESSP's observed staleness is lower than SSP's on the same schedule; VAP (visibility acks
-// and row broadcasts) completes with every update applied once.
+// and row broadcasts) completes with every update applied once. The sparse counter model
+// (sparse pulls: a random half of the rows each clock) is checked on every row it reads.
 #include <memory>
 #include <thread>
 #include <vector>
@@ -37,9 +38,10 @@ struct run_result {
   clock_value server_clock = 0;
   std::uint64_t value_waits = 0;  // VAP
   std::uint64_t rows_pushed = 0;  // rows messages the workers got unrequested
+  std::uint64_t sparse_pulls = 0;
 };
 
-template <class Transport, class Policy>
+template <class Transport, class Policy, class Model = test::counter_model>
 run_result run(std::int64_t bound, std::uint64_t seed, int max_delay_us, std::uint32_t workers,
                std::uint64_t clocks, float vap_magnitude = 0) {
   asio::io_context io(4);
@@ -54,7 +56,7 @@ run_result run(std::int64_t bound, std::uint64_t seed, int max_delay_us, std::ui
     }
   };
   using endpoint = typename Transport::endpoint_type;
-  std::vector<test::counter_model> models;
+  std::vector<Model> models;
   for (std::uint32_t w = 0; w < workers; ++w)
     models.emplace_back(w, workers, bound, 8, seed, max_delay_us);
   const std::uint32_t shards = 2;
@@ -83,7 +85,7 @@ run_result run(std::int64_t bound, std::uint64_t seed, int max_delay_us, std::ui
     asio::co_spawn(sts.back()->get_executor(), servers.back()->async_serve(std::move(acc).value()),
                    asio::detached);
   }
-  using worker_t = basic_worker<test::counter_model, Transport, Policy>;
+  using worker_t = basic_worker<Model, Transport, Policy>;
   std::vector<std::unique_ptr<Transport>> wts;
   std::vector<std::unique_ptr<worker_t>> ws;
   std::atomic<std::uint32_t> done{0};
@@ -140,15 +142,17 @@ run_result run(std::int64_t bound, std::uint64_t seed, int max_delay_us, std::ui
     r.staleness += ws[w]->staleness();
     r.value_waits += ws[w]->stats().value_waits;
     r.rows_pushed += ws[w]->stats().eager_messages;
+    r.sparse_pulls += ws[w]->stats().sparse_pulls;
   }
   return r;
 }
 
-template <class Transport, class Policy>
+template <class Transport, class Policy, class Model = test::counter_model>
 void check_bounded(std::int64_t s, std::uint64_t seeds) {
   for (std::uint64_t seed = 1; seed <= seeds; ++seed) {
     CAPTURE(seed);
-    const auto r = run<Transport, Policy>(s, seed, 400, 4, 40);
+    const auto r = run<Transport, Policy, Model>(s, seed, 400, 4, 40);
+    if constexpr (sparse_read_source<Model>) CHECK(r.sparse_pulls > 0);
     CHECK(r.errors == 0);
     CHECK(r.bound_violations == 0);
     CHECK(r.own_write_violations == 0);
@@ -171,6 +175,18 @@ TEST_CASE("BSP, SSP and ESSP bounds hold on every read under random delays (TCP)
   check_bounded<tcp_transport, consistency::bsp>(0, 2);
   check_bounded<tcp_transport, consistency::ssp<2>>(2, 2);
   check_bounded<tcp_transport, consistency::essp<2>>(2, 2);
+}
+
+TEST_CASE("sparse reads: bounds hold on every row read under random delays (TCP, in-process)") {
+  using model = test::sparse_counter_model;
+  check_bounded<in_process_transport, consistency::bsp, model>(0, 2);
+  check_bounded<tcp_transport, consistency::ssp<2>, model>(2, 2);
+  check_bounded<tcp_transport, consistency::essp<2>, model>(2, 2);
+  const auto r = run<tcp_transport, consistency::asp, model>(-1, 3, 400, 4, 40);
+  CHECK(r.errors == 0);
+  CHECK(r.own_write_violations == 0);
+  CHECK(r.server_clock == 40);
+  CHECK(r.sparse_pulls > 0);
 }
 
 TEST_CASE("ASP: no bound, but every update arrives and own writes are visible") {
