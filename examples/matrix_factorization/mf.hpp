@@ -596,8 +596,9 @@ class mf_model {
   /// The parameter layout (see the class comment). Valid while the model lives.
   std::span<const table_spec> tables() const noexcept { return tables_; }
 
-  /// Draws the next minibatch and writes into every value of `g` the gradient, at `p`, of the
-  /// minibatch's mse + penalty (see the class comment): in row u of table 0,
+  /// Draws the next minibatch (or takes the one `rows_to_read` drew) and writes into every
+  /// value of `g` the gradient, at `p`, of the minibatch's mse + penalty (see the class
+  /// comment): in row u of table 0,
   /// (2/|B|) sum_{(u,i,r) in B} e R_i + lambda L_u, with e = L_u . R_i - r, and symmetrically in
   /// table 1; zero in every row the minibatch does not touch. Returns mse (squared rating
   /// units; the penalty is `last_penalty()`).

@@ -865,20 +865,28 @@ class basic_worker {
     const auto action = policy_.on_read(c, cached, have);
     if (action != read_action::fetch && (fetch_only || action != read_action::read_and_refresh))
       return std::nullopt;
+    const clock_value want_clock = action == read_action::fetch ? need : no_clock;
     if constexpr (sparse_reads) {
-      if (auto m = sparse_pull(l, t, action == read_action::fetch ? need : no_clock)) return m;
+      if (auto m = sparse_pull(l, t, want_clock)) return m;
     }
-    message m;
-    m.header.type = message_type::pull;
+    message m = new_pull(l, t, want_clock);
     m.header.flags = frame_flags::range;
-    m.header.sender = opts_.id;
-    m.header.table = t;
-    m.header.clock = action == read_action::fetch ? need : no_clock;
-    m.header.seq = ++l.seq;
     m.header.first_row = p.range.begin;
     m.header.row_count = p.range.size();
+    return m;
+  }
+
+  // A pull of part `t` of link `l` for rows of server clock >= `need` (rows not set yet);
+  // marks the part as pulling.
+  message new_pull(link& l, table_id t, clock_value need) {
+    message m;
+    m.header.type = message_type::pull;
+    m.header.sender = opts_.id;
+    m.header.table = t;
+    m.header.clock = need;
+    m.header.seq = ++l.seq;
     m.header.width = tables_[t].width;
-    p.pulling = true;
+    l.parts[t].pulling = true;
     ++stats_.pulls;
     return m;
   }
@@ -969,21 +977,13 @@ class basic_worker {
     const std::uint32_t w = tables_[t].width;
     if (key_bytes(n) + std::uint64_t{n} * w * 4 >= std::uint64_t{p.range.size()} * w * 4)
       return std::nullopt;
-    message m;
-    m.header.type = message_type::pull;
-    m.header.sender = opts_.id;
-    m.header.table = t;
-    m.header.clock = need;
-    m.header.seq = ++l.seq;
+    message m = new_pull(l, t, need);
     m.header.row_count = n;
-    m.header.width = w;
     m.payload = transport_.allocate(key_bytes(n));
     std::memset(m.payload.data(), 0, m.payload.size());
     auto* out = reinterpret_cast<row_id*>(m.payload.data());
     for (const row_id k : p.want)
       if (refresh || stale(k)) *out++ = k;
-    p.pulling = true;
-    ++stats_.pulls;
     ++stats_.sparse_pulls;
     stats_.bytes_out += m.payload.size();
     return m;
