@@ -9,6 +9,8 @@
 // Design follows Boost.Beast's error / condition split.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -48,7 +50,22 @@ enum class errc {
   /// (transient) this server is not the head of its shard's chain (chain replication): a
   /// worker tries the shard's next server
   not_head,
+  /// (local, fatal) `compute_gradient` left a gradient value unwritten or computed NaN or
+  /// infinity (found by `worker_options::check_gradients`; the log names table, row, column)
+  bad_gradient,
 };
+
+/// The highest `errc` value: a peer's error frame naming a code outside
+/// [`errc::bad_magic`, `last_errc`] carries no valid code.
+inline constexpr errc last_errc = errc::bad_gradient;
+
+/// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
+/// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
+constexpr std::optional<errc> errc_from_wire(std::uint64_t v) noexcept {
+  if (v < static_cast<std::uint64_t>(errc::bad_magic) || v > static_cast<std::uint64_t>(last_errc))
+    return std::nullopt;
+  return static_cast<errc>(v);
+}
 
 /// Categories of errors that callers (and recovery policies) act on.
 enum class condition {
@@ -96,6 +113,8 @@ class error_category_impl final : public std::error_category {
                "differs from the server's";
       case errc::not_head:
         return "this server is not the head of its shard's chain (chain replication)";
+      case errc::bad_gradient:
+        return "compute_gradient left a gradient value unwritten or computed NaN or infinity";
     }
     return "unknown asyncps error";
   }
@@ -158,7 +177,8 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
       case condition::transient:
         return e == errc::connection_closed || e == errc::timeout || e == errc::not_head;
       case condition::fatal:
-        return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument;
+        return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
+               e == errc::bad_gradient;
     }
     return false;
   }

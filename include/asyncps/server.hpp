@@ -19,7 +19,11 @@
 #include <cstring>
 #include <functional>
 #include <list>
+#include <optional>
+#include <ostream>
 #include <random>
+#include <span>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -38,6 +42,7 @@
 #include "asyncps/detail/state_codec.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/model.hpp"
 #include "asyncps/optimizer.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery.hpp"
@@ -46,6 +51,7 @@
 #include "asyncps/shard_state.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/transport.hpp"
+#include "asyncps/transport/tcp.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps {
@@ -60,6 +66,54 @@ inline void emit(const log_function& f, const std::string& line) {
   } else {
     std::fprintf(stderr, "%s\n", line.c_str());
   }
+}
+
+/// An endpoint as text for log lines: a string as is, a type with `operator<<` (e.g.
+/// `asio::ip::tcp::endpoint`: "127.0.0.1:7000") as it prints, anything else as "endpoint".
+template <class Endpoint>
+std::string endpoint_string(const Endpoint& e) {
+  if constexpr (std::is_convertible_v<const Endpoint&, std::string_view>) {
+    return std::string(std::string_view(e));
+  } else if constexpr (requires(std::ostream& os) { os << e; }) {
+    std::ostringstream os;
+    os << e;
+    return os.str();
+  } else {
+    return "endpoint";
+  }
+}
+
+/// "N tables" (or "1 table") of a layout, for messages naming a layout difference.
+inline std::string layout_string(std::span<const table_spec> l) {
+  std::string out = std::to_string(l.size()) + (l.size() == 1 ? " table" : " tables");
+  return out;
+}
+
+/// The differences between layouts `a` (called `a_name`) and `b` (`b_name`): the table counts
+/// when they differ, then each table whose rows or width differ, with both sides' rows x
+/// width, e.g. "table 1: worker 100 x 8, server 100 x 16". Empty when they are equal.
+inline std::string layout_difference(std::span<const table_spec> a, const char* a_name,
+                                     std::span<const table_spec> b, const char* b_name) {
+  std::string out;
+  const auto sep = [&] {
+    if (!out.empty()) out += "; ";
+  };
+  if (a.size() != b.size()) {
+    out = std::string(a_name) + " has " + layout_string(a) + ", " + b_name + " has " +
+          layout_string(b);
+  }
+  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const auto side = [](std::span<const table_spec> l, std::size_t t) {
+      return t < l.size() ? std::to_string(l[t].rows) + " x " + std::to_string(l[t].width)
+                          : std::string("none");
+    };
+    if (i < a.size() && i < b.size() && a[i].rows == b[i].rows && a[i].width == b[i].width)
+      continue;
+    sep();
+    out += "table " + std::to_string(i) + ": " + a_name + " " + side(a, i) + ", " + b_name + " " +
+           side(b, i);
+  }
+  return out;
 }
 }  // namespace detail
 
@@ -81,6 +135,13 @@ struct server_options {
   /// Called on the server's executor each time the server clock advances, with the new
   /// clock (progress, evaluation, a group server's central link). May be empty.
   std::function<void(clock_value)> on_clock{};
+  /// How often the server's watchdog reports what blocks progress (0: never): workers that
+  /// have not connected yet ("waiting for workers 2, 3 to connect (2 of 4 connected)"), and,
+  /// when a pull has waited this long for the server clock, the worker that holds the clock
+  /// back (logged, and sent to every waiting worker as a heartbeat report, see
+  /// `heartbeat_report`). One timer per server, none per pull; it stops ticking while nothing
+  /// waits (so a simulation still becomes quiescent).
+  std::chrono::milliseconds watchdog_interval{std::chrono::seconds(5)};
 };
 
 /// Counters of a server (read on its executor).
@@ -134,7 +195,7 @@ class basic_server {
                typename Recovery::server_part recovery = {})
       : transport_(transport), opts_(std::move(opts)), optimizer_(opt),
         recovery_(std::move(recovery)), clocks_(opts_.num_workers, 0), applied_(opts_.num_workers),
-        done_(transport.get_executor()) {
+        done_(transport.get_executor()), watchdog_(transport.get_executor()) {
     if (opts_.num_shards == 0 || opts_.shard >= opts_.num_shards)
       throw std::invalid_argument("asyncps::server_options: shard must be < num_shards");
     if (opts_.num_workers == 0)
@@ -157,7 +218,19 @@ class basic_server {
       tables_.push_back(std::move(t));
     }
     for (auto& a : applied_) a.assign(tables_.size(), 0);
+    connected_once_.assign(opts_.num_workers, 0);
   }
+
+  /// As above, with the layout taken from a model object (the same type the workers train):
+  /// `opts.tables` must be empty (it is filled from `layout_source.tables()`) or equal to it.
+  /// Throws `std::invalid_argument` naming each differing table (both sides' rows x width)
+  /// or the table counts, and for the reasons above. `layout_source` is only read here; it
+  /// need not outlive the server.
+  template <model M>
+  basic_server(Transport& transport, const M& layout_source, server_options opts,
+               Optimizer opt = {}, typename Recovery::server_part recovery = {})
+      : basic_server(transport, with_layout(layout_source.tables(), std::move(opts)), opt,
+                     std::move(recovery)) {}
 
   basic_server(const basic_server&) = delete;
   basic_server& operator=(const basic_server&) = delete;
@@ -179,6 +252,10 @@ class basic_server {
       }
       ++connectors_;
       asio::co_spawn(transport_.get_executor(), master_link(), asio::detached);
+    }
+    if (opts_.watchdog_interval.count() > 0) {
+      ++connectors_;
+      asio::co_spawn(transport_.get_executor(), watchdog(), asio::detached);
     }
     while (!stopped_) {
       auto [ec, conn] = co_await acceptor.async_accept();
@@ -214,6 +291,7 @@ class basic_server {
     if (acceptor_ != nullptr) acceptor_->close();
     for (auto& s : sessions_) close_session(s);
     done_.cancel();
+    watchdog_.cancel();
   }
 
   /// Chain replication only: this server's place in its shard's chain (the master's and
@@ -382,6 +460,7 @@ class basic_server {
   struct pending_pull {
     session* s;
     message request;
+    typename clock_type::time_point since{};  // when it was deferred (watchdog reports)
   };
   struct pending_ack {
     std::uint64_t index;  // log position that must be committed first
@@ -473,7 +552,14 @@ class basic_server {
 
   void finish(session& s) {
     if (--s.running > 0) return;
-    if (s.worker != no_worker && worker_session(s.worker) == &s) registered_[s.worker] = nullptr;
+    if (s.worker != no_worker && worker_session(s.worker) == &s) {
+      registered_[s.worker] = nullptr;
+      // The last worker left: nothing can wait any more, so the watchdog stops ticking now
+      // (a simulation becomes quiescent when its workers are done, not a tick later).
+      if (!watchdog_idle_ && std::none_of(registered_.begin(), registered_.end(),
+                                          [](const session* p) { return p != nullptr; }))
+        watchdog_.cancel();
+    }
     if (pred_ == &s) pred_ = nullptr;
     if (succ_ == &s) {
       succ_ = nullptr;
@@ -573,7 +659,10 @@ class basic_server {
                std::to_string(opts_.num_workers) + ")";
       return errc::bad_sender;
     }
-    if (!layout_matches(m)) return errc::layout_mismatch;
+    if (!layout_matches(m)) {
+      detail = " (" + layout_difference_from(m) + ")";
+      return errc::layout_mismatch;
+    }
     if constexpr (is_chain) {
       if (!head_) {
         detail = " (server " + std::to_string(chain_.self) + " of shard " +
@@ -587,6 +676,7 @@ class basic_server {
       return errc::duplicate_worker;
     }
     registered_[h.sender] = &s;
+    connected_once_[h.sender] = 1;
     s.worker = h.sender;
     s.kind = session_kind::worker;
     s.subs.assign(tables_.size(), subscription{});
@@ -632,9 +722,10 @@ class basic_server {
     return {};
   }
 
-  // Welcome payload: per table (rows u32, width u32, pushes of `worker` applied u64).
+  // Welcome payload: per table (rows u32, width u32, pushes of `worker` applied u64), then
+  // the optimizer's local_step() (f32; the worker's read-my-writes step).
   buffer encode_welcome(std::uint32_t worker) {
-    buffer b = transport_.allocate(tables_.size() * 16);
+    buffer b = transport_.allocate(welcome_payload_bytes(tables_.size()));
     std::byte* p = b.data();
     for (std::size_t i = 0; i < tables_.size(); ++i) {
       detail::store_le(p, tables_[i].spec.rows);
@@ -642,7 +733,45 @@ class basic_server {
       detail::store_le(p + 8, applied_[worker][i]);
       p += 16;
     }
+    const float step = static_cast<float>(optimizer_.local_step());
+    std::memcpy(p, &step, sizeof step);  // little-endian IEEE-754 (checked in wire.hpp)
     return b;
+  }
+
+  // The layout in hello `m` compared with this server's: each differing table with both
+  // sides' rows x width, and the table counts when they differ.
+  std::string layout_difference_from(const message& m) const {
+    std::vector<table_spec> theirs(m.header.row_count);
+    const auto n = std::min<std::size_t>(m.header.row_count, m.payload.size() / 8);
+    for (std::size_t i = 0; i < n; ++i) {
+      theirs[i].id = static_cast<table_id>(i);
+      theirs[i].rows = detail::load_le<std::uint32_t>(m.payload.data() + i * 8);
+      theirs[i].width = detail::load_le<std::uint32_t>(m.payload.data() + i * 8 + 4);
+    }
+    std::vector<table_spec> ours;
+    ours.reserve(tables_.size());
+    for (const auto& t : tables_) ours.push_back(t.spec);
+    return detail::layout_difference(theirs, "worker", ours, "server");
+  }
+
+  // Fills `o.tables` from a model's layout, or checks that it equals it.
+  static server_options with_layout(std::span<const table_spec> layout, server_options o) {
+    if (o.tables.empty()) {
+      o.tables.assign(layout.begin(), layout.end());
+      return o;
+    }
+    std::string diff = detail::layout_difference(o.tables, "server_options", layout, "model");
+    if (diff.empty()) {
+      for (std::size_t i = 0; i < layout.size(); ++i)
+        if (!(o.tables[i] == layout[i]))
+          diff += (diff.empty() ? "" : "; ") + std::string("table ") + std::to_string(i) +
+                  ": id or init_scale differ";
+    }
+    if (!diff.empty())
+      throw std::invalid_argument(
+          "asyncps::basic_server: server_options::tables differs from the model's layout (" + diff +
+          ")");
+    return o;
   }
 
   bool layout_matches(const message& m) const {
@@ -764,7 +893,11 @@ class basic_server {
             detail = " (more than " + std::to_string(opts_.max_pending_pulls) + " pulls waiting)";
             return errc::too_many_requests;
           }
-          pending_.push_back(pending_pull{&s, std::move(m)});
+          pending_.push_back(pending_pull{&s, std::move(m), clock_type::now()});
+          if (watchdog_idle_) {  // the watchdog sleeps while nothing waits: wake it
+            watchdog_idle_ = false;
+            watchdog_.cancel();
+          }
         }
         return {};
       }
@@ -1488,6 +1621,98 @@ class basic_server {
     }
   }
 
+  // The watchdog: one coroutine and one timer per server (none per pull). Every
+  // `watchdog_interval` it logs workers that have not connected yet (until each has connected
+  // once, at most 3 times) and, when a pull has waited that long for the server clock, the
+  // worker holding the clock back; it then sends each waiting worker a heartbeat report. It
+  // sleeps (no timer armed) while nothing waits; a deferred pull wakes it, and the last worker
+  // session's end puts it to sleep.
+  asio::awaitable<void> watchdog() {
+    const auto every = opts_.watchdog_interval;
+    std::uint32_t connect_reports = 0;
+    std::uint64_t deferred_seen = stats_.deferred_pulls;
+    while (!stopped_) {
+      bool watch_connect =
+          connect_reports < 3 &&
+          std::any_of(
+              connected_once_.begin(), connected_once_.end(), [](char c) { return c == 0; });
+      if constexpr (is_chain) watch_connect = watch_connect && head_;
+      const bool any_worker = std::any_of(registered_.begin(), registered_.end(),
+                                          [](const session* p) { return p != nullptr; });
+      const bool watch_pulls =
+          !pending_.empty() || (any_worker && stats_.deferred_pulls != deferred_seen);
+      deferred_seen = stats_.deferred_pulls;
+      watchdog_idle_ = !(watch_connect || watch_pulls);
+      if (watchdog_idle_) {
+        watchdog_.expires_at(clock_type::time_point::max());
+      } else {
+        watchdog_.expires_after(every);
+      }
+      auto [ec] = co_await watchdog_.async_wait(detail::use_tuple);
+      if (stopped_) break;
+      if (ec) continue;  // woken from sleep by a deferred pull: arm the timer
+      if (watch_connect && report_unconnected()) ++connect_reports;
+      if (!pending_.empty()) report_blocked(every);
+    }
+    watchdog_idle_ = false;
+    --connectors_;
+    done_.cancel();
+  }
+
+  // Logs the workers not connected now, while some worker has never connected. Returns
+  // whether it logged.
+  bool report_unconnected() {
+    std::string missing;
+    std::uint32_t connected = 0;
+    for (std::uint32_t w = 0; w < opts_.num_workers; ++w) {
+      if (worker_session(w) != nullptr) {
+        ++connected;
+      } else {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(w);
+      }
+    }
+    if (missing.empty()) return false;
+    log("waiting for worker" + std::string(opts_.num_workers - connected > 1 ? "s " : " ") +
+        missing + " to connect (" + std::to_string(connected) + " of " +
+        std::to_string(opts_.num_workers) + " connected)");
+    return true;
+  }
+
+  // When the oldest waiting pull has waited `every` or longer: logs the worker holding the
+  // server clock back and sends every worker with a waiting pull a heartbeat report.
+  void report_blocked(std::chrono::milliseconds every) {
+    const pending_pull* oldest = nullptr;
+    for (const auto& p : pending_)
+      if (p.s->open) {
+        oldest = &p;
+        break;
+      }
+    if (oldest == nullptr) return;
+    const auto waited = clock_type::now() - oldest->since;
+    if (waited < every) return;
+    const auto slowest = static_cast<std::uint32_t>(
+        std::min_element(clocks_.begin(), clocks_.end()) - clocks_.begin());
+    const bool connected = worker_session(slowest) != nullptr;
+    log("a pull of " + who(*oldest->s) + " has waited " +
+        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) +
+        " ms for server clock " + std::to_string(oldest->request.header.clock) + " (server clock " +
+        std::to_string(server_clock_) + "): worker " + std::to_string(slowest) +
+        " holds it back at clock " + std::to_string(clocks_[slowest]) +
+        (connected ? " (connected)" : " (not connected)"));
+    for (auto& s : sessions_) {
+      if (!s.open || s.kind != session_kind::worker || s.pending_pulls == 0) continue;
+      message hb;
+      hb.header.type = message_type::heartbeat;
+      hb.header.sender = opts_.shard;
+      hb.header.clock = server_clock_;
+      hb.header.table = slowest;
+      hb.header.first_row = static_cast<std::uint64_t>(clocks_[slowest]);
+      hb.header.seq =
+          connected ? heartbeat_report::slowest_connected : heartbeat_report::slowest_disconnected;
+      enqueue(s, std::move(hb));
+    }
+  }
+
   Transport& transport_;
   server_options opts_;
   [[no_unique_address]] Optimizer optimizer_;
@@ -1500,6 +1725,9 @@ class basic_server {
   std::list<session> sessions_;
   std::vector<pending_pull> pending_;
   timer_type done_;
+  timer_type watchdog_;               // the watchdog's timer (see `watchdog`)
+  bool watchdog_idle_ = false;        // the watchdog sleeps until a pull is deferred
+  std::vector<char> connected_once_;  // per worker: has connected at least once
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
   server_stats stats_{};
@@ -1546,5 +1774,11 @@ class basic_server {
   shard_state incoming_{};                  // state transfer buffers (reused)
   shard_state outgoing_{};
 };
+
+/// The TCP parameter server most programs use: `basic_server` over `tcp_transport`, with no
+/// recovery and plain SGD unless named. Example: `asyncps::server<consistency::ssp<3>>`.
+template <consistency_policy Consistency, recovery_policy Recovery = recovery::none,
+          optimizer_policy Optimizer = optimizer::sgd>
+using server = basic_server<tcp_transport, Consistency, Recovery, Optimizer>;
 
 }  // namespace asyncps

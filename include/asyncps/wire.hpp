@@ -23,9 +23,16 @@
 // Payloads: push/rows = [keys: row_count x u32, padded to 16 bytes, only without `range`]
 // followed by row_count x width float32 (little-endian IEEE-754); pull = keys (sparse) or
 // nothing (range); hello = the table layout as (rows, width) u32 pairs; welcome = per table
-// (rows u32, width u32, pushes of the receiving worker applied u64); error = UTF-8 reason;
-// state = an encoded shard state (detail/state_codec.hpp); clock/ack/heartbeat/bye/
+// (rows u32, width u32, pushes of the receiving worker applied u64), then the server
+// optimizer's `local_step()` as one f32 (the worker's read-my-writes step); error = UTF-8
+// reason; state = an encoded shard state (detail/state_codec.hpp); clock/ack/heartbeat/bye/
 // chain_hello/chain_config = nothing.
+//
+// A heartbeat from a server to a worker (sent while one of that worker's pulls waits for the
+// server clock, see `server_options::watchdog_interval`) reports what holds the clock back:
+// sender = shard, clock = server clock, table = the slowest worker's id, first_row = that
+// worker's clock, seq = `heartbeat_report::slowest_connected` or `slowest_disconnected`
+// (seq 0: a plain liveness heartbeat that reports nothing).
 #pragma once
 
 #include <array>
@@ -62,14 +69,16 @@ enum class message_type : std::uint8_t {
               ///< policy fingerprint, payload = layout
   welcome,    ///< server -> worker: handshake reply; sender = shard, table = num_shards,
               ///< clock = server clock, first_row = the worker's clock at the server,
-              ///< payload = layout + the worker's pushes applied per table
+              ///< payload = layout + the worker's pushes applied per table + the server
+              ///< optimizer's `local_step()` (f32)
   push,       ///< worker -> server: gradient rows
   pull,       ///< worker -> server: request rows; first_row/keys say which; clock = min
               ///< server clock the rows must reflect
   rows,       ///< server -> worker: row values as of server clock `clock`
   clock,      ///< worker -> server: sender finished clock `clock` (now at `clock + 1`)
   ack,        ///< server -> worker: pushes up to `seq` are applied
-  heartbeat,  ///< either way: liveness
+  heartbeat,  ///< either way: liveness; server -> worker with seq != 0: a report of what
+              ///< holds the server clock back (see `heartbeat_report`)
   bye,        ///< either way: orderly close
   error,      ///< either way: the peer is closing because of the UTF-8 reason in the payload;
               ///< seq = the `asyncps::errc` value when the reason is one (else 0)
@@ -86,6 +95,21 @@ enum class message_type : std::uint8_t {
                  ///< of log position `seq`; sender = shard, clock = server clock
 };
 inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::state);
+
+/// Header field `seq` of a heartbeat from a server to a worker: whether it reports the
+/// slowest worker (`clock` = server clock, `table` = slowest worker id, `first_row` = its
+/// clock), and whether that worker is connected to the server.
+struct heartbeat_report {
+  static constexpr std::uint64_t none = 0;                  ///< a plain liveness heartbeat
+  static constexpr std::uint64_t slowest_disconnected = 1;  ///< report; slowest not connected
+  static constexpr std::uint64_t slowest_connected = 2;     ///< report; slowest connected
+};
+
+/// Bytes of a welcome payload for `tables` tables: per table rows u32, width u32, pushes
+/// applied u64, then the server optimizer's `local_step()` as f32.
+constexpr std::uint64_t welcome_payload_bytes(std::uint64_t tables) noexcept {
+  return tables * 16 + 4;
+}
 
 /// Bits of header field `flags`.
 struct frame_flags {
@@ -145,7 +169,8 @@ constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
       return static_cast<std::int64_t>(keys + std::uint64_t{h.row_count} * h.width * 4);
     case message_type::pull: return static_cast<std::int64_t>(keys);
     case message_type::hello: return static_cast<std::int64_t>(std::uint64_t{h.row_count} * 8);
-    case message_type::welcome: return static_cast<std::int64_t>(std::uint64_t{h.row_count} * 16);
+    case message_type::welcome:
+      return static_cast<std::int64_t>(welcome_payload_bytes(h.row_count));
     case message_type::error:
     case message_type::state: return -1;
     default: return 0;

@@ -43,6 +43,7 @@
 #include "asyncps/staleness.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/transport.hpp"
+#include "asyncps/transport/tcp.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps {
@@ -55,6 +56,17 @@ struct clock_report {
   parameter_view params;     ///< the snapshot the gradient was computed on (valid during the call)
 };
 
+/// Whether `worker_options::check_gradients` is on by default: in builds without `NDEBUG`.
+#ifdef NDEBUG
+inline constexpr bool default_check_gradients = false;
+#else
+inline constexpr bool default_check_gradients = true;
+#endif
+
+/// The bit pattern `worker_options::check_gradients` fills gradient buffers with: a quiet NaN
+/// with a payload a computation does not produce (arithmetic on NaN yields 0x7fc00000).
+inline constexpr std::uint32_t unwritten_gradient_bits = 0x7fc5a5a5u;
+
 /// Configuration of one worker.
 template <class Endpoint>
 struct worker_options {
@@ -65,10 +77,18 @@ struct worker_options {
   /// them in turn, then servers[s] again, until one accepts it.
   std::vector<std::vector<Endpoint>> replicas{};
   /// Learning rate used to apply the worker's own gradient to its cache (read-my-writes,
-  /// as Bösen's oplog does); pass the server optimizer's `local_step()`. Exact when it equals
-  /// the server's SGD learning rate; <= 0 disables it (own writes then become visible only
-  /// through the server).
-  float local_step = 0.0f;
+  /// as Bösen's oplog does). Unset (the default): each server's welcome sends its optimizer's
+  /// `local_step()` and the worker uses that (exact for SGD; 0, i.e. off, for AdaGrad/Adam).
+  /// A value overrides it; <= 0 disables it (own writes then become visible only through the
+  /// server). Also the `lr` of VAP's update magnitude (1 when disabled).
+  std::optional<float> local_step{};
+  /// Debug aid: before each `compute_gradient` fill the gradient buffer with a NaN bit
+  /// pattern, and after it fail the run with `errc::bad_gradient` if a value is still that
+  /// pattern (left unwritten) or is NaN/infinity (computed), logging its table, row and
+  /// column. Every value must be written, also by sparse models (the worker reads the whole
+  /// buffer: dense pushes, read-my-writes, backlogs). Costs two passes over the buffer per
+  /// clock. Default: on without `NDEBUG`, off with it.
+  bool check_gradients = default_check_gradients;
   /// Longest wait for rows (or for a connection at start) before failing with `errc::timeout`.
   std::chrono::milliseconds wait_timeout{std::chrono::seconds(60)};
   /// How long to keep retrying the first connection to a server (servers may start later).
@@ -163,12 +183,18 @@ class basic_worker {
   basic_worker& operator=(const basic_worker&) = delete;
 
   /// Runs `clocks` iterations of pull -> gradient -> push -> clock, then closes its
-  /// connections. Completes with success, or: `errc::server_lost` (a connection failed and
-  /// the recovery policy gave up), `errc::timeout` (no fresh rows, or no ack of pending
-  /// pushes, within `wait_timeout`), `errc::layout_mismatch` (a server refused this worker's
-  /// layout), `errc::unexpected_message` (a server refused the handshake; the reason is
-  /// logged), `errc::not_head` (chain replication: no server of a shard accepted it within
-  /// `connect_timeout`), or a connect error. Precondition: runs on `transport.get_executor()`.
+  /// connections. Completes with success, or: the code of a server's refusal (its error
+  /// frame's `seq`, the reason logged verbatim): `errc::bad_sender` (id >= num_workers),
+  /// `errc::duplicate_worker`, `errc::policy_mismatch`, `errc::layout_mismatch` (the log
+  /// names each differing table, both sides' rows x width), `errc::non_finite_value` (a NaN
+  /// or infinite push refused mid-run), ...; `errc::server_lost` (a connection failed and the
+  /// recovery policy gave up), `errc::timeout` (no fresh rows, or no ack of pending pushes,
+  /// within `wait_timeout`; the log names the clock waited for, the shard, its server clock
+  /// and the slowest worker when the server reported it), `errc::bad_gradient`
+  /// (`check_gradients`), `errc::unexpected_message` (a malformed handshake reply),
+  /// `errc::not_head` (chain replication: no server of a shard accepted it within
+  /// `connect_timeout`), or a connect error (the log names the endpoint). Precondition: runs
+  /// on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
     std::error_code ec = co_await connect_all();
     // The whole clock loop lives in this one coroutine frame: calling a coroutine per clock
@@ -195,7 +221,8 @@ class basic_worker {
         // While a server is being reconnected its own timeout applies, not wait_timeout.
         if (!all_up()) timeout_start = clock_type::now();
         if (clock_type::now() - timeout_start > opts_.wait_timeout) {
-          log("no fresh rows for clock " + std::to_string(c) + " within the wait timeout");
+          log("no fresh rows for clock " + std::to_string(c) + " within the wait timeout (" +
+              std::to_string(opts_.wait_timeout.count()) + " ms): " + blocked_by(need));
           ec = errc::timeout;
           break;
         }
@@ -220,6 +247,7 @@ class basic_worker {
       buffer grad = transport_.allocate(cache_.size() * sizeof(float));
       const parameter_view params(tables_, snapshot_.data());
       gradient_view gview(tables_, reinterpret_cast<float*>(grad.data()));
+      if (opts_.check_gradients) fill_unwritten(grad);
       float loss = 0;
       if constexpr (async_gradient_source<Model>) {
         loss = co_await model_.async_compute_gradient(params, gview);
@@ -234,6 +262,7 @@ class basic_worker {
         }
       }
       stats_.compute_seconds += std::chrono::duration<double>(clock_type::now() - computed).count();
+      if (opts_.check_gradients && (ec = check_gradient(grad))) break;
       // 4. VAP: wait until this update fits under the bound on in-transit magnitude.
       //    (Inline, not a coroutine call: that would allocate a frame per clock.)
       if constexpr (value_bounded) {
@@ -374,6 +403,17 @@ class basic_worker {
     // clock being pushed now.
     detail::ring<in_transit_update> in_transit;
     float magnitude = 0;
+    // Read-my-writes step in use for this shard (worker_options::local_step, else the one
+    // its welcome sent); 0: off.
+    float step = 0;
+    bool refused = false;  // `failure` is the code of the server's refusal (reported as is)
+    // The server's last heartbeat report (see heartbeat_report): its clock, and the slowest
+    // worker's id, clock and whether it is connected.
+    bool reported = false;
+    clock_value report_clock = 0;
+    std::uint32_t slowest = 0;
+    clock_value slowest_clock = 0;
+    bool slowest_connected = false;
   };
 
   void log(const std::string& line) const {
@@ -402,6 +442,7 @@ class basic_worker {
     for (auto& l : links_) {
       const auto deadline = clock_type::now() + opts_.connect_timeout;
       std::chrono::milliseconds backoff{20};
+      bool logged = false;
       for (;;) {
         auto [ec, conn] = co_await transport_.async_connect(endpoint_of(l));
         if (!ec) {
@@ -412,8 +453,13 @@ class basic_worker {
         }
         const auto now = clock_type::now();
         if (now >= deadline) {
-          log("cannot connect to server " + std::to_string(l.shard) + ": " + ec.message());
+          log("cannot connect to " + server_name(l) + ": " + ec.message());
           co_return ec;
+        }
+        if (!logged && ec != errc::not_head) {  // say so now, not after connect_timeout
+          logged = true;
+          log("cannot connect to " + server_name(l) + " (" + ec.message() + "); retrying for " +
+              duration_string(opts_.connect_timeout));
         }
         next_endpoint(l);
         if (l.endpoint != 0) continue;  // try the shard's other servers before backing off
@@ -454,18 +500,27 @@ class basic_worker {
     if (m.header.type == message_type::error) {
       const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
       l.conn.close();
-      if (m.header.seq == static_cast<std::uint64_t>(errc::not_head))
-        co_return errc::not_head;  // chain replication: try the shard's next server
-      log("server " + std::to_string(l.shard) + " refused the connection: " + reason);
-      co_return reason.find("layout") != std::string::npos ? errc::layout_mismatch
-                                                           : errc::unexpected_message;
+      const std::optional<errc> code = errc_from_wire(m.header.seq);
+      if (code == errc::not_head) co_return errc::not_head;  // chain: try the next server
+      log(server_name(l) + " refused the connection: " + reason);
+      co_return code ? make_error_code(*code) : make_error_code(errc::unexpected_message);
     }
     if (m.header.type != message_type::welcome || m.header.sender != l.shard ||
-        m.header.table != links_.size() || m.header.row_count != tables_.size()) {
-      log("server " + std::to_string(l.shard) + " sent an unexpected handshake reply");
+        m.header.table != links_.size() || m.header.row_count != tables_.size() ||
+        m.payload.size() != welcome_payload_bytes(tables_.size())) {
+      log(server_name(l) + " sent an unexpected handshake reply");
       l.conn.close();
       co_return errc::unexpected_message;
     }
+    float server_step = 0;
+    std::memcpy(&server_step, m.payload.data() + tables_.size() * 16, sizeof server_step);
+    if (!std::isfinite(server_step)) {
+      log(server_name(l) + " sent a non-finite local step in its welcome");
+      l.conn.close();
+      co_return errc::unexpected_message;
+    }
+    l.step = opts_.local_step.value_or(server_step);
+    if (!(l.step > 0)) l.step = 0;
     clock_ = std::max(clock_, static_cast<clock_value>(m.header.first_row));
     // Realign the push counts with what the server has applied: pushes it does not have
     // (sent to a server that was then restored from an older state) are lost.
@@ -566,17 +621,17 @@ class basic_worker {
         // Own pushes the server had not applied when it sent these rows: re-apply them to the
         // rows just overwritten (every other cached row still has them).
         std::erase_if(p.local, [&](const unapplied& u) { return u.index <= h.seq; });
-        if (opts_.local_step > 0) {
+        if (l.step > 0) {
           for (const auto& u : p.local) {
             const auto g = u.grad.floats();
             if (ranged) {
               const auto first = static_cast<row_id>(h.first_row);
-              local_apply(h.table, key_range{first, first + h.row_count},
+              local_apply(l.step, h.table, key_range{first, first + h.row_count},
                           g.subspan(std::size_t{first - p.range.begin} * t.width,
                                     std::size_t{h.row_count} * t.width));
             } else {
               for (const row_id k : keys)
-                local_apply(h.table, key_range{k, k + 1},
+                local_apply(l.step, h.table, key_range{k, k + 1},
                             g.subspan(std::size_t{k - p.range.begin} * t.width, t.width));
             }
           }
@@ -615,11 +670,30 @@ class basic_worker {
         if (l.unacked.empty() || (full && l.unacked.size() < opts_.max_unacked)) wake_.cancel();
         return {};
       }
-      case message_type::heartbeat: return {};
+      case message_type::heartbeat:
+        if (h.seq == heartbeat_report::slowest_connected ||
+            h.seq == heartbeat_report::slowest_disconnected) {
+          if (h.clock < 0 ||
+              h.first_row > static_cast<std::uint64_t>(std::numeric_limits<clock_value>::max()))
+            return errc::unexpected_message;
+          l.reported = true;
+          l.report_clock = h.clock;
+          l.slowest = h.table;
+          l.slowest_clock = static_cast<clock_value>(h.first_row);
+          l.slowest_connected = h.seq == heartbeat_report::slowest_connected;
+        }
+        return {};
       case message_type::error: {
         const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
-        log("server " + std::to_string(l.shard) + " closed the connection: " + reason);
-        fail(l, errc::unexpected_message, reason);
+        log(server_name(l) + " closed the connection: " + reason);
+        const std::optional<errc> code = errc_from_wire(h.seq);
+        // A refusal of what this worker sent (a NaN push, a bad header...): the link fails
+        // with its code, and when the recovery policy gives up the run ends with that code
+        // (not server_lost). not_head, or no valid code: a plain failure of the link.
+        const bool refusal = code && *code != errc::not_head;
+        fail(l, refusal ? make_error_code(*code) : make_error_code(errc::unexpected_message),
+             reason);
+        l.refused = refusal;
         return {};
       }
       case message_type::bye: fail(l, errc::connection_closed, ""); return {};
@@ -627,13 +701,85 @@ class basic_worker {
     }
   }
 
-  // Read-my-writes: applies this worker's gradient `g` (rows `r` of table `t`) to its cache.
-  void local_apply(table_id t, key_range r, std::span<const float> g) {
+  // Read-my-writes: applies this worker's gradient `g` (rows `r` of table `t`) to its cache
+  // with learning rate `step`.
+  void local_apply(float step, table_id t, key_range r, std::span<const float> g) {
     const std::uint32_t w = tables_[t].width;
     Eigen::Map<Eigen::ArrayXf> c(cache_.data() + offsets_[t] + std::size_t{r.begin} * w,
                                  static_cast<Eigen::Index>(std::size_t{r.size()} * w));
-    c -= opts_.local_step *
-         Eigen::Map<const Eigen::ArrayXf>(g.data(), static_cast<Eigen::Index>(g.size()));
+    c -= step * Eigen::Map<const Eigen::ArrayXf>(g.data(), static_cast<Eigen::Index>(g.size()));
+  }
+
+  // "server 0 at 127.0.0.1:7000" (the endpoint this link uses now).
+  std::string server_name(const link& l) const {
+    return "server " + std::to_string(l.shard) + " at " + detail::endpoint_string(endpoint_of(l));
+  }
+
+  template <class Duration>
+  static std::string duration_string(Duration d) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+    if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
+    return std::to_string(ms) + " ms";
+  }
+
+  // What the wait for rows of server clock `need` waits on: per shard whose rows are not
+  // fresh enough, its server clock (as last reported, or of the rows it sent) and the slowest
+  // worker as the server last reported it.
+  std::string blocked_by(clock_value need) const {
+    std::string out = "waits for server clock >= " + std::to_string(need);
+    for (const auto& l : links_) {
+      bool stale = !l.up;
+      for (const auto& p : l.parts) {
+        if (p.range.empty()) continue;
+        if constexpr (sparse_reads) {
+          if (p.want.empty()) continue;
+        }
+        const auto [have, cached] = read_state(p);
+        stale = stale || !have || cached < need;
+      }
+      if (!stale) continue;
+      out += "; " + server_name(l);
+      if (!l.up) out += " (not connected)";
+      if (l.reported) {
+        out += " is at server clock " + std::to_string(l.report_clock) + ", slowest worker " +
+               std::to_string(l.slowest) + " at clock " + std::to_string(l.slowest_clock) +
+               (l.slowest_connected ? " (connected)" : " (not connected)");
+      } else {
+        out += " has not reported its clock (no heartbeat report yet)";
+      }
+    }
+    return out;
+  }
+
+  // check_gradients: fills `grad` with the unwritten-value pattern.
+  static void fill_unwritten(buffer& grad) noexcept {
+    const auto n = grad.size() / sizeof(std::uint32_t);
+    auto* p = reinterpret_cast<std::uint32_t*>(grad.data());
+    std::fill(p, p + n, unwritten_gradient_bits);
+  }
+
+  // check_gradients: errc::bad_gradient (logged with table, row and column) when a value of
+  // `grad` is still the fill pattern or is NaN/infinity.
+  std::error_code check_gradient(const buffer& grad) const {
+    const auto* bits = reinterpret_cast<const std::uint32_t*>(grad.data());
+    const float* vals = grad.floats().data();
+    for (table_id t = 0; t < tables_.size(); ++t) {
+      const std::size_t n = tables_[t].size();
+      const std::size_t off = offsets_[t];
+      for (std::size_t i = 0; i < n; ++i) {
+        const bool unwritten = bits[off + i] == unwritten_gradient_bits;
+        if (!unwritten && std::isfinite(vals[off + i])) continue;
+        const std::uint32_t w = tables_[t].width;
+        const std::string where = "table " + std::to_string(t) + " row " + std::to_string(i / w) +
+                                  " column " + std::to_string(i % w);
+        log("compute_gradient at clock " + std::to_string(clock_) + ": the gradient of " + where +
+            (unwritten
+                 ? " was not written (every value must be written; check_gradients)"
+                 : (std::isnan(vals[off + i]) ? " is NaN (computed)" : " is infinite (computed)")));
+        return errc::bad_gradient;
+      }
+    }
+    return {};
   }
 
   // Returns the failure to report if some link is down and the recovery policy gives up;
@@ -641,12 +787,12 @@ class basic_worker {
   std::error_code check_links() {
     for (auto& l : links_) {
       if (l.up || l.reconnecting || l.joining) continue;
-      if (l.gave_up) return errc::server_lost;
+      if (l.gave_up) return l.refused ? l.failure : make_error_code(errc::server_lost);
       l.action = recovery_.on_server_lost(l.failure);
       if (l.action == recovery_action::fail) {
         log("lost server " + std::to_string(l.shard) + " (" + l.failure.message() +
             "); recovery policy '" + std::string(Recovery::name) + "' gives up");
-        return errc::server_lost;
+        return l.refused ? l.failure : make_error_code(errc::server_lost);
       }
       log("lost server " + std::to_string(l.shard) + " (" + l.failure.message() + "); " +
           (l.action == recovery_action::continue_local ? "training on locally, " : "") +
@@ -704,6 +850,8 @@ class basic_worker {
           if (ec == errc::layout_mismatch || ec == errc::server_lost ||
               ec == condition::protocol_violation) {
             l.gave_up = true;  // a different server answers there: retrying will not help
+            l.refused = ec != errc::server_lost;
+            l.failure = ec;
             break;
           }
         }
@@ -715,6 +863,7 @@ class basic_worker {
         log("server " + std::to_string(l.shard) + " still unreachable after " +
             std::to_string(recovery_.reconnect_timeout().count()) + " ms; giving up");
         l.gave_up = true;
+        l.refused = false;  // lost, whatever refusal started the outage
         break;
       }
       // The last wait is cut to the deadline, so the worker tries until the timeout ends.
@@ -769,6 +918,7 @@ class basic_worker {
       }
       ++stats_.reconnects;
       l.up = true;
+      l.refused = false;
       l.reading = true;
       asio::co_spawn(transport_.get_executor(), read_loop(l), asio::detached);
       log("rejoined server " + std::to_string(l.shard) + " at clock " + std::to_string(clock_));
@@ -847,7 +997,7 @@ class basic_worker {
       const auto n = static_cast<Eigen::Index>(std::size_t{p.range.size()} * w);
       const auto slice = grad.floats().subspan(off, static_cast<std::size_t>(n));
       add_to_backlog(p, slice);
-      if (opts_.local_step > 0) local_apply(t, p.range, slice);
+      if (l.step > 0) local_apply(l.step, t, p.range, slice);
     }
     ++stats_.local_clocks;
   }
@@ -991,9 +1141,9 @@ class basic_worker {
 
   // VAP: sets each link's magnitude of `grad` (lr * L2 norm of its slices); returns their sum.
   float set_magnitudes(const buffer& grad) {
-    const float lr = opts_.local_step > 0 ? opts_.local_step : 1.0f;
     float added = 0;
     for (auto& l : links_) {
+      const float lr = l.step > 0 ? l.step : 1.0f;
       double sq = 0;
       for (table_id t = 0; t < l.parts.size(); ++t) {
         const auto& p = l.parts[t];
@@ -1069,9 +1219,9 @@ class basic_worker {
       }
     }
     ++p.pushed;
-    if (opts_.local_step > 0) {
+    if (l.step > 0) {
       buffer slice = grad.share(off, bytes);  // dense, whatever went on the wire
-      local_apply(t, p.range, slice.floats());
+      local_apply(l.step, t, p.range, slice.floats());
       p.local.push_back(unapplied{p.pushed, std::move(slice)});
     }
     ++stats_.pushes;
@@ -1158,5 +1308,10 @@ class basic_worker {
   staleness_histogram staleness_{};
   worker_stats stats_{};
 };
+
+/// The TCP worker most programs use: `basic_worker` over `tcp_transport`, with no recovery
+/// unless named. Example: `asyncps::worker<my_model, consistency::ssp<3>>`.
+template <model Model, consistency_policy Consistency, recovery_policy Recovery = recovery::none>
+using worker = basic_worker<Model, tcp_transport, Consistency, Recovery>;
 
 }  // namespace asyncps

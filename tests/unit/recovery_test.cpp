@@ -203,7 +203,7 @@ TEST_CASE("a worker built with another recovery policy is refused by name, not m
       },
       asio::detached);
   io.run();
-  CHECK(result == errc::unexpected_message);
+  CHECK(result == errc::policy_mismatch);  // the refusal's own code (the error frame's seq)
   CHECK(server.stats().rejected == 1);
   CHECK(server.stats().pushes == 0);
   CHECK(logged.find("recovery 'stateless'") != std::string::npos);

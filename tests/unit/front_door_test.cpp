@@ -1,0 +1,474 @@
+// The front door: what a user sees when something is wrong before or around training. Every
+// refusal reaches `async_run` as its own code, messages name their cause with values (layouts,
+// endpoints, the worker that holds a clock back), debug checks catch unwritten gradients, the
+// worker learns its read-my-writes step from the server, and the defaulted aliases work.
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/ip/tcp.hpp>
+#include <asio/steady_timer.hpp>
+#include <doctest/doctest.h>
+
+#include "asyncps/consistency/policies.hpp"
+#include "asyncps/server.hpp"
+#include "asyncps/transport/in_process.hpp"
+#include "asyncps/transport/tcp.hpp"
+#include "asyncps/worker.hpp"
+#include "counter_model.hpp"
+#include "listen_and_serve.hpp"
+
+using namespace asyncps;
+
+namespace {
+
+using lines = std::vector<std::string>;
+
+bool any_line_has(const lines& ls, std::string_view needle) {
+  return std::any_of(ls.begin(), ls.end(),
+                     [&](const std::string& l) { return l.find(needle) != std::string::npos; });
+}
+
+std::string joined(const lines& ls) {
+  std::string out;
+  for (const auto& l : ls) out += l + "\n";
+  return out;
+}
+
+// The counter model with a hook that may spoil its gradient (unwritten values, NaN).
+struct spoiling_model : test::counter_model {
+  using test::counter_model::counter_model;
+  float compute_gradient(const parameter_view& p, gradient_view& g) {
+    const float loss = test::counter_model::compute_gradient(p, g);
+    if (spoil) spoil(clock - 1, g);
+    return loss;
+  }
+  std::function<void(std::int64_t, gradient_view&)> spoil{};
+};
+
+template <class Model>
+struct worker_spec {
+  Model model;
+  worker_options<std::string> opts;
+};
+
+struct run_result {
+  std::vector<std::error_code> errors;  // per worker, in spawn order
+  lines server_log;
+  lines worker_log;
+  std::vector<float> server_values;  // table 0 after the run
+  std::vector<std::vector<float>> caches;
+  std::vector<test::counter_model> models;
+};
+
+// Runs one in-process server (policy `ServerPolicy`, SGD with learning rate `lr`) and the
+// given workers (policy `WorkerPolicy`), each for `clocks` clocks; stops the server when every
+// worker is done. Everything runs on one thread, compute inline. `late` workers are started
+// when `start_late` is called from a hook (see the duplicate-id test).
+template <class ServerPolicy, class WorkerPolicy, class Model>
+run_result run_in_process(server_options so, std::vector<worker_spec<Model>> specs,
+                          std::uint64_t clocks, float lr = 1.0f) {
+  asio::io_context io(1);
+  in_process_network net;
+  run_result r;
+  so.log = [&](std::string_view l) { r.server_log.emplace_back(l); };
+  in_process_transport st(io.get_executor(), net);
+  basic_server<in_process_transport, ServerPolicy> server(st, so, optimizer::sgd{lr});
+  asio::co_spawn(st.get_executor(), test::listen_and_serve(st, "shard0", server), asio::detached);
+  using worker_t = basic_worker<Model, in_process_transport, WorkerPolicy>;
+  std::vector<std::unique_ptr<in_process_transport>> ts;
+  std::vector<std::unique_ptr<worker_t>> ws;
+  r.errors.assign(specs.size(), std::error_code{});
+  std::size_t done = 0;
+  for (auto& sp : specs) {
+    if (sp.opts.servers.empty()) sp.opts.servers = {"shard0"};
+    sp.opts.log = [&](std::string_view l) { r.worker_log.emplace_back(l); };
+    ts.push_back(std::make_unique<in_process_transport>(io.get_executor(), net));
+    ws.push_back(std::make_unique<worker_t>(*ts.back(), sp.model, sp.opts));
+  }
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    asio::co_spawn(
+        io,
+        [&, i]() -> asio::awaitable<void> {
+          r.errors[i] = co_await ws[i]->async_run(clocks);
+          if (++done == ws.size()) server.stop();
+        },
+        asio::detached);
+  }
+  io.run();
+  const auto v = server.values(0);
+  r.server_values.assign(v.begin(), v.end());
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    const auto c = ws[i]->cache().table(0);
+    r.caches.emplace_back(c.data(), c.data() + c.size());
+    r.models.push_back(specs[i].model);
+  }
+  return r;
+}
+
+server_options one_table(std::uint32_t workers, std::uint32_t width = 4) {
+  server_options so;
+  so.num_workers = workers;
+  so.tables = {table_spec{0, workers, width, 0.0f}};
+  return so;
+}
+
+template <class Model = test::counter_model>
+worker_spec<Model> spec(std::uint32_t id, std::uint32_t workers, std::uint32_t width = 4) {
+  worker_spec<Model> s{Model(id, workers, -1, width), {}};
+  s.opts.id = id;
+  s.opts.wait_timeout = std::chrono::seconds(10);
+  s.opts.connect_timeout = std::chrono::milliseconds(500);
+  return s;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(a[i]) != std::bit_cast<std::uint32_t>(b[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("front door: a wrong worker id reaches async_run as bad_sender") {
+  std::vector<worker_spec<test::counter_model>> ws;
+  ws.push_back(spec(0, 1));
+  ws.back().opts.id = 5;  // the server has num_workers = 1
+  const auto r = run_in_process<consistency::bsp, consistency::bsp>(one_table(1), std::move(ws), 3);
+  CHECK(r.errors[0] == errc::bad_sender);
+  CHECK(any_line_has(r.worker_log, "got 5, num_workers 1"));  // the server's reason, verbatim
+}
+
+TEST_CASE("front door: a policy mismatch reaches async_run as policy_mismatch") {
+  std::vector<worker_spec<test::counter_model>> ws;
+  ws.push_back(spec(0, 1));
+  const auto r =
+      run_in_process<consistency::bsp, consistency::essp<2>>(one_table(1), std::move(ws), 3);
+  CHECK(r.errors[0] == errc::policy_mismatch);
+  CHECK(any_line_has(r.worker_log, "lazy consistency"));
+}
+
+TEST_CASE("front door: a layout mismatch names the table and both sides' rows x width") {
+  std::vector<worker_spec<test::counter_model>> ws;
+  ws.push_back(spec(0, 1, 4));
+  const auto r =
+      run_in_process<consistency::bsp, consistency::bsp>(one_table(1, 8), std::move(ws), 3);
+  CHECK(r.errors[0] == errc::layout_mismatch);
+  INFO(joined(r.worker_log));
+  CHECK(any_line_has(r.worker_log, "table 0: worker 1 x 4, server 1 x 8"));
+  CHECK(any_line_has(r.server_log, "table 0: worker 1 x 4, server 1 x 8"));
+}
+
+TEST_CASE("front door: a layout with another table count names the counts") {
+  const std::array<table_spec, 2> two{table_spec{0, 1, 4, 0.0f}, table_spec{1, 3, 2, 0.0f}};
+  const std::array<table_spec, 1> one{table_spec{0, 1, 4, 0.0f}};
+  const std::string d = detail::layout_difference(one, "worker", two, "server");
+  CHECK(d == "worker has 1 table, server has 2 tables; table 1: worker none, server 3 x 2");
+  CHECK(detail::layout_difference(two, "a", two, "b").empty());
+}
+
+TEST_CASE("front door: a duplicate worker id reaches async_run as duplicate_worker") {
+  // Worker 0 runs; after its first clock a second worker claiming id 0 connects (refused);
+  // when that one is done the real worker 1 starts, so worker 0 completes.
+  asio::io_context io(1);
+  in_process_network net;
+  lines wlog;
+  server_options so = one_table(2);
+  so.log = [](std::string_view) {};
+  in_process_transport st(io.get_executor(), net);
+  basic_server<in_process_transport, consistency::bsp> server(st, so, optimizer::sgd{1.0f});
+  asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
+  using worker_t = basic_worker<test::counter_model, in_process_transport, consistency::bsp>;
+  std::array<test::counter_model, 3> models{
+      test::counter_model(0, 2, 0), test::counter_model(0, 2, 0), test::counter_model(1, 2, 0)};
+  std::array<std::unique_ptr<in_process_transport>, 3> ts;
+  std::array<std::unique_ptr<worker_t>, 3> ws;
+  std::array<std::error_code, 3> errors;
+  int done = 0;
+  std::function<void(int)> run;
+  run = [&](int i) {
+    asio::co_spawn(
+        io,
+        [&, i]() -> asio::awaitable<void> {
+          errors[i] = co_await ws[i]->async_run(4);
+          if (i == 1) run(2);
+          if (i != 1 && ++done == 2) server.stop();
+        },
+        asio::detached);
+  };
+  for (int i = 0; i < 3; ++i) {
+    worker_t::options_type o;
+    o.id = i == 2 ? 1 : 0;
+    o.servers = {"shard0"};
+    o.wait_timeout = std::chrono::seconds(10);
+    o.log = [&](std::string_view l) { wlog.emplace_back(l); };
+    if (i == 0)
+      o.on_clock = [&](const clock_report& c) {
+        if (c.clock == 0) run(1);
+      };
+    ts[i] = std::make_unique<in_process_transport>(io.get_executor(), net);
+    ws[i] = std::make_unique<worker_t>(*ts[i], models[i], o);
+  }
+  run(0);
+  io.run();
+  CHECK(!errors[0]);
+  CHECK(errors[1] == errc::duplicate_worker);
+  CHECK(!errors[2]);
+  CHECK(any_line_has(wlog, "worker id already connected (worker 0)"));
+}
+
+TEST_CASE("front door: a NaN push refused mid-run reaches async_run as non_finite_value") {
+  std::vector<worker_spec<spoiling_model>> ws;
+  ws.push_back(spec<spoiling_model>(0, 1));
+  ws.back().opts.check_gradients = false;  // let the NaN reach the server
+  ws.back().model.spoil = [](std::int64_t c, gradient_view& g) {
+    if (c == 2) g.table(0)(0, 1) = std::nanf("");
+  };
+  const auto r = run_in_process<consistency::bsp, consistency::bsp>(one_table(1), std::move(ws), 6);
+  CHECK(r.errors[0] == errc::non_finite_value);
+  CHECK(any_line_has(r.server_log, "NaN"));
+}
+
+TEST_CASE("front door: a refusal code outside the errc range is not trusted") {
+  CHECK(errc_from_wire(0) == std::nullopt);
+  CHECK(errc_from_wire(static_cast<std::uint64_t>(last_errc) + 1) == std::nullopt);
+  CHECK(errc_from_wire(~std::uint64_t{0}) == std::nullopt);
+  CHECK(errc_from_wire(static_cast<std::uint64_t>(errc::duplicate_worker)) ==
+        errc::duplicate_worker);
+  CHECK(errc_from_wire(static_cast<std::uint64_t>(last_errc)) == last_errc);
+}
+
+TEST_CASE("front door: a connect failure names the endpoint and is logged at once") {
+  asio::io_context io(1);
+  in_process_network net;
+  in_process_transport t(io.get_executor(), net);
+  lines log;
+  test::counter_model m(0, 1, 0);
+  worker_options<std::string> o;
+  o.servers = {"nowhere"};
+  o.connect_timeout = std::chrono::milliseconds(200);
+  o.log = [&](std::string_view l) { log.emplace_back(l); };
+  basic_worker<test::counter_model, in_process_transport, consistency::bsp> w(t, m, o);
+  std::error_code ec;
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { ec = co_await w.async_run(1); }, asio::detached);
+  io.run();
+  CHECK(ec);
+  INFO(joined(log));
+  REQUIRE(log.size() >= 2);
+  CHECK(log.front().find("cannot connect to server 0 at nowhere") != std::string::npos);
+  CHECK(log.front().find("retrying for 200 ms") != std::string::npos);
+  CHECK(log.back().find("cannot connect to server 0 at nowhere: ") != std::string::npos);
+}
+
+TEST_CASE("front door: a TCP connect failure names address and port") {
+  asio::io_context io(1);
+  // A port nothing listens on: bind one, note it, close it.
+  std::uint16_t port = 0;
+  {
+    asio::ip::tcp::acceptor a(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    port = a.local_endpoint().port();
+  }
+  tcp_transport t(io.get_executor());
+  lines log;
+  test::counter_model m(0, 1, 0);
+  worker_options<asio::ip::tcp::endpoint> o;
+  o.servers = {asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), port)};
+  o.connect_timeout = std::chrono::milliseconds(0);
+  o.log = [&](std::string_view l) { log.emplace_back(l); };
+  worker<test::counter_model, consistency::bsp> w(t, m, o);  // the defaulted alias
+  std::error_code ec;
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { ec = co_await w.async_run(1); }, asio::detached);
+  io.run();
+  CHECK(ec);  // connection refused (Asio's system category)
+  INFO(joined(log));
+  CHECK(any_line_has(log, "cannot connect to server 0 at 127.0.0.1:" + std::to_string(port)));
+  struct opaque {};
+  CHECK(detail::endpoint_string(opaque{}) == "endpoint");
+  CHECK(detail::endpoint_string(std::string("abc")) == "abc");
+}
+
+TEST_CASE("front door: a worker blocked by a missing worker names it, so does the server") {
+  server_options so = one_table(3);
+  so.watchdog_interval = std::chrono::milliseconds(50);
+  std::vector<worker_spec<test::counter_model>> ws;
+  for (std::uint32_t w = 0; w < 2; ++w) {  // worker 2 never starts
+    ws.push_back(spec(w, 3));
+    ws.back().opts.wait_timeout = std::chrono::milliseconds(600);
+  }
+  const auto r = run_in_process<consistency::bsp, consistency::bsp>(so, std::move(ws), 3);
+  CHECK(r.errors[0] == errc::timeout);
+  CHECK(r.errors[1] == errc::timeout);
+  INFO(joined(r.server_log));
+  INFO(joined(r.worker_log));
+  CHECK(any_line_has(r.server_log, "waiting for worker 2 to connect (2 of 3 connected)"));
+  CHECK(any_line_has(r.server_log, "worker 2 holds it back at clock 0 (not connected)"));
+  CHECK(any_line_has(r.worker_log, "no fresh rows for clock 1 within the wait timeout (600 ms): "
+                                   "waits for server clock >= 1; server 0 at shard0 is at server "
+                                   "clock 0, slowest worker 2 at clock 0 (not connected)"));
+}
+
+TEST_CASE("front door: a gradient value left unwritten fails the run naming table/row/column") {
+  std::vector<worker_spec<spoiling_model>> ws;
+  ws.push_back(spec<spoiling_model>(0, 2));
+  ws.back().opts.check_gradients = true;  // forced on (the dev preset defines NDEBUG)
+  ws.back().opts.wait_timeout = std::chrono::milliseconds(500);
+  ws.back().model.spoil = [](std::int64_t, gradient_view& g) {
+    // "Forget" one value: put back what the buffer held before compute_gradient.
+    g.table(0)(1, 2) = std::bit_cast<float>(unwritten_gradient_bits);
+  };
+  const auto r = run_in_process<consistency::asp, consistency::asp>(one_table(2), std::move(ws), 3);
+  CHECK(r.errors[0] == errc::bad_gradient);
+  INFO(joined(r.worker_log));
+  CHECK(any_line_has(r.worker_log, "the gradient of table 0 row 1 column 2 was not written"));
+  CHECK(r.server_values == std::vector<float>(8, 0.0f));  // nothing was pushed
+}
+
+TEST_CASE("front door: a computed NaN or infinity gets its own message") {
+  for (const float bad : {std::nanf(""), INFINITY}) {
+    std::vector<worker_spec<spoiling_model>> ws;
+    ws.push_back(spec<spoiling_model>(0, 1));
+    ws.back().opts.check_gradients = true;
+    ws.back().model.spoil = [bad](std::int64_t c, gradient_view& g) {
+      if (c == 1) g.table(0)(0, 3) = bad;
+    };
+    const auto r =
+        run_in_process<consistency::bsp, consistency::bsp>(one_table(1), std::move(ws), 4);
+    CHECK(r.errors[0] == errc::bad_gradient);
+    INFO(joined(r.worker_log));
+    CHECK(any_line_has(r.worker_log,
+                       std::string("compute_gradient at clock 1: the gradient of table 0 row 0 "
+                                   "column 3 is ") +
+                           (std::isnan(bad) ? "NaN (computed)" : "infinite (computed)")));
+  }
+}
+
+TEST_CASE("front door: check_gradients passes models that write every value (dense, sparse)") {
+  {
+    std::vector<worker_spec<test::counter_model>> ws;
+    for (std::uint32_t w = 0; w < 2; ++w) {
+      ws.push_back(spec(w, 2));
+      ws.back().opts.check_gradients = true;
+    }
+    const auto r =
+        run_in_process<consistency::ssp<1>, consistency::ssp<1>>(one_table(2), std::move(ws), 5);
+    CHECK(!r.errors[0]);
+    CHECK(!r.errors[1]);
+  }
+  {
+    std::vector<worker_spec<test::sparse_counter_model>> ws;
+    for (std::uint32_t w = 0; w < 2; ++w) {
+      ws.push_back(spec<test::sparse_counter_model>(w, 2, 16));
+      ws.back().opts.check_gradients = true;
+    }
+    const auto r = run_in_process<consistency::ssp<1>, consistency::ssp<1>>(one_table(2, 16),
+                                                                            std::move(ws), 5);
+    CHECK(!r.errors[0]);
+    CHECK(!r.errors[1]);
+  }
+}
+
+TEST_CASE("front door: local_step unset reads its own writes exactly as with it set") {
+  // One worker under SSP(3) reads its cache without pulling for 3 clocks: only the local
+  // application of its own gradient (read-my-writes) shows it its writes.
+  const auto run = [](std::optional<float> step) {
+    std::vector<worker_spec<test::counter_model>> ws;
+    ws.push_back(spec(0, 1));
+    ws.back().model.staleness = 3;
+    ws.back().opts.local_step = step;
+    return run_in_process<consistency::ssp<3>, consistency::ssp<3>>(one_table(1), std::move(ws), 12,
+                                                                    1.0f);
+  };
+  const auto unset = run(std::nullopt);
+  const auto set = run(1.0f);
+  const auto off = run(0.0f);
+  REQUIRE(!unset.errors[0]);
+  REQUIRE(!set.errors[0]);
+  REQUIRE(!off.errors[0]);
+  CHECK(unset.models[0].own_write_violations == 0);
+  CHECK(set.models[0].own_write_violations == 0);
+  CHECK(off.models[0].own_write_violations > 0);  // the check can tell
+  CHECK(same_bits(unset.caches[0], set.caches[0]));
+  CHECK(same_bits(unset.server_values, set.server_values));
+}
+
+TEST_CASE("front door: the defaulted aliases and the model-layout constructor") {
+  static_assert(
+      std::is_same_v<server<consistency::bsp>, basic_server<tcp_transport, consistency::bsp,
+                                                            recovery::none, optimizer::sgd>>);
+  static_assert(
+      std::is_same_v<
+          worker<test::counter_model, consistency::ssp<2>>,
+          basic_worker<test::counter_model, tcp_transport, consistency::ssp<2>, recovery::none>>);
+  asio::io_context io(1);
+  tcp_transport st(io.get_executor());
+  const test::counter_model layout(0, 2, 0, 6);
+  server_options so;
+  so.num_workers = 2;
+  so.log = [](std::string_view) {};
+  server<consistency::bsp> s(st, layout, so, optimizer::sgd{1.0f});  // tables from the model
+  REQUIRE(s.options().tables.size() == 1);
+  CHECK(s.options().tables[0] == layout.spec[0]);
+  so.tables = {layout.spec[0]};
+  CHECK_NOTHROW(server<consistency::bsp>(st, layout, so));  // equal: fine
+  so.tables = {table_spec{0, 2, 8, 0.0f}};
+  try {
+    server<consistency::bsp> bad(st, layout, so);
+    FAIL("a different layout must throw");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()).find("table 0: server_options 2 x 8, model 2 x 6") !=
+          std::string::npos);
+  }
+
+  // Train over TCP with the aliases: two workers, the server built from the model.
+  auto acc = st.listen(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { (void)co_await s.async_serve(std::move(acc).value()); },
+      asio::detached);
+  std::array<test::counter_model, 2> models{test::counter_model(0, 2, 0, 6),
+                                            test::counter_model(1, 2, 0, 6)};
+  std::array<std::unique_ptr<tcp_transport>, 2> ts;
+  std::vector<std::unique_ptr<worker<test::counter_model, consistency::bsp>>> ws;
+  std::array<std::error_code, 2> errors;
+  int done = 0;
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    ts[w] = std::make_unique<tcp_transport>(io.get_executor());
+    worker_options<asio::ip::tcp::endpoint> o;
+    o.id = w;
+    o.servers = {ep};
+    o.log = [](std::string_view) {};
+    ws.push_back(
+        std::make_unique<worker<test::counter_model, consistency::bsp>>(*ts[w], models[w], o));
+    asio::co_spawn(
+        io,
+        [&, w]() -> asio::awaitable<void> {
+          errors[w] = co_await ws[w]->async_run(5);
+          if (++done == 2) s.stop();
+        },
+        asio::detached);
+  }
+  io.run();
+  CHECK(!errors[0]);
+  CHECK(!errors[1]);
+  CHECK(s.clock() == 5);
+  CHECK(s.values(0)[0] == 5.0f);               // row 0 counts worker 0's pushes
+  CHECK(models[0].own_write_violations == 0);  // local_step learned from the server (1)
+}
