@@ -3,8 +3,8 @@
 // A transport object is one node's network endpoint: an executor, a buffer pool and the wire
 // limits. It listens (yielding an acceptor) and connects (yielding a connection). A connection
 // sends and receives whole `message`s as awaitables. Implement this concept to run the
-// unchanged server and worker templates over your own network (examples/custom_transport).
-// Requirements table: docs/concepts/transport.md.
+// unchanged server and worker templates over your own network
+// (examples/tutorial/4_custom_transport.cpp). Requirements table: docs/concepts/transport.md.
 #pragma once
 
 #include <concepts>

@@ -8,17 +8,12 @@
 #include <cstdlib>
 #include <new>
 
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/io_context.hpp>
-#include <asio/ip/tcp.hpp>
 #include <doctest/doctest.h>
 
 #include "asyncps/consistency/policies.hpp"
-#include "asyncps/server.hpp"
+#include "asyncps/local_cluster.hpp"
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/transport/tcp.hpp"
-#include "asyncps/worker.hpp"
 #include "counter_model.hpp"
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -84,62 +79,20 @@ struct counting_model : test::counter_model {
   }
 };
 
-template <class Transport, class Policy, class MakeTransport, class Endpoint>
-std::uint64_t count_allocations(MakeTransport make, Endpoint ep0, Endpoint ep1) {
-  asio::io_context io(1);
-  const std::uint32_t workers = 2;
-  auto st0 = make(io), st1 = make(io);
-  std::vector<counting_model> models;
-  for (std::uint32_t w = 0; w < workers; ++w) models.emplace_back(w, workers, 1, 64);
-  server_options so;
-  so.num_workers = workers;
-  so.num_shards = 2;
-  so.tables = {models[0].spec[0]};
-  basic_server<Transport, Policy> s0(*st0, so, optimizer::sgd{1.0f});
-  so.shard = 1;
-  basic_server<Transport, Policy> s1(*st1, so, optimizer::sgd{1.0f});
-  auto a0 = st0->listen(ep0);
-  auto a1 = st1->listen(ep1);
-  REQUIRE(a0.has_value());
-  REQUIRE(a1.has_value());
-  std::vector<Endpoint> eps{ep0, ep1};
-  if constexpr (std::is_same_v<Transport, tcp_transport>) {
-    eps = {a0.value().local_endpoint(), a1.value().local_endpoint()};
-  }
-  using worker_t = basic_worker<counting_model, Transport, Policy>;
-  std::vector<std::unique_ptr<Transport>> wts;
-  std::vector<std::unique_ptr<worker_t>> ws;
-  for (std::uint32_t w = 0; w < workers; ++w) {
-    wts.push_back(make(io));
-    typename worker_t::options_type o;
-    o.id = w;
-    o.servers = eps;
-    o.local_step = 1.0f;
-    ws.push_back(std::make_unique<worker_t>(*wts.back(), models[w], o));
-  }
-  asio::co_spawn(io, s0.async_serve(std::move(a0).value()), asio::detached);
-  asio::co_spawn(io, s1.async_serve(std::move(a1).value()), asio::detached);
-  int done = 0;
-  std::error_code errors[2];
-  for (std::uint32_t w = 0; w < workers; ++w) {
-    asio::co_spawn(
-        io,
-        [&, w]() -> asio::awaitable<void> {
-          errors[w] = co_await ws[w]->async_run(260);
-          if (++done == 2) {
-            s0.stop();
-            s1.stop();
-          }
-        },
-        asio::detached);
-  }
+// 2 shards and 2 workers on one thread (local_cluster's `single` mode), 260 clocks; returns
+// the allocations counted in the window [20, 220) of worker 0's clocks.
+template <class Transport, class Policy>
+std::uint64_t count_allocations() {
+  local_cluster<counting_model, Policy, recovery::none, optimizer::sgd, Transport> cluster(
+      {.servers = 2, .workers = 2, .threads = cluster_threads::single},
+      [](std::uint32_t w) { return counting_model(w, 2, 1, 64); }, optimizer::sgd{1.0f});
   allocations = 0;
-  io.run();
-  CHECK(!errors[0]);
-  CHECK(!errors[1]);
-  CHECK(models[0].bound_violations == 0);
-  CHECK(models[0].own_write_violations == 0);
-  CHECK(models[0].clock == 260);  // the counting window [20, 220) was inside the run
+  const auto r = cluster.run(260);
+  CHECK(r.ok());
+  REQUIRE(r.models.size() == 2);
+  CHECK(r.models[0].bound_violations == 0);
+  CHECK(r.models[0].own_write_violations == 0);
+  CHECK(r.models[0].clock == 260);  // the counting window [20, 220) was inside the run
   return allocations.load();
 }
 
@@ -155,20 +108,9 @@ TEST_CASE("the allocation counter counts") {
 }
 
 TEST_CASE("push/pull path does not allocate after warm-up: in-process") {
-  in_process_network net;
-  auto make = [&](asio::io_context& io) {
-    return std::make_unique<in_process_transport>(io.get_executor(), net);
-  };
-  const auto n = count_allocations<in_process_transport, consistency::ssp<1>>(
-      make, std::string("s0"), std::string("s1"));
-  CHECK(n == 0);
+  CHECK(count_allocations<in_process_transport, consistency::ssp<1>>() == 0);
 }
 
 TEST_CASE("push/pull path does not allocate after warm-up: TCP") {
-  auto make = [](asio::io_context& io) {
-    return std::make_unique<tcp_transport>(io.get_executor());
-  };
-  const asio::ip::tcp::endpoint any{asio::ip::make_address("127.0.0.1"), 0};
-  const auto n = count_allocations<tcp_transport, consistency::essp<1>>(make, any, any);
-  CHECK(n == 0);
+  CHECK(count_allocations<tcp_transport, consistency::essp<1>>() == 0);
 }

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 
 #include "asyncps/chain_master.hpp"
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/local_cluster.hpp"
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/server.hpp"
@@ -505,4 +508,136 @@ TEST_CASE("recovery::none: a grace period rides out nothing it should not; the r
       CHECK(logged.find("giving up") != std::string::npos);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// local_cluster: the in-process bring-up of S shards and W workers, and its failure reports.
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+// Two tables (5 x 3 and 4 x 2, so both are split across 2 shards); worker w's gradient at
+// position k (k = 1, 2, ... in table-major order, table 1 from 101) is -(w + 1) * k. With SGD
+// (learning rate 1) and W workers after C clocks every value is C * W(W+1)/2 * k: the
+// assembled tables show whether each row came from the right shard. Under BSP a read at
+// clock c must see every update of clocks < c (read-my-writes included), and no more than the
+// other workers' clock-c updates.
+struct grid_model {
+  explicit grid_model(std::uint32_t id, std::uint32_t workers, std::uint32_t extra_rows = 0)
+      : id(id), workers(workers), layout{{{0, 5 + extra_rows, 3, 0.0f}, {1, 4, 2, 0.0f}}} {}
+  std::span<const table_spec> tables() const { return layout; }
+  static float position(table_id t, std::size_t i) { return float(t * 100 + i + 1); }
+  float compute_gradient(const parameter_view& p, gradient_view& g) {
+    if (throw_at == clock) throw std::runtime_error("grid_model: failing on purpose");
+    const float per_clock = float(workers * (workers + 1) / 2);
+    for (table_id t = 0; t < 2; ++t) {
+      const auto in = p.span(t);
+      const auto out = g.span(t);
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        // Updates seen, in units of one clock's gradient of worker 0: all of clocks < c, maybe
+        // some other workers' clock-c updates, never this worker's own clock-c update.
+        const float seen = in[i] / position(t, i);
+        const float low = float(clock) * per_clock, high = low + per_clock - float(id + 1);
+        if (seen < low || seen > high || seen != std::floor(seen)) ++bsp_violations;
+        out[i] = -float(id + 1) * position(t, i);
+      }
+    }
+    ++clock;
+    return 0.0f;
+  }
+  std::uint32_t id, workers;
+  std::array<table_spec, 2> layout;
+  std::int64_t clock = 0;
+  std::int64_t bsp_violations = 0;
+  std::int64_t throw_at = -1;
+};
+
+template <class Transport>
+void check_exact_sum(cluster_threads threads) {
+  constexpr std::uint32_t workers = 3;
+  constexpr std::uint64_t clocks = 30;
+  local_cluster<grid_model, consistency::bsp, recovery::none, optimizer::sgd, Transport> cluster(
+      {.servers = 2, .workers = workers, .threads = threads, .log = [](std::string_view) {}},
+      [](std::uint32_t w) { return grid_model(w, workers); }, optimizer::sgd{1.0f});
+  const auto r = cluster.run(clocks);
+  INFO(r.failure);
+  REQUIRE(r.ok());
+  REQUIRE(r.tables.size() == 2);
+  for (table_id t = 0; t < 2; ++t) {
+    REQUIRE(r.tables[t].size() == r.layout[t].size());
+    for (std::size_t i = 0; i < r.tables[t].size(); ++i) {
+      CAPTURE(t);
+      CAPTURE(i);
+      CHECK(r.tables[t][i] == float(clocks * 6) * grid_model::position(t, i));
+    }
+  }
+  CHECK(r.table(1)(3, 1) == float(clocks * 6 * 108));  // the last row, from shard 1
+  for (const auto& s : r.servers) {
+    CHECK(!s.error);
+    CHECK(s.clock == clocks);
+    CHECK(s.stats.pushes >= clocks * workers);  // every worker pushed every clock to it
+  }
+  REQUIRE(r.models.size() == workers);
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    CAPTURE(w);
+    CHECK(!r.workers[w].error);
+    CHECK(r.workers[w].clock == clocks);
+    CHECK(r.workers[w].stats.clocks == clocks);
+    CHECK(r.models[w].clock == clocks);
+    CHECK(r.models[w].bsp_violations == 0);
+    CHECK(r.workers[w].staleness.max() == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("local_cluster: BSP server values are the exact sum of every worker's updates") {
+  SUBCASE("in-process, a thread per node") {
+    check_exact_sum<in_process_transport>(cluster_threads::one_per_node);
+  }
+  SUBCASE("in-process, one thread") {
+    check_exact_sum<in_process_transport>(cluster_threads::single);
+  }
+  SUBCASE("loopback TCP, a thread per node") {
+    check_exact_sum<tcp_transport>(cluster_threads::one_per_node);
+  }
+}
+
+TEST_CASE("local_cluster: a failing worker is named with its error and the others stop") {
+  constexpr std::uint32_t workers = 3;
+  for (const auto threads : {cluster_threads::one_per_node, cluster_threads::single}) {
+    // Worker 1's layout has an extra row: the servers refuse it.
+    local_cluster<grid_model, consistency::bsp> cluster(
+        {.servers = 2, .workers = workers, .threads = threads, .log = [](std::string_view) {}},
+        [](std::uint32_t w) { return grid_model(w, workers, w == 1 ? 1 : 0); },
+        optimizer::sgd{1.0f});
+    const auto r = cluster.run(1000);
+    CHECK(!r.ok());
+    CHECK(r.error == errc::layout_mismatch);
+    CHECK(r.failure.rfind("worker 1: ", 0) == 0);
+    CHECK(r.workers[1].error == errc::layout_mismatch);
+    // BSP: the others cannot pass clock 1 without worker 1, and end when the servers stop.
+    CHECK(r.workers[0].error);
+    CHECK(r.workers[2].error);
+    CHECK(r.workers[0].clock <= 1);
+    for (const auto& s : r.servers) CHECK(!s.error);
+  }
+}
+
+TEST_CASE("local_cluster: an exception in compute_gradient stops the cluster and is rethrown") {
+  local_cluster<grid_model, consistency::bsp> cluster(
+      // One thread: with a thread per node this run once hung (1 of ~40 runs, under load;
+      // a worker context kept work after the throwing worker's frame was gone): not yet
+      // understood, see the report of the branch `face`.
+      {.servers = 1,
+       .workers = 2,
+       .threads = cluster_threads::single,
+       .log = [](std::string_view) {}},
+      [](std::uint32_t w) {
+        grid_model m(w, 2);
+        if (w == 1) m.throw_at = 5;
+        return m;
+      });
+  CHECK_THROWS_AS(cluster.run(1000), std::runtime_error);
+  CHECK_THROWS_AS((local_cluster<grid_model, consistency::bsp>({.workers = 0}, nullptr).run(1)),
+                  std::invalid_argument);
 }

@@ -1,4 +1,4 @@
-// custom_transport: your own transport under the unchanged basic_server / basic_worker.
+// Step 4: your own transport under the unchanged basic_server / basic_worker.
 //
 // A transport is three small types (docs/concepts/transport.md): a node endpoint, a connection
 // that sends and receives whole framed `asyncps::message`s, and an acceptor. This one uses Unix
@@ -21,6 +21,7 @@
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/worker.hpp"
+#include "linear_regression.hpp"
 
 namespace aps = asyncps;
 using local = asio::local::stream_protocol;
@@ -125,31 +126,8 @@ class unix_transport {
 };
 static_assert(aps::transport<unix_transport>);
 
-// The model: y = x . w_true + noise. One object per worker, owning that worker's samples.
-constexpr std::uint32_t dim = 8, samples = 1024, batch = 32;
-struct linear_regression {
-  static constexpr std::array<aps::table_spec, 1> layout{{{.id = 0, .rows = 1, .width = dim}}};
-  static Eigen::VectorXf true_weights() { return Eigen::VectorXf::LinSpaced(dim, -1.0f, 1.0f); }
-  explicit linear_regression(unsigned seed) : x(samples, dim), y(samples) {
-    std::mt19937 gen(seed);
-    std::normal_distribution<float> normal;
-    for (float& v : x.reshaped()) v = normal(gen);
-    y.noalias() = x * true_weights();
-    for (float& v : y) v += 0.01f * normal(gen);
-  }
-  std::span<const aps::table_spec> tables() const { return layout; }
-  float compute_gradient(const aps::parameter_view& p, aps::gradient_view& g) {
-    const auto xb = x.middleRows(next, batch);  // the next minibatch, cyclically
-    residual.noalias() = xb * p.table(0).transpose();
-    residual -= y.segment(next, batch);
-    g.table(0).noalias() = residual.transpose() * xb / float{batch};  // writes every value
-    next = (next + batch) % samples;
-    return 0.5f * residual.squaredNorm() / float{batch};  // mean squared error / 2
-  }
-  aps::row_matrix x;
-  Eigen::VectorXf y, residual{batch};
-  Eigen::Index next = 0;
-};
+using tutorial::linear_regression;  // the tutorial's model (linear_regression.hpp)
+constexpr std::uint32_t dim = linear_regression::dim;
 
 int main() {
   using policy = aps::consistency::ssp<2>;  // servers and workers use the same policy
@@ -203,7 +181,8 @@ int main() {
 
   const Eigen::Map<const Eigen::VectorXf> w(server.values(0).data(), dim);
   const float distance = (w - linear_regression::true_weights()).norm();
-  const float loss = 0.5f * (models[0].x * w - models[0].y).squaredNorm() / samples;
+  const float loss =
+      0.5f * (models[0].x * w - models[0].y).squaredNorm() / linear_regression::samples;
   std::printf("workers: %s, %s; loss %.6f; |w - w_true| = %.6f\n", results[0].message().c_str(),
               results[1].message().c_str(), loss, distance);
   const bool converged = !results[0] && !results[1] && distance < 0.02f;
