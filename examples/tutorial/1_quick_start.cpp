@@ -27,13 +27,11 @@ int main() {
   line_fit model;
   asio::io_context io;  // one thread runs both nodes
   asyncps::tcp_transport server_net(io.get_executor()), worker_net(io.get_executor());
-  asyncps::basic_server<asyncps::tcp_transport, policy> server(
-      server_net, {.num_workers = 1, .tables = {model.layout[0]}}, sgd);
+  asyncps::server<policy> server(server_net, model, {.num_workers = 1}, sgd);  // layout: model's
   auto acceptor = server_net.listen({asio::ip::make_address("127.0.0.1"), 0}).value();
-  asyncps::basic_worker<line_fit, asyncps::tcp_transport, policy> worker(
+  asyncps::worker<line_fit, policy> worker(
       worker_net, model,
       {.servers = {acceptor.local_endpoint()},  // shard 0's address
-       .local_step = sgd.local_step(),
        .on_clock = [](const asyncps::clock_report& r) {
          if (r.clock % 40 == 0) std::printf("clock %3ld: loss %.2e\n", long(r.clock), r.loss);
        }});

@@ -248,12 +248,10 @@ class local_cluster {
       so.shard = s;
       so.num_shards = num_servers;
       so.num_workers = num_workers;
-      // TODO(api): with the layout-source constructor, pass report.models[0] instead.
-      so.tables = report.layout;
       so.seed = opts_.seed;
       so.log = opts_.log;
       servers.push_back(std::make_unique<server_type>(
-          *server_nets.back(), std::move(so), optimizer_,
+          *server_nets.back(), report.models[0], std::move(so), optimizer_,
           server_recovery_ ? server_recovery_(s) : typename Recovery::server_part{}));
       endpoint_type ep{};
       if constexpr (std::same_as<Transport, in_process_transport>) {
@@ -280,9 +278,6 @@ class local_cluster {
       typename worker_type::options_type wo;
       wo.id = w;
       wo.servers = endpoints;
-      // TODO(api): once worker_options::local_step is std::optional (learned from the
-      // server's welcome when unset), drop this line.
-      wo.local_step = optimizer_.local_step();
       wo.wait_timeout = opts_.wait_timeout;
       wo.on_clock = opts_.on_clock;
       wo.log = opts_.log;
