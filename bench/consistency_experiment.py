@@ -15,11 +15,17 @@ writes, into the output folder:
                                over seeds), simulated seconds and mean clock to reach a target
                                RMSE, mean staleness, messages, bytes, fraction of time blocked.
 
-Standard library plus matplotlib (on Debian: apt-get install python3-matplotlib and run with
-/usr/bin/python3). Not used by CI.
+Output goes to build/experiments/consistency unless --out says otherwise; the committed
+results (docs/results/consistency) are replaced only with --overwrite.
 
+Standard library plus matplotlib for the figures. It is not installed by default: install it
+with `bash .ci/deps python3-matplotlib` (Debian's package, for /usr/bin/python3). Without it the
+script stops at once with a one-line message naming that command; --no-plot writes table.md
+only. Not used by CI.
+
+    python3 bench/consistency_experiment.py docs/results/consistency/runs.jsonl [--target 0.3]
     python3 bench/consistency_experiment.py docs/results/consistency/runs.jsonl \
-        --out docs/results/consistency [--target 0.3]
+        --out docs/results/consistency --overwrite     # regenerate the committed figures
 """
 
 from __future__ import annotations
@@ -32,10 +38,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
+import experiment_common as common
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+plt = None  # matplotlib.pyplot, imported by main() unless --no-plot
 
 STALENESS = [1, 3, 7, 15]
 
@@ -240,23 +245,34 @@ def table(groups: dict, profiles: list[str], batches: list[int], target: float) 
 
 def main() -> None:
     """Reads the runs, writes the figures and table.md."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    global plt
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=common.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("jsonl", type=Path)
-    ap.add_argument("--out", type=Path, default=Path("docs/results/consistency"))
+    ap.add_argument("--out", type=Path, default=common.default_out("consistency"),
+                    help=common.out_help("consistency"))
+    ap.add_argument("--overwrite", action="store_true", help=common.overwrite_help())
+    ap.add_argument("--no-plot", action="store_true", help="write table.md only (no matplotlib)")
     ap.add_argument("--target", type=float, default=0.3)
     args = ap.parse_args()
+    prog = "bench/consistency_experiment.py"
+    if not args.no_plot:
+        plt = common.require_matplotlib(prog)
+    common.check_out(prog, args.out, args.overwrite, [])  # figures are derived: no raw data lost
     runs = load(args.jsonl)
     groups = group(runs)
     profiles = list(dict.fromkeys(r["profile"] for r in runs))
     batches = sorted({r["batch_percent"] for r in runs})
     args.out.mkdir(parents=True, exist_ok=True)
-    for p in profiles:
-        plot_staleness(groups, p, batches, args.out)
-        for b in batches:
-            plot_loss(groups, p, b, args.out)
+    if not args.no_plot:
+        for p in profiles:
+            plot_staleness(groups, p, batches, args.out)
+            for b in batches:
+                plot_loss(groups, p, b, args.out)
     md = table(groups, profiles, batches, args.target)
     (args.out / "table.md").write_text(md + "\n")
     print(md)
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":

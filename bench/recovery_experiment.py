@@ -14,11 +14,16 @@ several seeds; then computes, per configuration (mean +- std over seeds):
     time x rate), and useful gradients per cost unit.
 
 It writes one raw JSONL file per run, a plot of test accuracy against time and a markdown
-table. Standard library only, plus matplotlib for the plot (skipped with a note when missing;
-on Debian: apt-get install python3-matplotlib and run with /usr/bin/python3). Not used by CI.
+table into --out, by default build/experiments/recovery. It never deletes or replaces files of
+an earlier run, nor writes under docs/ (the committed results, docs/results/recovery), unless
+--overwrite says so. Standard library only, plus matplotlib for the plot: it is not installed by
+default; `bash .ci/deps python3-matplotlib` installs it (Debian's package, for /usr/bin/python3).
+Without it the script stops before running anything, with a one-line message naming that
+command; --no-plot skips the plot instead. Not used by CI.
 
     python3 bench/recovery_experiment.py --bin build/release/examples/fashion_mnist/fashion_mnist
-    python3 bench/recovery_experiment.py --analyze-only     # re-analyse the JSONL files
+    python3 bench/recovery_experiment.py --analyze-only --out docs/results/recovery --no-plot \
+        --overwrite     # re-analyse the committed JSONL files (rewrites their table.md)
 
 Time bases. The trainer's metrics (`time_s`) start when its monitor is created, after the
 training data is loaded; the supervisor's `[fault]` times start at worker 0's first clock (at
@@ -47,8 +52,10 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_OUT = REPO / "docs" / "results" / "recovery"
+import experiment_common as common  # noqa: E402
+
+REPO = common.REPO
+DEFAULT_OUT = common.default_out("recovery")
 DEFAULT_BIN = REPO / "build" / "release" / "examples" / "fashion_mnist" / "fashion_mnist"
 
 # name -> (trainer flags, kills?). Controls schedule a kill far beyond the end of the run, so
@@ -264,7 +271,8 @@ def parse_run(path):
     r["evals"] = evals
     r["final"] = final
     r["summary"] = summary
-    r["died"] = r.get("rc", 1) != 0
+    # The trainer's final record says when a run failed (and the clock it reached).
+    r["died"] = r.get("rc", 1) != 0 or bool(final and final.get("failed"))
     r["duration"] = final["time_s"] if final else float("nan")
     return r
 
@@ -483,7 +491,7 @@ def analyse(out_dir, args):
     text = "\n".join(out)
     print(text)
     (out_dir / "table.md").write_text(text + "\n")
-    plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds)
+    plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds, args)
     return text
 
 
@@ -491,15 +499,10 @@ def analyse(out_dir, args):
 # Plot
 
 
-def plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(matplotlib missing: no plot; apt-get install python3-matplotlib and run with "
-              "/usr/bin/python3)", file=sys.stderr)
+def plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds, args):
+    if args.no_plot:
         return
+    plt = common.require_matplotlib("bench/recovery_experiment.py")
     fig, axes = plt.subplots(2, 1, figsize=(12, 10), sharex=True)
     first_seed = seeds[0]
     for ax, title in zip(axes, [f"mean over seeds {','.join(map(str, seeds))}",
@@ -543,9 +546,14 @@ def plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=common.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=str(DEFAULT_BIN), help="the fashion_mnist binary")
-    ap.add_argument("--out", default=str(DEFAULT_OUT), help="directory for JSONL, PNG, table")
+    ap.add_argument("--out", default=str(DEFAULT_OUT),
+                    help="directory for JSONL, PNG, table; " + common.out_help("recovery"))
+    ap.add_argument("--overwrite", action="store_true",
+                    help=common.overwrite_help() + " (a run deletes the folder's *.jsonl first)")
+    ap.add_argument("--no-plot", action="store_true", help="no accuracy.png (no matplotlib)")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help="comma-separated subset of: " + "; ".join(CONFIGS))
@@ -568,11 +576,18 @@ def main():
     ap.add_argument("--analyze-only", action="store_true")
     args = ap.parse_args()
 
+    prog = "bench/recovery_experiment.py"
+    if not args.no_plot:
+        common.require_matplotlib(prog)  # before hours of runs, not after
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     if args.analyze_only:
+        # Rewrites table.md (and accuracy.png) from the JSONL files already there: derived
+        # files, so only docs/ needs --overwrite.
+        common.check_out(prog, out_dir, args.overwrite, [])
         analyse(out_dir, args)
         return
+    common.check_out(prog, out_dir, args.overwrite, sorted(out_dir.glob("*.jsonl")))
+    out_dir.mkdir(parents=True, exist_ok=True)
     binary = Path(args.bin).resolve()
     if not binary.exists():
         sys.exit(f"no trainer at {binary}; build the fashion_mnist target or pass --bin")
@@ -581,7 +596,7 @@ def main():
     for c in configs:
         if c not in CONFIGS:
             sys.exit(f"unknown config {c!r}")
-    for old in out_dir.glob("*.jsonl"):
+    for old in out_dir.glob("*.jsonl"):  # only with --overwrite (check_out above)
         old.unlink()
     started = time.monotonic()
 

@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """Plots and tables for asyncps_straggler_experiment (paper C; docs/results/stragglers.md).
 
-    straggler_experiment.py RUNS.jsonl --out DIR
+    straggler_experiment.py RUNS.jsonl [--out DIR] [--overwrite] [--no-plot]
+
+DIR defaults to build/experiments/stragglers; the committed results (docs/results/stragglers)
+are replaced only with --overwrite. The figures need matplotlib,
+which is not installed by default: `bash .ci/deps python3-matplotlib` installs it (Debian's
+package, for /usr/bin/python3); without it the script stops at once with a one-line message
+naming that command, and --no-plot writes table.md only.
 
 Writes into DIR:
   curves_{mlp,mf}.png   metric vs simulated seconds, one panel per configuration, with and
@@ -16,10 +22,11 @@ import os
 import statistics
 from collections import defaultdict
 
-import matplotlib
+from pathlib import Path
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import experiment_common as common
+
+plt = None  # matplotlib.pyplot, imported by main() unless --no-plot
 
 CONFIGS = ["BSP", "ASP", "2 groups", "4 groups"]
 VARIANTS = ["static", "rebalance", "regroup"]
@@ -200,10 +207,20 @@ def regroup_table(runs, model):
 
 def main():
     """Reads the runs, writes the figures and table.md."""
-    ap = argparse.ArgumentParser()
+    global plt
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=common.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=str(common.default_out("stragglers")),
+                    help=common.out_help("stragglers"))
+    ap.add_argument("--overwrite", action="store_true", help=common.overwrite_help())
+    ap.add_argument("--no-plot", action="store_true", help="write table.md only (no matplotlib)")
     args = ap.parse_args()
+    prog = "bench/straggler_experiment.py"
+    if not args.no_plot:
+        plt = common.require_matplotlib(prog)
+    out = Path(args.out)
+    common.check_out(prog, out, args.overwrite, [])  # figures are derived: no raw data lost
     os.makedirs(args.out, exist_ok=True)
     runs = load(args.runs)
     bad = [r for r in runs if r["errors"]]
@@ -218,14 +235,17 @@ def main():
         sweep = [r for r in rs if r["kind"] == "sweep"]
         regroup = [r for r in rs if r["kind"] == "regroup"]
         if sweep:
-            plot_curves(sweep, model, args.out)
-            plot_times(sweep, model, args.out)
+            if not args.no_plot:
+                plot_curves(sweep, model, args.out)
+                plot_times(sweep, model, args.out)
             parts += [sweep_table(sweep, model), ""]
         if regroup:
-            plot_regroup(regroup, model, args.out)
+            if not args.no_plot:
+                plot_regroup(regroup, model, args.out)
             parts += [regroup_table(regroup, model), ""]
     with open(os.path.join(args.out, "table.md"), "w") as f:
         f.write("\n".join(parts))
+    print(f"written to {args.out}")
 
 
 if __name__ == "__main__":

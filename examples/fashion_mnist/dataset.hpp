@@ -254,6 +254,12 @@ load_fashion_mnist(const std::filesystem::path& dir) {
   return std::pair<dataset, dataset>{std::move(train).value(), std::move(test).value()};
 }
 
+/// Quality of a parameter snapshot on a labelled set (models.hpp's `evaluate`).
+struct evaluation {
+  double accuracy = 0.0;  ///< fraction of examples whose arg-max class is the label, in [0, 1]
+  double loss = 0.0;      ///< mean cross-entropy in nats (no regularisation term)
+};
+
 /// Where the Debian package `dataset-fashion-mnist` installs the files.
 inline std::filesystem::path default_data_dir() { return "/usr/share/datasets/fashion-mnist"; }
 

@@ -22,13 +22,25 @@ cat "$dir/out.log"
 fail() { echo "e2e_recovery($policy): $*"; exit 1; }
 
 grep -Eq '^\[fault\] killed server 0(\.0)? \(SIGKILL\)' "$dir/out.log" || fail "the server was not killed"
+# The metrics' final record: the clock every worker reached, of the clocks planned, and whether
+# the run failed.
+final="$(grep '"final":true' "$dir/m.jsonl")" || fail "no final record in the metrics"
+field() { sed -n "s/.*\"$1\":\([a-z0-9]*\).*/\1/p" <<<"$final"; }
+clock="$(field clock)"
+planned="$(field clocks_planned)"
+[[ -n "$clock" && -n "$planned" ]] || fail "final record without clock/clocks_planned: $final"
 if [[ "$policy" == none ]]; then
-  # A lost server ends the run with a clear error, not a hang.
+  # A lost server ends the run with a clear error, not a hang, and the metrics say so.
   [[ $rc -ne 0 ]] || fail "exit status 0 after losing a server"
   grep -q 'parameter server lost' "$dir/out.log" || fail "no 'parameter server lost' error"
-  echo "e2e_recovery(none): ok, the run ended with 'parameter server lost' (exit status $rc)"
+  [[ "$(field failed)" == true ]] || fail "the final record does not say the run failed: $final"
+  (( clock < planned )) || fail "the final record claims clock $clock of $planned: $final"
+  echo "e2e_recovery(none): ok, the run ended with 'parameter server lost' (exit status $rc)" \
+    "at clock $clock of $planned"
   exit 0
 fi
+[[ "$(field failed)" == false ]] || fail "the final record says the run failed: $final"
+(( clock == planned )) || fail "the final record says clock $clock of $planned: $final"
 grep -q '^\[fault\] restarted server 0' "$dir/out.log" || fail "the server was not restarted"
 name="$policy"
 [[ "$policy" == chain ]] && name=chain-replication

@@ -25,12 +25,6 @@
 
 namespace fashion {
 
-/// Quality of a parameter snapshot on a labelled set.
-struct evaluation {
-  double accuracy = 0.0;  ///< fraction of examples whose arg-max class is the label, in [0, 1]
-  double loss = 0.0;      ///< mean cross-entropy in nats (no regularisation term)
-};
-
 namespace detail {
 
 /// Draws minibatches from one worker's shard: a contiguous slice of the training set, visited

@@ -2,5 +2,6 @@
 #include "trainer.hpp"
 
 int fashion::train_chain_relaxed(const config& c) {
-  return train<asyncps::recovery::chain_replication<asyncps::recovery::chain_mode::relaxed>>(c);
+  return train<asyncps::recovery::chain_replication<asyncps::recovery::chain_mode::relaxed>,
+               asyncps::optimizer::sgd>(c);
 }

@@ -143,9 +143,14 @@ asyncps::group_plan make_plan(const config& c) {
 
 /// "{2,3}": the members of a group.
 std::string member_list(const std::vector<std::uint32_t>& ws) {
+  // Appends piece by piece: `"," + std::to_string(..)` trips g++ 12's false -Wrestrict at -O3.
   std::string s = "{";
-  for (std::size_t i = 0; i < ws.size(); ++i) s += (i ? "," : "") + std::to_string(ws[i]);
-  return s + "}";
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    if (i != 0) s += ',';
+    s += std::to_string(ws[i]);
+  }
+  s += '}';
+  return s;
 }
 
 }  // namespace

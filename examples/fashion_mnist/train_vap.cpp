@@ -4,5 +4,7 @@
 #include "trainer.hpp"
 
 int fashion::train_vap(const config& c) {
-  return with_optimizer<asyncps::consistency::vap, asyncps::recovery::none>(c);
+  namespace opt = asyncps::optimizer;
+  return with_optimizer<asyncps::consistency::vap, asyncps::recovery::none, opt::sgd, opt::momentum,
+                        opt::adagrad, opt::adam>(c);
 }

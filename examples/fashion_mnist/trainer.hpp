@@ -1,9 +1,11 @@
-// fashion_mnist — the trainer's building blocks: configuration, the model wrapper, progress
-// and metrics, and `train<Recovery>` which maps the command line's consistency and optimizer
+// fashion_mnist — the trainer's building blocks: the model wrapper, progress and metrics, and
+// `train<Recovery, Optimizers...>`, which maps the command line's consistency and optimizer
 // choices onto compile-time instantiations of basic_server and basic_worker.
 //
-// Each recovery policy's instantiations live in their own translation unit (train_*.cpp), so
-// a 2-core build compiles them in parallel.
+// Build time on 2 cores shapes this file: the staleness bound is a run-time value
+// (`ssp<>`/`essp<>`), servers are instantiated per (lazy/eager/VAP, optimizer) only, the
+// models' Eigen kernels live in any_model.cpp, and each recovery policy's instantiations live
+// in their own translation unit (train_*.cpp), so they compile in parallel.
 #pragma once
 
 #include <asio/co_spawn.hpp>
@@ -26,74 +28,14 @@
 #include <string>
 #include <thread>
 #include <unistd.h>
-#include <variant>
 #include <vector>
 
+#include "any_model.hpp"
 #include "asyncps/asyncps.hpp"
+#include "config.hpp"
 #include "dataset.hpp"
-#include "models.hpp"
 
 namespace fashion {
-
-using clock_type = std::chrono::steady_clock;
-
-struct config {
-  std::string role = "all";
-  std::string model = "softmax";
-  std::string consistency = "ssp";
-  int staleness = 3;
-  std::string optimizer = "sgd";
-  std::uint32_t servers = 2;
-  std::uint32_t workers = 4;
-  std::uint32_t shard = 0;
-  std::uint32_t worker_id = 0;
-  std::string listen = "127.0.0.1:0";
-  std::vector<std::string> connect;
-  double epochs = 0;     // 0: the model's default
-  double decay_at = -1;  // epoch after which gradients are scaled by decay_factor; <0: default
-  float decay_factor = 0.1f;
-  std::uint32_t batch = 0;
-  float lr = 0;
-  float l2 = 0;
-  std::uint32_t hidden = 128;
-  std::uint64_t seed = 1;
-  std::string data = fashion::default_data_dir();
-  std::string metrics = "fashion_mnist_metrics.jsonl";
-  double eval_every = 0.25;  // epochs
-  unsigned compute_threads = 0;
-  bool quiet = false;
-  // Recovery (docs/recovery/*.md).
-  std::string recovery = "none";
-  std::string merge = "lr-scaled";  // stateless merge rule
-  std::string checkpoint_dir = "fashion_mnist_checkpoints";
-  std::uint64_t checkpoint_every = 0;  // clocks; 0 and no seconds: adaptive (CheckFreq)
-  double checkpoint_seconds = 0;
-  double checkpoint_overhead = 0.05;    // adaptive bound
-  double reconnect_timeout = 120;       // seconds a worker keeps reconnecting
-  std::uint32_t replicas = 2;           // chain replication: servers per shard (chain length)
-  std::uint64_t replicate_every = 200;  // chain-relaxed: pushes between state copies
-  std::uint32_t member = 0;             // --role server under chain: this server's member id
-  std::vector<std::string> chain;       // --role server under chain: the shard's members
-  std::string master;                   // --role server under chain: the chain master
-  // Fault injection (main.cpp runs the servers as child processes when kills are scheduled).
-  std::vector<double> kill_at;  // seconds after start
-  double downtime = 5;          // seconds a killed server stays down
-  std::uint32_t kill_shard = 0;
-  bool external_servers = false;  // role all, but the servers are other processes (--connect)
-  // VAP (--consistency vap): the bound on a worker's in-transit update magnitude.
-  float vap_magnitude = 0;  // 0: the model's default (main.cpp)
-  bool vap_shrink = false;  // bound magnitude / sqrt(c + 1)
-  // Group servers against stragglers (train_groups.cpp); groups < 2: off.
-  std::uint32_t groups = 0;
-  std::string group_by = "id";   // id | speed (the --slow-factor of each worker)
-  std::uint32_t push_every = 1;  // group clocks per central push
-  bool scale_staleness = false;  // scale each central push by 1 / staleness
-  // Straggler injection: worker `slow_worker` sleeps (slow_factor - 1) x its compute time
-  // after each gradient; slow_factor 1: off.
-  std::uint32_t slow_worker = 0;
-  double slow_factor = 1;
-  std::function<void()> on_first_clock{};  // called once, when worker 0 finishes its first clock
-};
 
 /// The recovery policy's server part, configured from the command line.
 template <class Recovery>
@@ -145,73 +87,6 @@ typename Recovery::worker_part make_worker_part(const config& c) {
     (void)timeout;
     return {};
   }
-}
-
-// One worker's model: softmax regression or the MLP, chosen at run time.
-class any_model {
- public:
-  using variant = std::variant<fashion::softmax_model, fashion::mlp_model>;
-  any_model(const config& c, const fashion::dataset& train, std::uint32_t shard,
-            std::uint32_t shards)
-      : m_(c.model == "mlp" ? variant(std::in_place_type<fashion::mlp_model>, train, shard, shards,
-                                      c.batch, c.seed, c.l2, c.hidden)
-                            : variant(std::in_place_type<fashion::softmax_model>, train, shard,
-                                      shards, c.batch, c.seed, c.l2)),
-        decay_at_(c.decay_at), factor_(c.decay_factor),
-        slow_(is_slow(c, shard) ? c.slow_factor : 1.0) {}
-  /// Whether worker `w` is the straggler --slow-worker/--slow-factor inject.
-  static bool is_slow(const config& c, std::uint32_t w) {
-    return c.slow_factor > 1 && c.slow_worker == w;
-  }
-  std::span<const asyncps::table_spec> tables() const {
-    return std::visit([](const auto& m) { return m.tables(); }, m_);
-  }
-  // Learning-rate step schedule, applied as gradient scaling so it works with every server
-  // optimizer and keeps read-my-writes exact: after `decay_at` epochs of this worker's shard,
-  // gradients are multiplied by `decay_factor`.
-  // A straggler (--slow-worker) also sleeps (factor - 1) x the time the gradient took, on
-  // its own compute thread (run() gives it one), so it is slower without slowing the others.
-  float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) {
-    const auto t0 = clock_type::now();
-    const float loss = std::visit([&](auto& m) { return m.compute_gradient(p, g); }, m_);
-    if (slow_ > 1) std::this_thread::sleep_for((clock_type::now() - t0) * (slow_ - 1));
-    if (decay_at_ >= 0 && epoch() >= decay_at_) {
-      for (asyncps::table_id t = 0; t < g.tables().size(); ++t) {
-        const auto s = g.span(t);
-        Eigen::Map<Eigen::ArrayXf>(s.data(), static_cast<Eigen::Index>(s.size())) *= factor_;
-      }
-    }
-    return loss;
-  }
-  double epoch() const {
-    return std::visit([](const auto& m) { return m.epoch(); }, m_);
-  }
-  fashion::evaluation evaluate(const asyncps::parameter_view& p, const fashion::dataset& t) const {
-    return std::visit(
-        [&](const auto& m) { return std::decay_t<decltype(m)>::evaluate(p, t, 1000); }, m_);
-  }
-
- private:
-  variant m_;
-  double decay_at_;
-  float factor_;
-  double slow_;
-};
-
-/// Loads Fashion-MNIST from `c.data` into `train` (60,000 images) and `test` (10,000), and the
-/// layout of the model `c` selects into `layout`. On a missing or bad file prints the error
-/// (it names the file) and returns false.
-inline bool load_data(const config& c, fashion::dataset& train, fashion::dataset& test,
-                      std::vector<asyncps::table_spec>& layout) {
-  auto loaded = fashion::load_fashion_mnist(c.data);
-  if (!loaded) {
-    std::cerr << "fashion_mnist: " << loaded.error().message << '\n';
-    return false;
-  }
-  std::tie(train, test) = std::move(loaded).value();
-  const any_model probe(c, train, 0, 1);
-  layout.assign(probe.tables().begin(), probe.tables().end());
-  return true;
 }
 
 // Progress and metrics shared by the workers of this process.
@@ -280,6 +155,10 @@ using server_policy =
     std::conditional_t<asyncps::is_value_bounded_v<Consistency>, asyncps::consistency::vap,
                        std::conditional_t<Consistency::eager, asyncps::consistency::essp<0>,
                                           asyncps::consistency::bsp>>;
+/// Whether `Consistency` takes its staleness bound at run time (`ssp<>`, `essp<>`).
+template <class Consistency>
+inline constexpr bool run_time_bound = std::is_same_v<Consistency, asyncps::consistency::ssp<>> ||
+                                       std::is_same_v<Consistency, asyncps::consistency::essp<>>;
 template <class Consistency, class Optimizer, class Recovery>
 using server_type =
     asyncps::basic_server<asyncps::tcp_transport, server_policy<Consistency>, Recovery, Optimizer>;
@@ -430,37 +309,6 @@ bool start_chain_server(const config& c, Optimizer opt,
   return true;
 }
 
-/// --role master: the chain master of every shard, serving until killed.
-inline int run_master(const config& c) {
-  asio::io_context io(1);
-  auto ep = asyncps::parse_tcp_endpoint(c.listen);
-  if (!ep) {
-    std::cerr << "fashion_mnist: --listen: expected host:port, got '" << c.listen << "'\n";
-    return 2;
-  }
-  asyncps::tcp_transport t(asio::make_strand(io));
-  auto acc = t.listen(ep.value());
-  if (!acc) {
-    std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
-              << '\n';
-    return 2;
-  }
-  asyncps::chain_master_options mo;
-  mo.num_shards = c.servers;
-  mo.members = c.replicas;
-  asyncps::basic_chain_master<asyncps::tcp_transport> master(t, mo);
-  std::cout << "chain master for " << c.servers << " shards x " << c.replicas
-            << " servers listening on " << acc.value().local_endpoint() << std::endl;
-  asio::co_spawn(
-      t.get_executor(),
-      [&, a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
-        (void)co_await master.async_serve(std::move(a));
-      },
-      asio::detached);
-  io.run();
-  return 0;
-}
-
 template <class Consistency, class Optimizer, class Recovery>
 int run(const config& c, Optimizer opt) {
   using server_t = server_type<Consistency, Optimizer, Recovery>;
@@ -523,8 +371,7 @@ int run(const config& c, Optimizer opt) {
                      asio::detached);
       if (c.role == "server")
         std::cout << "server " << s << " of " << c.servers << " listening on " << endpoints.back()
-                  << " (" << Consistency::name << ", recovery " << Recovery::name << ")"
-                  << std::endl;
+                  << " (" << c.consistency << ", recovery " << Recovery::name << ")" << std::endl;
     }
   }
   if (c.role == "worker" || c.external_servers) {
@@ -580,6 +427,10 @@ int run(const config& c, Optimizer opt) {
           *t, *m, o,
           any_model::is_slow(c, w) ? slow_compute.get_executor() : compute.get_executor(),
           make_worker_part<Recovery>(c)));
+      if constexpr (run_time_bound<Consistency>) {
+        // BSP is SSP with bound 0.
+        workers.back()->consistency().staleness = c.consistency == "bsp" ? 0 : c.staleness;
+      }
       if constexpr (asyncps::is_value_bounded_v<Consistency>) {
         workers.back()->consistency().magnitude = c.vap_magnitude;
         workers.back()->consistency().shrink = c.vap_shrink;
@@ -606,9 +457,8 @@ int run(const config& c, Optimizer opt) {
     }
   }
 
-  std::cout << "fashion_mnist: " << c.model << ", " << Consistency::name;
-  if constexpr (requires { Consistency::staleness; })
-    std::cout << "(" << Consistency::staleness << ")";
+  std::cout << "fashion_mnist: " << c.model << ", " << c.consistency;
+  if (c.consistency == "ssp" || c.consistency == "essp") std::cout << "(" << c.staleness << ")";
   if constexpr (asyncps::is_value_bounded_v<Consistency>)
     std::cout << "(magnitude " << c.vap_magnitude << (c.vap_shrink ? "/sqrt(c+1)" : "") << ")";
   if (c.slow_factor > 1) std::cout << ", worker " << c.slow_worker << " slowed x" << c.slow_factor;
@@ -660,13 +510,20 @@ int run(const config& c, Optimizer opt) {
   asyncps::staleness_histogram st;
   for (auto& w : workers) st += w->staleness();
   const double secs = mon.elapsed();
-  mon.metrics << nlohmann::json{{"time_s", secs},
-                                {"clock", clocks},
-                                {"final", true},
-                                {"test_accuracy", e.accuracy},
+  // The clock every worker of this process reached (a failed run stops short of `clocks`).
+  auto reached = static_cast<asyncps::clock_value>(clocks);
+  for (auto& w : workers) reached = std::min(reached, w->clock());
+  const bool failed = failures != 0;
+  mon.metrics << nlohmann::json{{"time_s", secs},           {"clock", reached},
+                                {"clocks_planned", clocks}, {"final", true},
+                                {"failed", failed},         {"test_accuracy", e.accuracy},
                                 {"test_loss", e.loss}}
                      .dump()
               << '\n';
+  if (failed)
+    std::cerr << "fashion_mnist: the run failed: " << failures.load() << " of " << workers.size()
+              << " workers stopped early; every worker of this process reached clock " << reached
+              << " of " << clocks << '\n';
   std::printf("observed staleness (clocks:reads): %s\n", st.to_string().c_str());
   if constexpr (!std::is_same_v<Recovery, asyncps::recovery::none>) {
     asyncps::worker_stats ws;
@@ -737,53 +594,49 @@ int run(const config& c, Optimizer opt) {
   return failures == 0 ? 0 : 1;
 }
 
-// Recovery policies other than `none` are compiled with SGD only (build time on 2 cores);
-// main.cpp refuses other optimizers with them.
-template <class Consistency, class Recovery>
+/// Runs `Consistency` and `Recovery` with the server optimizer `c.optimizer` names, for the
+/// optimizers in `Optimizers...` (the first is the fallback). Recovery policies other than
+/// `none` are compiled with SGD only (build time on 2 cores); main.cpp refuses other optimizers
+/// with them.
+template <class Consistency, class Recovery, class... Optimizers>
 int with_optimizer(const config& c) {
   namespace opt = asyncps::optimizer;
-  if constexpr (std::is_same_v<Recovery, asyncps::recovery::none>) {
-    if (c.optimizer == "momentum")
-      return run<Consistency, opt::momentum, Recovery>(c, opt::momentum{c.lr, 0.9f});
-    if (c.optimizer == "adagrad")
-      return run<Consistency, opt::adagrad, Recovery>(c, opt::adagrad{c.lr});
-    if (c.optimizer == "adam") return run<Consistency, opt::adam, Recovery>(c, opt::adam{c.lr});
-  }
-  return run<Consistency, opt::sgd, Recovery>(c, opt::sgd{c.lr});
-}
-
-// Each (--consistency, --staleness) pair maps to one compile-time instantiation.
-constexpr int supported_staleness[] = {1, 2, 3, 4, 7, 15};
-
-template <template <asyncps::clock_value> class Policy, class Recovery, std::size_t... I>
-int with_staleness(const config& c, std::index_sequence<I...>) {
   int rc = -1;
-  ((c.staleness == supported_staleness[I]
-        ? (rc = with_optimizer<Policy<supported_staleness[I]>, Recovery>(c), true)
+  const auto make = [&]<class O>(std::type_identity<O>) {
+    if constexpr (std::is_same_v<O, opt::momentum>)
+      return O{c.lr, 0.9f};
+    else
+      return O{c.lr};
+  };
+  const auto name = []<class O>(std::type_identity<O>) -> std::string_view {
+    if constexpr (std::is_same_v<O, opt::momentum>)
+      return "momentum";
+    else if constexpr (std::is_same_v<O, opt::adagrad>)
+      return "adagrad";
+    else if constexpr (std::is_same_v<O, opt::adam>)
+      return "adam";
+    else
+      return "sgd";
+  };
+  ((c.optimizer == name(std::type_identity<Optimizers>{})
+        ? (rc = run<Consistency, Optimizers, Recovery>(c, make(std::type_identity<Optimizers>{})),
+           true)
         : false) ||
    ...);
   return rc;
 }
 
-/// Trains with recovery policy `Recovery` and the consistency/optimizer the config names.
-template <class Recovery>
+/// Trains with recovery policy `Recovery`, the consistency `c.consistency` names and one of
+/// `Optimizers...` (`c.optimizer`). BSP, SSP(s) and ESSP(s) use the run-time bound of
+/// `ssp<>`/`essp<>` (run() sets it from `--staleness`; 0 for BSP), so each recovery policy
+/// instantiates three workers (ASP, SSP, ESSP) and two servers (lazy, eager) per optimizer
+/// instead of one per (policy, bound).
+template <class Recovery, class... Optimizers>
 int train(const config& c) {
   using namespace asyncps::consistency;
-  if (c.consistency == "bsp") return with_optimizer<bsp, Recovery>(c);
-  if (c.consistency == "asp") return with_optimizer<asp, Recovery>(c);
-  const auto seq = std::make_index_sequence<std::size(supported_staleness)>{};
-  if (c.consistency == "ssp") return with_staleness<ssp, Recovery>(c, seq);
-  return with_staleness<essp, Recovery>(c, seq);
+  if (c.consistency == "asp") return with_optimizer<asp, Recovery, Optimizers...>(c);
+  if (c.consistency == "essp") return with_optimizer<essp<>, Recovery, Optimizers...>(c);
+  return with_optimizer<ssp<>, Recovery, Optimizers...>(c);  // bsp, ssp
 }
-
-// Defined in train_none.cpp, train_checkpoint.cpp, train_stateless.cpp, train_chain*.cpp,
-// train_vap.cpp and train_groups.cpp.
-int train_none(const config& c);
-int train_vap(const config& c);     // --consistency vap (recovery none)
-int train_groups(const config& c);  // --groups G >= 2 (recovery none, role all)
-int train_checkpoint(const config& c);
-int train_stateless(const config& c);
-int train_chain(const config& c);          // --recovery chain (strict)
-int train_chain_relaxed(const config& c);  // --recovery chain-relaxed
 
 }  // namespace fashion

@@ -1,6 +1,7 @@
 // The simulated transport (virtual time) running the unchanged server and worker templates:
 // reproducibility from a seed, the consistency bounds over 2000 random schedules (latencies,
-// bandwidths, speed profiles 1x..4x; BSP, SSP(1), SSP(3), ESSP(1), ESSP(3), ASP), faults from a
+// bandwidths, speed profiles 1x..4x; BSP, SSP(1), SSP(3), ESSP(1), ESSP(3), ASP; and the
+// run-time bounds ssp<>/essp<> against them on 400 more), faults from a
 // schedule (recovery::none and recovery::stateless), the virtual duration of BSP, and the
 // transport's own semantics. Every read is checked by the counter model
 // (tests/support/counter_model.hpp). A failing schedule prints its policy and seed: replay it
@@ -137,6 +138,9 @@ sim_result simulate(const sim_config& cfg, typename Recovery::server_part server
                                             asio::any_io_executor(net.compute_executor(w))));
     if constexpr (is_value_bounded_v<Policy>)
       ws.back()->consistency().magnitude = cfg.vap_magnitude;
+    // ssp<>/essp<>: the bound is set at run time, to the counter model's.
+    if constexpr (requires(Policy& p) { p.staleness = clock_value{}; })
+      ws.back()->consistency().staleness = cfg.bound;
     asio::co_spawn(
         net.get_executor(),
         [&, w]() -> asio::awaitable<void> {
@@ -314,6 +318,73 @@ TEST_CASE("simulation: consistency bounds hold on every read over 1800 random sc
   CHECK(check_schedules<consistency::essp<1>>("essp<1>", 1, 400000, n).max() == 1);
   CHECK(check_schedules<consistency::essp<3>>("essp<3>", 3, 500000, n).max() == 3);
   check_schedules<consistency::asp>("asp", -1, 600000, n);
+}
+
+// The compile-time policies ssp<S>/essp<S> and the run-time ones ssp<>/essp<> with staleness S
+// give the same answers on a grid of clocks; a negative run-time bound reads as 0.
+template <clock_value S>
+int run_time_decision_mismatches() {
+  int mismatches = 0;
+  consistency::ssp<> lazy;
+  consistency::essp<> eager;
+  lazy.staleness = S;
+  eager.staleness = S;
+  const consistency::ssp<S> lazy_s{};
+  const consistency::essp<S> eager_s{};
+  for (clock_value c = -2; c <= 20; ++c) {
+    for (clock_value cached :
+         {no_clock, clock_value{0}, c - S - 2, c - S - 1, c - S, c - S + 1, c, c + 1}) {
+      for (bool have : {false, true}) {
+        mismatches += lazy.on_read(c, cached, have) != lazy_s.on_read(c, cached, have);
+        mismatches += eager.on_read(c, cached, have) != eager_s.on_read(c, cached, have);
+      }
+    }
+    mismatches += lazy.min_server_clock(c) != lazy_s.min_server_clock(c);
+    mismatches += eager.min_server_clock(c) != eager_s.min_server_clock(c);
+  }
+  return mismatches;
+}
+
+// The server and the handshake see only `eager`: one server type serves every bound.
+static_assert(policy_fingerprint<consistency::ssp<>, recovery::none>() ==
+              policy_fingerprint<consistency::ssp<3>, recovery::none>());
+static_assert(policy_fingerprint<consistency::essp<>, recovery::none>() ==
+              policy_fingerprint<consistency::essp<3>, recovery::none>());
+static_assert(consistency_policy<consistency::ssp<>> && consistency_policy<consistency::essp<>>);
+
+TEST_CASE("consistency: ssp<>/essp<> with a run-time bound decide as ssp<s>/essp<s>") {
+  CHECK(run_time_decision_mismatches<0>() == 0);
+  CHECK(run_time_decision_mismatches<1>() == 0);
+  CHECK(run_time_decision_mismatches<3>() == 0);
+  CHECK(run_time_decision_mismatches<15>() == 0);
+  consistency::ssp<> p;
+  CHECK(p.staleness == 0);  // default: BSP
+  p.staleness = -4;         // precondition broken: read as 0
+  CHECK(p.min_server_clock(7) == 7);
+  CHECK(p.on_read(7, 6, true) == read_action::fetch);
+  CHECK(p.on_read(7, 7, true) == read_action::read);
+}
+
+TEST_CASE("simulation: run-time bounds (ssp<>, essp<>) hold over 400 random schedules, exactly as "
+          "the compile-time ones") {
+  // Each run-time bound runs on the same seeds as its compile-time twin: the simulation is
+  // deterministic, so identical decisions give identical staleness histograms and pull counts.
+  // check_schedules checks the bound on every read of every schedule.
+  constexpr std::uint64_t n = 40;
+  const auto same = [](auto rt, auto ct, std::int64_t s, std::uint64_t first) {
+    worker_stats a, b;
+    const auto ha = check_schedules<decltype(rt)>("run-time", s, first, n, &a);
+    const auto hb = check_schedules<decltype(ct)>("compile-time", s, first, n, &b);
+    CHECK(ha.max() == s);  // the schedules reach the bound: the check is not vacuous
+    CHECK(ha.counts == hb.counts);
+    CHECK(a.pulls == b.pulls);
+    CHECK(a.eager_messages == b.eager_messages);
+  };
+  same(consistency::ssp<>{}, consistency::bsp{}, 0, 800000);
+  same(consistency::ssp<>{}, consistency::ssp<1>{}, 1, 810000);
+  same(consistency::ssp<>{}, consistency::ssp<3>{}, 3, 820000);
+  same(consistency::essp<>{}, consistency::essp<1>{}, 1, 830000);
+  same(consistency::essp<>{}, consistency::essp<3>{}, 3, 840000);
 }
 
 TEST_CASE("simulation: sparse reads keep the bounds on every row read over 600 random schedules") {

@@ -1,25 +1,54 @@
-// asyncps — consistency policies: bsp, ssp<s>, essp<s>, asp, vap.
+// asyncps — consistency policies: bsp, ssp<s>, essp<s> (or ssp<>/essp<>: s set at run time),
+// asp, vap.
 #pragma once
 
 #include <cmath>
+#include <limits>
 #include <string_view>
 
 #include "asyncps/consistency.hpp"
 
 namespace asyncps::consistency {
 
+/// The staleness template argument of `ssp` and `essp` that means "set at run time": `ssp<>`
+/// and `essp<>` hold the bound in a `clock_value staleness` member instead, so one
+/// instantiation of `basic_worker`/`basic_server` serves every bound. Servers never read the
+/// bound (it travels in each pull), and `policy_fingerprint` depends only on `eager`, so an
+/// `ssp<>` worker interoperates with an `ssp<s>` server and the reverse.
+inline constexpr clock_value run_time_staleness = std::numeric_limits<clock_value>::min();
+
 /// Stale synchronous parallel (Ho et al. 2013): a worker at clock c sees every update from
 /// clocks <= c-s-1 and its own writes. Rows are pulled lazily, only when the cached copy is
 /// older than c-s (Bösen's SSPConsistencyController), so observed staleness spreads over 0..s.
-template <clock_value Staleness>
+/// `Staleness` is s in clocks (>= 0); `ssp<>` (`run_time_staleness`) takes s at run time.
+template <clock_value Staleness = run_time_staleness>
 struct ssp {
-  static_assert(Staleness >= 0, "asyncps::consistency::ssp<s>: the staleness bound s must be >= 0");
+  static_assert(Staleness >= 0,
+                "asyncps::consistency::ssp<s>: the staleness bound s must be >= 0 (or use ssp<> "
+                "and set consistency().staleness at run time)");
   static constexpr std::string_view name = "ssp";
   static constexpr bool eager = false;
   static constexpr clock_value staleness = Staleness;
   constexpr clock_value min_server_clock(clock_value c) const noexcept { return c - Staleness; }
   constexpr read_action on_read(clock_value c, clock_value cached, bool have) const noexcept {
     return have && cached >= c - Staleness ? read_action::read : read_action::fetch;
+  }
+};
+
+/// SSP with the bound set at run time: decides exactly as `ssp<staleness>`. Set `staleness`
+/// through `basic_worker::consistency()` before `async_run`, on the worker's executor (like
+/// `vap`'s fields); it must not change during a run.
+/// Precondition: `staleness >= 0`; a negative value is read as 0 (BSP).
+template <>
+struct ssp<run_time_staleness> {
+  static constexpr std::string_view name = "ssp";
+  static constexpr bool eager = false;
+  clock_value staleness = 0;  ///< the bound s in clocks (default 0: BSP)
+  /// `staleness`, or 0 when it is negative.
+  constexpr clock_value bound() const noexcept { return staleness < 0 ? 0 : staleness; }
+  constexpr clock_value min_server_clock(clock_value c) const noexcept { return c - bound(); }
+  constexpr read_action on_read(clock_value c, clock_value cached, bool have) const noexcept {
+    return have && cached >= c - bound() ? read_action::read : read_action::fetch;
   }
 };
 
@@ -31,10 +60,12 @@ struct bsp : ssp<0> {
 /// Eager SSP (Dai et al. 2015; Bösen's SSPPush): the same bound as `ssp<s>`, but servers push
 /// every subscribed row whenever their clock advances, so workers rarely wait and observed
 /// staleness concentrates at 0-1 clocks. Costs more bandwidth (rows sent every clock).
-template <clock_value Staleness>
+/// `Staleness` is s in clocks (>= 0); `essp<>` (`run_time_staleness`) takes s at run time.
+template <clock_value Staleness = run_time_staleness>
 struct essp {
   static_assert(Staleness >= 0,
-                "asyncps::consistency::essp<s>: the staleness bound s must be >= 0");
+                "asyncps::consistency::essp<s>: the staleness bound s must be >= 0 (or use "
+                "essp<> and set consistency().staleness at run time)");
   static constexpr std::string_view name = "essp";
   static constexpr bool eager = true;
   static constexpr clock_value staleness = Staleness;
@@ -42,6 +73,23 @@ struct essp {
   constexpr read_action on_read(clock_value c, clock_value cached, bool have) const noexcept {
     if (!have) return read_action::fetch;  // first touch subscribes
     return cached >= c - Staleness ? read_action::read : read_action::wait;
+  }
+};
+
+/// ESSP with the bound set at run time: decides exactly as `essp<staleness>`. Set `staleness`
+/// through `basic_worker::consistency()` before `async_run`, on the worker's executor; it must
+/// not change during a run. Precondition: `staleness >= 0`; a negative value is read as 0.
+template <>
+struct essp<run_time_staleness> {
+  static constexpr std::string_view name = "essp";
+  static constexpr bool eager = true;
+  clock_value staleness = 0;  ///< the bound s in clocks (default 0)
+  /// `staleness`, or 0 when it is negative.
+  constexpr clock_value bound() const noexcept { return staleness < 0 ? 0 : staleness; }
+  constexpr clock_value min_server_clock(clock_value c) const noexcept { return c - bound(); }
+  constexpr read_action on_read(clock_value c, clock_value cached, bool have) const noexcept {
+    if (!have) return read_action::fetch;  // first touch subscribes
+    return cached >= c - bound() ? read_action::read : read_action::wait;
   }
 };
 
@@ -89,7 +137,8 @@ struct vap {
 };
 
 static_assert(consistency_policy<bsp> && consistency_policy<ssp<3>> &&
-              consistency_policy<essp<3>> && consistency_policy<asp> && consistency_policy<vap> &&
+              consistency_policy<essp<3>> && consistency_policy<ssp<>> &&
+              consistency_policy<essp<>> && consistency_policy<asp> && consistency_policy<vap> &&
               is_value_bounded_v<vap> && !is_value_bounded_v<asp>);
 
 }  // namespace asyncps::consistency

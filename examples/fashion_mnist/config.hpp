@@ -1,0 +1,84 @@
+// fashion_mnist — the trainer's configuration and entry points. This header is light (no Asio,
+// Eigen or asyncps) so main.cpp, which only parses flags and supervises server processes,
+// compiles quickly; the instantiations live in train_*.cpp (see trainer.hpp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace fashion {
+
+/// The command line (main.cpp documents every flag).
+struct config {
+  std::string role = "all";
+  std::string model = "softmax";
+  std::string consistency = "ssp";
+  int staleness = 3;
+  std::string optimizer = "sgd";
+  std::uint32_t servers = 2;
+  std::uint32_t workers = 4;
+  std::uint32_t shard = 0;
+  std::uint32_t worker_id = 0;
+  std::string listen = "127.0.0.1:0";
+  std::vector<std::string> connect;
+  double epochs = 0;     // 0: the model's default
+  double decay_at = -1;  // epoch after which gradients are scaled by decay_factor; <0: default
+  float decay_factor = 0.1f;
+  std::uint32_t batch = 0;
+  float lr = 0;
+  float l2 = 0;
+  std::uint32_t hidden = 128;
+  std::uint64_t seed = 1;
+  std::string data = "/usr/share/datasets/fashion-mnist";  // = default_data_dir() (dataset.hpp)
+  std::string metrics = "fashion_mnist_metrics.jsonl";
+  double eval_every = 0.25;  // epochs
+  unsigned compute_threads = 0;
+  bool quiet = false;
+  // Recovery (docs/recovery/*.md).
+  std::string recovery = "none";
+  std::string merge = "lr-scaled";  // stateless merge rule
+  std::string checkpoint_dir = "fashion_mnist_checkpoints";
+  std::uint64_t checkpoint_every = 0;  // clocks; 0 and no seconds: adaptive (CheckFreq)
+  double checkpoint_seconds = 0;
+  double checkpoint_overhead = 0.05;    // adaptive bound
+  double reconnect_timeout = 120;       // seconds a worker keeps reconnecting
+  std::uint32_t replicas = 2;           // chain replication: servers per shard (chain length)
+  std::uint64_t replicate_every = 200;  // chain-relaxed: pushes between state copies
+  std::uint32_t member = 0;             // --role server under chain: this server's member id
+  std::vector<std::string> chain;       // --role server under chain: the shard's members
+  std::string master;                   // --role server under chain: the chain master
+  // Fault injection (main.cpp runs the servers as child processes when kills are scheduled).
+  std::vector<double> kill_at;  // seconds after start
+  double downtime = 5;          // seconds a killed server stays down
+  std::uint32_t kill_shard = 0;
+  bool external_servers = false;  // role all, but the servers are other processes (--connect)
+  // VAP (--consistency vap): the bound on a worker's in-transit update magnitude.
+  float vap_magnitude = 0;  // 0: the model's default (main.cpp)
+  bool vap_shrink = false;  // bound magnitude / sqrt(c + 1)
+  // Group servers against stragglers (train_groups.cpp); groups < 2: off.
+  std::uint32_t groups = 0;
+  std::string group_by = "id";   // id | speed (the --slow-factor of each worker)
+  std::uint32_t push_every = 1;  // group clocks per central push
+  bool scale_staleness = false;  // scale each central push by 1 / staleness
+  // Straggler injection: worker `slow_worker` sleeps (slow_factor - 1) x its compute time
+  // after each gradient; slow_factor 1: off.
+  std::uint32_t slow_worker = 0;
+  double slow_factor = 1;
+  std::function<void()> on_first_clock{};  // called once, when worker 0 finishes its first clock
+};
+
+// Defined in train_none.cpp, train_checkpoint.cpp, train_stateless.cpp, train_chain*.cpp,
+// train_vap.cpp and train_groups.cpp; each returns the process exit status.
+int train_none(const config& c);             // --recovery none, --optimizer sgd
+int train_none_optimizers(const config& c);  // --recovery none, --optimizer momentum|adagrad|adam
+int train_vap(const config& c);              // --consistency vap (recovery none)
+int train_groups(const config& c);           // --groups G >= 2 (recovery none, role all)
+int train_checkpoint(const config& c);
+int train_stateless(const config& c);
+int train_chain(const config& c);          // --recovery chain (strict)
+int train_chain_relaxed(const config& c);  // --recovery chain-relaxed
+int run_master(const config& c);           // --role master (train_chain.cpp)
+
+}  // namespace fashion
