@@ -13,7 +13,7 @@ namespace fashion {
 /// The command line (main.cpp documents every flag).
 struct config {
   std::string role = "all";
-  std::string model = "softmax";
+  std::string model = "mlp";
   std::string consistency = "ssp";
   int staleness = 3;
   std::string optimizer = "sgd";

@@ -1,8 +1,8 @@
 // fashion_mnist — train softmax regression or an MLP on Fashion-MNIST with asyncps parameter
 // servers and workers talking over TCP.
 //
-//   fashion_mnist                                  # 2 servers + 4 workers in one process, SSP(3)
-//   fashion_mnist --model mlp --consistency essp --staleness 3
+//   fashion_mnist                                  # MLP, 2 servers + 4 workers, SSP(3)
+//   fashion_mnist --model softmax --consistency essp --staleness 3
 //   fashion_mnist --role server --shard 0 --servers 2 --workers 2 --listen 127.0.0.1:7000
 //   fashion_mnist --role worker --worker-id 0 --workers 2 --connect 127.0.0.1:7000,127.0.0.1:7001
 //   fashion_mnist --recovery stateless --kill-at 3,8 --downtime 2   # kill -9 server 0 twice
@@ -230,7 +230,8 @@ int main(int argc, char** argv) {
                  "all: servers and workers in this process; master: the chain master "
                  "(--recovery chain)")
       ->check(CLI::IsMember({"all", "server", "worker", "master"}));
-  app.add_option("--model", c.model)->check(CLI::IsMember({"softmax", "mlp"}));
+  app.add_option("--model", c.model, "mlp (784-128-10, default) or softmax regression")
+      ->check(CLI::IsMember({"softmax", "mlp"}));
   app.add_option("--consistency", c.consistency)
       ->check(CLI::IsMember({"bsp", "ssp", "essp", "asp", "vap"}));
   app.add_option("--staleness", c.staleness,
