@@ -226,22 +226,24 @@ class in_process_transport {
                            connection{*transport_->net_, static_cast<in_process_network::pipe*>(p),
                                       1, transport_->limits_}};
     }
-    /// Unregisters the name; later connects fail with `connection_refused`.
+    /// Unregisters the name; later connects fail with `connection_refused`. Connections that
+    /// were queued but never accepted are closed: their connectors' operations fail with
+    /// `connection_closed`. An outstanding `async_accept` completes with `errc::stopped`.
     void close() noexcept {
       if (!listener_) return;
       {
         std::lock_guard lock(transport_->net_->mutex_);
         transport_->net_->listeners_.erase(name_);
       }
-      listener_->pending.close();
-      // Connections that were queued but never accepted are dropped by their connector's
-      // failing sends; their pipes are released here.
+      // No connect can queue any more (the name is gone). Drain before closing: a closed Asio
+      // channel drops what it buffered, and those pipes would stay open with nobody reading.
       while (listener_->pending.try_receive([this](std::error_code, void* p) {
         auto* pp = static_cast<in_process_network::pipe*>(p);
         pp->dir[0].close();
         pp->dir[1].close();
         transport_->net_->release(pp);
       })) {}
+      listener_->pending.close();
       listener_.reset();
     }
 
