@@ -309,8 +309,9 @@ struct consistency_with_bool_on_read {
 };
 struct consistency_not_default_initializable {
   explicit consistency_not_default_initializable(int);
-  static constexpr std::string_view name = "x";
-  static constexpr bool eager = false;
+  // Never read: the concept stops at default_initializable (clang: -Wunused-const-variable).
+  [[maybe_unused]] static constexpr std::string_view name = "x";
+  [[maybe_unused]] static constexpr bool eager = false;
   clock_value min_server_clock(clock_value) const;
   read_action on_read(clock_value, clock_value, bool) const;
 };
