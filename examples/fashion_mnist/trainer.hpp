@@ -758,10 +758,10 @@ constexpr int supported_staleness[] = {1, 2, 3, 4, 7, 15};
 template <template <asyncps::clock_value> class Policy, class Recovery, std::size_t... I>
 int with_staleness(const config& c, std::index_sequence<I...>) {
   int rc = -1;
-  ((c.staleness == supported_staleness[I]
-        ? (rc = with_optimizer<Policy<supported_staleness[I]>, Recovery>(c), true)
-        : false) ||
-   ...);
+  static_cast<void>(((c.staleness == supported_staleness[I]
+                          ? (rc = with_optimizer<Policy<supported_staleness[I]>, Recovery>(c), true)
+                          : false) ||
+                     ...));  // void: clang's -Wunused-value
   return rc;
 }
 
