@@ -618,11 +618,12 @@ int with_optimizer(const config& c) {
     else
       return "sgd";
   };
-  ((c.optimizer == name(std::type_identity<Optimizers>{})
-        ? (rc = run<Consistency, Optimizers, Recovery>(c, make(std::type_identity<Optimizers>{})),
-           true)
-        : false) ||
-   ...);
+  static_cast<void>(((c.optimizer == name(std::type_identity<Optimizers>{})
+                          ? (rc = run<Consistency, Optimizers, Recovery>(
+                                 c, make(std::type_identity<Optimizers>{})),
+                             true)
+                          : false) ||
+                     ...));
   return rc;
 }
 

@@ -64,4 +64,86 @@ concept model = requires(M& m, const M& cm, const parameter_view& p, gradient_vi
                   { m.compute_gradient(p, g) } -> std::convertible_to<float>;
                 } || async_gradient_source<M>);
 
+/// Checks `M` against the `model` requirements (and the optional hooks it declares) with one
+/// `static_assert` per requirement, each naming the member and docs/concepts/model.md. Call
+/// `static_assert(asyncps::check_model<my_model>());` to get those messages instead of a concept's
+/// "no operand of the disjunction is satisfied". After a failed check it still returns `true`, so
+/// that each wrong member gives exactly one error.
+///
+/// Checked: `cm.tables()` exists, is `const`, and converts to `std::span<const table_spec>`;
+/// `m.compute_gradient(p, g)` returns something convertible to `float`, or else
+/// `m.async_compute_gradient(p, g)` can be called; a `touched_rows` or `rows_to_read` member,
+/// when the model declares one, can be called as documented and returns something
+/// convertible to `std::span<const row_id>` (a wrong one would otherwise be ignored silently
+/// and the worker would push or pull every row).
+template <class M>
+consteval bool check_model() {
+  // tables()
+  constexpr bool tables_callable = requires(M& m) { m.tables(); };
+  constexpr bool tables_const = requires(const M& cm) { cm.tables(); };
+  constexpr bool tables_ok = requires(const M& cm) {
+    { cm.tables() } -> std::convertible_to<std::span<const table_spec>>;
+  };
+  static_assert(tables_callable,
+                "asyncps: a model needs `std::span<const asyncps::table_spec> tables() const`, "
+                "its parameter layout (docs/concepts/model.md, tables())");
+  static_assert(!tables_callable || tables_const,
+                "asyncps: the model's `tables()` must be a const member function "
+                "(docs/concepts/model.md, tables())");
+  static_assert(!tables_const || tables_ok,
+                "asyncps: the model's `tables() const` must return something convertible to "
+                "`std::span<const asyncps::table_spec>` (docs/concepts/model.md, tables())");
+
+  // compute_gradient(p, g) -> float, or async_compute_gradient(p, g)
+  constexpr bool sync_callable =
+      requires(M& m, const parameter_view& p, gradient_view& g) { m.compute_gradient(p, g); };
+  constexpr bool sync_ok = requires(M& m, const parameter_view& p, gradient_view& g) {
+    { m.compute_gradient(p, g) } -> std::convertible_to<float>;
+  };
+  constexpr bool async_ok = async_gradient_source<M>;
+  constexpr bool sync_declared = sync_callable || requires { &M::compute_gradient; };
+  static_assert(sync_callable || async_ok || !sync_declared,
+                "asyncps: the model's `compute_gradient` cannot be called as "
+                "`m.compute_gradient(p, g)` with `const asyncps::parameter_view& p` and "
+                "`asyncps::gradient_view& g` on a non-const model (docs/concepts/model.md, "
+                "compute_gradient(p, g))");
+  static_assert(sync_callable || async_ok || sync_declared,
+                "asyncps: a model needs `float compute_gradient(const asyncps::parameter_view& "
+                "p, asyncps::gradient_view& g)` (or `asio::awaitable<float> "
+                "async_compute_gradient(p, g)`) (docs/concepts/model.md, compute_gradient(p, "
+                "g))");
+  static_assert(!sync_callable || sync_ok || async_ok,
+                "asyncps: the model's `compute_gradient(p, g)` must return the minibatch's mean "
+                "loss as `float` (docs/concepts/model.md, compute_gradient(p, g))");
+
+  // Optional hooks: a wrong one is an error, not silently ignored (the worker would push or
+  // pull every row).
+  constexpr bool touched_declared =
+      requires { &M::touched_rows; } || requires(M& m, table_id t) { m.touched_rows(t); };
+  constexpr bool touched_ok = !touched_declared || sparse_gradient_source<M>;
+  static_assert(touched_ok,
+                "asyncps: the model's `touched_rows` must be `std::span<const asyncps::row_id> "
+                "touched_rows(asyncps::table_id) const` (docs/concepts/model.md, Optional: "
+                "sparse models)");
+  constexpr bool read_declared =
+      requires { &M::rows_to_read; } || requires(M& m, table_id t) { m.rows_to_read(t); };
+  constexpr bool read_ok = !read_declared || sparse_read_source<M>;
+  static_assert(read_ok,
+                "asyncps: the model's `rows_to_read` must be `std::span<const asyncps::row_id> "
+                "rows_to_read(asyncps::table_id)` (docs/concepts/model.md, Optional: sparse "
+                "models)");
+
+  // A failure above was reported by its own message; `false` here (an unnamed follow-on
+  // error) only if the checks above missed something `model<M>` requires.
+  constexpr bool reported = !(tables_ok && (sync_ok || async_ok) && touched_ok && read_ok);
+  return model<M> || reported;
+}
+
+/// `model<M>`, checked by `check_model<M>()`: for a class template's parameter, where a type
+/// that is not a model should stop the build with `check_model`'s messages (one per wrong
+/// member). Not for overload resolution or `if constexpr`: a non-model is a hard error here,
+/// not `false` (use `model` there).
+template <class M>
+concept checked_model = check_model<M>();
+
 }  // namespace asyncps

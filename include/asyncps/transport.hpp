@@ -15,6 +15,7 @@
 #include <asio/awaitable.hpp>
 
 #include "asyncps/buffer.hpp"
+#include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/options.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/wire.hpp"

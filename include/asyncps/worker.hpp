@@ -136,7 +136,7 @@ struct worker_stats {
 /// `asio::thread_pool`'s executor) so communication overlaps it; otherwise inline.
 /// Object lifetime: transport and model outlive the worker; `async_run` must have completed
 /// before the worker is destroyed.
-template <model Model, transport Transport, consistency_policy Consistency,
+template <checked_model Model, transport Transport, consistency_policy Consistency,
           recovery_policy Recovery = recovery::none>
 class basic_worker {
  public:

@@ -210,6 +210,28 @@ class transport_archetype {
 // The archetypes model their concepts ...
 // ---------------------------------------------------------------------------------------------
 static_assert(asyncps::model<model_archetype>);
+static_assert(asyncps::check_model<model_archetype>());
+static_assert(asyncps::checked_model<model_archetype>);
+
+// The optional model hooks, declared as documented, pass the checker (a wrong one is a
+// compile-fail test: tests/compile_fail/model_check.cpp); so does an asynchronous model.
+struct sparse_model_archetype : model_archetype {
+  using model_archetype::model_archetype;
+  std::span<const asyncps::row_id> touched_rows(asyncps::table_id) const { return {}; }
+  std::span<const asyncps::row_id> rows_to_read(asyncps::table_id) { return {}; }
+};
+static_assert(asyncps::check_model<sparse_model_archetype>());
+static_assert(asyncps::sparse_gradient_source<sparse_model_archetype> &&
+              asyncps::sparse_read_source<sparse_model_archetype>);
+
+struct async_model_archetype {
+  std::span<const asyncps::table_spec> tables() const { return model_archetype::layout; }
+  asio::awaitable<float> async_compute_gradient(const asyncps::parameter_view&,
+                                                asyncps::gradient_view&) {
+    co_return 0.0f;
+  }
+};
+static_assert(asyncps::check_model<async_model_archetype>());
 static_assert(asyncps::optimizer_policy<optimizer_archetype>);
 static_assert(asyncps::consistency_policy<consistency_archetype<false>>);
 static_assert(asyncps::consistency_policy<consistency_archetype<true>>);
@@ -287,8 +309,9 @@ struct consistency_with_bool_on_read {
 };
 struct consistency_not_default_initializable {
   explicit consistency_not_default_initializable(int);
-  static constexpr std::string_view name = "x";
-  static constexpr bool eager = false;
+  // Never read: the concept stops at default_initializable (clang: -Wunused-const-variable).
+  [[maybe_unused]] static constexpr std::string_view name = "x";
+  [[maybe_unused]] static constexpr bool eager = false;
   clock_value min_server_clock(clock_value) const;
   read_action on_read(clock_value, clock_value, bool) const;
 };

@@ -3,6 +3,7 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,9 +26,11 @@ using namespace asyncps;
 
 namespace {
 
-// Runs `body` as a coroutine on `io` and fails the test if it takes longer than `limit`.
+// Runs `body` as a coroutine on `io` and fails the test if it takes longer than `limit`. May be
+// called again on the same `io` (it restarts a context that ran out of work).
 template <class F>
 void run_coro(asio::io_context& io, F body, std::chrono::seconds limit = std::chrono::seconds(30)) {
+  io.restart();
   bool finished = false;
   asio::co_spawn(
       io,
@@ -337,8 +340,9 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
   tcp_transport wt(io.get_executor());
   run_coro(io, [&]() -> asio::awaitable<void> {
     // A well-behaved worker 0 stays connected through everything.
-    auto [ec, good] = co_await wt.async_connect(ep);
+    auto [ec, connected] = co_await wt.async_connect(ep);
     REQUIRE(!ec);
+    auto& good = connected;  // clang 14 cannot capture a structured binding in a lambda
     co_await handshake(wt, good, 0, 8, 4);
     auto good_push = [&](float v) -> asio::awaitable<void> {
       message m;
@@ -560,5 +564,71 @@ TEST_CASE("a peer that does not read its replies is disconnected, not buffered f
     for (const auto& l : logs) logged = logged || l.find("does not read") != std::string::npos;
     CHECK(logged);
     server.stop();
+  });
+}
+
+// A worker's io_context may be destroyed before the server is done with that worker's
+// connection (a worker thread exits first): the pipe's channels belong to the network, so the
+// server can still read what was queued, see the close, write and close its end. Before the
+// channels lived on the network, they were created on the connector's executor, and closing
+// the server's end read the freed channel service (ASan: heap-use-after-free). The same for a
+// listener whose transport's io_context is gone.
+TEST_CASE("in-process connections and acceptors outlive the io_context that made them") {
+  in_process_network net;
+  asio::io_context server_io;
+  in_process_transport st(server_io.get_executor(), net);
+  auto listening = st.listen("server");
+  REQUIRE(listening.has_value());
+  auto acc = std::move(listening).value();
+  in_process_transport::connection server_end;
+  {
+    auto worker_io = std::make_unique<asio::io_context>();
+    in_process_transport wt(worker_io->get_executor(), net);
+    in_process_transport::connection worker_end;
+    run_coro(*worker_io, [&]() -> asio::awaitable<void> {
+      auto [ec, c] = co_await wt.async_connect("server");
+      REQUIRE(!ec);
+      worker_end = std::move(c);
+      REQUIRE(!(co_await worker_end.async_send(make_message(wt, 1, 4))));
+    });
+    run_coro(server_io, [&]() -> asio::awaitable<void> {
+      auto [ec, c] = co_await acc.async_accept();
+      REQUIRE(!ec);
+      server_end = std::move(c);
+    });
+    // The server's end: its reads go on after the worker's context is gone.
+    worker_end.close();
+    worker_io.reset();
+  }
+  run_coro(server_io, [&]() -> asio::awaitable<void> {
+    auto [ec, m] = co_await server_end.async_receive();
+    REQUIRE(!ec);
+    CHECK(m.header.seq == 1);
+    CHECK(m.payload.size() == 4 * sizeof(float));
+    auto [cec, none] = co_await server_end.async_receive();  // the worker's close
+    CHECK(cec == errc::connection_closed);
+    CHECK(!server_end.is_open());
+    CHECK(co_await server_end.async_send(make_message(st, 2, 4)) == errc::connection_closed);
+  });
+  server_end.close();
+
+  // A listener made on a context that is gone still queues connections and closes.
+  auto listener_io = std::make_unique<asio::io_context>();
+  in_process_transport lt(listener_io->get_executor(), net);
+  auto late = lt.listen("late");
+  REQUIRE(late.has_value());
+  auto lacc = std::move(late).value();
+  listener_io.reset();
+  in_process_transport::connection queued;
+  run_coro(server_io, [&]() -> asio::awaitable<void> {
+    auto [ec, c] = co_await st.async_connect("late");
+    REQUIRE(!ec);  // queued, never accepted
+    queued = std::move(c);
+  });
+  lacc.close();
+  run_coro(server_io, [&]() -> asio::awaitable<void> {
+    CHECK(co_await queued.async_send(make_message(st, 3, 4)) == errc::connection_closed);
+    auto [ec, c] = co_await st.async_connect("late");
+    CHECK(ec == std::errc::connection_refused);
   });
 }

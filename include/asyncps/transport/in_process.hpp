@@ -16,7 +16,9 @@
 #include <utility>
 
 #include <asio/any_io_executor.hpp>
+#include <asio/executor_work_guard.hpp>
 #include <asio/experimental/concurrent_channel.hpp>
+#include <asio/io_context.hpp>
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/detail/asio_compat.hpp"
@@ -31,14 +33,26 @@ namespace asyncps {
 /// The shared "network" of in-process transports: a registry of listening names, the pipes
 /// between connected pairs, and the buffer pool every in-process message uses.
 ///
-/// Preconditions: outlives every `in_process_transport`, connection, acceptor and buffer made
-/// from it. Thread safety: all members may be used concurrently from any threads.
+/// Object lifetimes: the network outlives every `in_process_transport`, connection, acceptor
+/// and buffer made from it. It owns every channel of every pipe and listener, and creates them
+/// on a private `asio::io_context` of its own that is never run (it only anchors the channels'
+/// service, so it lives exactly as long as they do). A connection or acceptor therefore does
+/// not depend on the `io_context` of the transport that made it: a worker's context may be
+/// destroyed while a server still holds, reads, writes or closes that worker's connection.
+/// Completions never run on the private context: Asio's channel operations post their
+/// completion to the awaiting coroutine's executor. Hence the one rule left: do not destroy an
+/// `io_context` while one of its coroutines still waits in an in-process operation; close (or
+/// destroy) the connections and acceptors it awaits first (their operations then complete
+/// with an error, queued on that context), or let the coroutines finish.
+///
+/// Thread safety: all members may be used concurrently from any threads.
 class in_process_network {
  public:
   /// `channel_capacity`: messages buffered per direction before a send waits (backpressure).
   explicit in_process_network(std::size_t channel_capacity = 64,
                               std::size_t pool_cache_bytes = std::size_t{1} << 30)
       : capacity_(channel_capacity), pool_(pool_cache_bytes) {}
+  /// Preconditions: every connection and acceptor made from this network was destroyed.
   in_process_network(const in_process_network&) = delete;
   in_process_network& operator=(const in_process_network&) = delete;
 
@@ -49,6 +63,7 @@ class in_process_network {
   using channel = asio::experimental::concurrent_channel<void(std::error_code, message)>;
   using accept_channel = asio::experimental::concurrent_channel<void(std::error_code, void*)>;
 
+  // Both ends of a connection; created on `channel_context_`, owned by `pipes_`.
   struct pipe {
     pipe(const asio::any_io_executor& ex, std::size_t cap)
         : dir{channel(ex, cap), channel(ex, cap)} {}
@@ -56,14 +71,16 @@ class in_process_network {
     std::atomic<int> alive{2};
     std::list<pipe>::iterator self;
   };
+  // A listening name's queue of connections; created on `channel_context_`, owned by the
+  // acceptor.
   struct listener {
     listener(const asio::any_io_executor& ex, std::size_t cap) : pending(ex, cap) {}
     accept_channel pending;
   };
 
-  pipe* make_pipe(const asio::any_io_executor& ex) {
+  pipe* make_pipe() {
     std::lock_guard lock(mutex_);
-    auto it = pipes_.emplace(pipes_.end(), ex, capacity_);
+    auto it = pipes_.emplace(pipes_.end(), channel_context_.get_executor(), capacity_);
     it->self = it;
     return &*it;
   }
@@ -74,6 +91,17 @@ class in_process_network {
     }
   }
 
+  std::unique_ptr<listener> make_listener() {
+    return std::make_unique<listener>(channel_context_.get_executor(), capacity_);
+  }
+
+  // The channels' I/O context, never run: declared before `pipes_` (and, by the network's
+  // precondition, outliving every acceptor's listener) so that its channel service outlives
+  // every channel. The guard keeps its outstanding-work count above zero, so that the work
+  // each channel operation counts while it waits never "stops" the context (a mutex lock).
+  asio::io_context channel_context_;
+  asio::executor_work_guard<asio::io_context::executor_type> channel_context_work_{
+      channel_context_.get_executor()};
   std::size_t capacity_;
   buffer_pool pool_;
   std::mutex mutex_;
@@ -83,12 +111,23 @@ class in_process_network {
 
 /// One node's endpoint on an `in_process_network`. Models `asyncps::transport`; endpoints
 /// are names (`std::string`).
+///
+/// Object lifetimes: the network outlives the transport; the transport outlives its acceptors
+/// (not its connections). Connections and acceptors do not use the transport's executor (their
+/// channels live on the network), so they may outlive the transport's `io_context`; only the
+/// coroutines awaiting them need a running executor. Thread safety: `listen`,
+/// `async_connect` and `allocate` may be called from any thread.
 class in_process_transport {
  public:
   using executor_type = asio::any_io_executor;
   using endpoint_type = std::string;
 
   /// One end of an in-process pipe. Models `asyncps::connection`.
+  ///
+  /// Object lifetimes: needs only its `in_process_network` alive (not the transport, nor any
+  /// `io_context`); the pipe is freed when both ends are destroyed. Completions run on the
+  /// awaiting coroutine's executor. Thread safety: one send and one receive may be
+  /// outstanding at once; `close()` on the owner's executor.
   class connection {
    public:
     connection() = default;
@@ -170,6 +209,9 @@ class in_process_transport {
   };
 
   /// A listening name. Models `asyncps::acceptor<connection>`.
+  ///
+  /// Object lifetimes: its transport and network outlive it (it may outlive the transport's
+  /// `io_context`). Connections it accepted are independent of it.
   class acceptor {
    public:
     acceptor(acceptor&& o) noexcept = default;
@@ -184,22 +226,24 @@ class in_process_transport {
                            connection{*transport_->net_, static_cast<in_process_network::pipe*>(p),
                                       1, transport_->limits_}};
     }
-    /// Unregisters the name; later connects fail with `connection_refused`.
+    /// Unregisters the name; later connects fail with `connection_refused`. Connections that
+    /// were queued but never accepted are closed: their connectors' operations fail with
+    /// `connection_closed`. An outstanding `async_accept` completes with `errc::stopped`.
     void close() noexcept {
       if (!listener_) return;
       {
         std::lock_guard lock(transport_->net_->mutex_);
         transport_->net_->listeners_.erase(name_);
       }
-      listener_->pending.close();
-      // Connections that were queued but never accepted are dropped by their connector's
-      // failing sends; their pipes are released here.
+      // No connect can queue any more (the name is gone). Drain before closing: a closed Asio
+      // channel drops what it buffered, and those pipes would stay open with nobody reading.
       while (listener_->pending.try_receive([this](std::error_code, void* p) {
         auto* pp = static_cast<in_process_network::pipe*>(p);
         pp->dir[0].close();
         pp->dir[1].close();
         transport_->net_->release(pp);
       })) {}
+      listener_->pending.close();
       listener_.reset();
     }
 
@@ -226,7 +270,7 @@ class in_process_transport {
 
   /// Registers `name`. Errors: `std::errc::address_in_use` when it is taken.
   result<acceptor> listen(const endpoint_type& name) {
-    auto l = std::make_unique<in_process_network::listener>(executor_, net_->capacity_);
+    auto l = net_->make_listener();
     std::lock_guard lock(net_->mutex_);
     if (!net_->listeners_.emplace(name, l.get()).second)
       return std::make_error_code(std::errc::address_in_use);
@@ -235,7 +279,7 @@ class in_process_transport {
 
   /// Connects to `name`. Errors: `std::errc::connection_refused` when nobody listens.
   asio::awaitable<std::tuple<std::error_code, connection>> async_connect(endpoint_type name) {
-    in_process_network::pipe* p = net_->make_pipe(executor_);
+    in_process_network::pipe* p = net_->make_pipe();
     std::error_code ec = std::make_error_code(std::errc::connection_refused);
     {
       std::lock_guard lock(net_->mutex_);

@@ -60,9 +60,12 @@ inline result<asio::ip::tcp::endpoint> parse_tcp_endpoint(std::string_view text)
 ///
 /// One object per node (server or worker); it must outlive its connections and acceptors and
 /// every buffer it allocated. All connections use `get_executor()` (pass a strand to serialise
-/// a node's coroutines). Sends are scatter-gather (64-byte header + payload, no copy);
-/// receives read the header, validate it against `limits()`, then read the payload straight
-/// into a pooled buffer and verify the checksum.
+/// a node's coroutines). Object lifetimes: sockets belong to the `io_context` of
+/// `get_executor()`, so that context must outlive every connection and acceptor made from this
+/// transport (the peer's end is a separate socket: it sees `connection_closed` when this end
+/// goes away); see docs/concepts/transport.md, "Object lifetimes". Sends are scatter-gather
+/// (64-byte header + payload, no copy); receives read the header, validate it against `limits()`,
+/// then read the payload straight into a pooled buffer and verify the checksum.
 class tcp_transport {
  public:
   using executor_type = asio::any_io_executor;
