@@ -146,8 +146,9 @@ struct local_cluster_report {
 ///
 /// Thread safety: one `run` at a time per object; `run` blocks the calling thread. The
 /// callbacks run on node threads (see `cluster_threads`).
-template <model Model, consistency_policy Consistency, recovery_policy Recovery = recovery::none,
-          optimizer_policy Optimizer = optimizer::sgd, transport Transport = in_process_transport>
+template <checked_model Model, consistency_policy Consistency,
+          recovery_policy Recovery = recovery::none, optimizer_policy Optimizer = optimizer::sgd,
+          transport Transport = in_process_transport>
 class local_cluster {
   static_assert(std::same_as<Transport, in_process_transport> ||
                     std::same_as<Transport, tcp_transport>,

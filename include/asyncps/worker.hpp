@@ -1311,7 +1311,8 @@ class basic_worker {
 
 /// The TCP worker most programs use: `basic_worker` over `tcp_transport`, with no recovery
 /// unless named. Example: `asyncps::worker<my_model, consistency::ssp<3>>`.
-template <model Model, consistency_policy Consistency, recovery_policy Recovery = recovery::none>
+template <checked_model Model, consistency_policy Consistency,
+          recovery_policy Recovery = recovery::none>
 using worker = basic_worker<Model, tcp_transport, Consistency, Recovery>;
 
 }  // namespace asyncps
