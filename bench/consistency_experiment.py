@@ -18,10 +18,9 @@ writes, into the output folder:
 Output goes to build/experiments/consistency unless --out says otherwise; the committed
 results (docs/results/consistency) are replaced only with --overwrite.
 
-Standard library plus matplotlib for the figures. It is not installed by default: install it
-with `bash .ci/deps python3-matplotlib` (Debian's package, for /usr/bin/python3). Without it the
-script stops at once with a one-line message naming that command; --no-plot writes table.md
-only. Not used by CI.
+Standard library plus matplotlib for the figures: when it is missing the script installs it
+first through `bash .ci/deps python3-matplotlib` (Debian's package) and re-runs itself with
+/usr/bin/python3; --no-plot writes table.md only. Not used by CI.
 
     python3 bench/consistency_experiment.py docs/results/consistency/runs.jsonl [--target 0.3]
     python3 bench/consistency_experiment.py docs/results/consistency/runs.jsonl \

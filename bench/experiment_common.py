@@ -5,14 +5,17 @@
 * The raw runs of an earlier experiment (recovery_experiment.py's JSONL files) are not deleted
   without --overwrite either, wherever they are. Figures and tables are derived from them and
   are rewritten freely outside docs/.
-* Plots need matplotlib, which the project's dependency script installs on request:
-  `bash .ci/deps python3-matplotlib` (Debian's package, for /usr/bin/python3). A script that
-  plots checks for it before doing any work and stops with a one-line message naming that
-  command.
+* Plots need matplotlib. A script that plots checks for it before doing any work; when it is
+  missing, the script installs Debian's package through the project's dependency script
+  (`bash .ci/deps python3-matplotlib`, sudo when not root) and, when it was started by another
+  interpreter, re-runs itself with /usr/bin/python3 (where that package lives). --no-plot
+  skips the figures and the dependency.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -60,13 +63,20 @@ def check_out(prog: str, out: Path, overwrite: bool, existing: list[Path]) -> No
 
 
 def require_matplotlib(prog: str):
-    """Returns matplotlib.pyplot (Agg backend), or exits with a one-line message naming the
-    command that installs it."""
+    """Returns matplotlib.pyplot (Agg backend). When matplotlib is missing it is installed with
+    `bash .ci/deps python3-matplotlib`, and the script re-runs itself under /usr/bin/python3
+    when another interpreter started it; exits with a one-line message when that fails."""
     try:
         import matplotlib
     except ImportError:
-        sys.exit(f"{prog}: matplotlib is missing: install it with `{MATPLOTLIB_HINT}` and run "
-                 f"this script with /usr/bin/python3 (or pass --no-plot)")
+        print(f"{prog}: matplotlib is missing; installing it: {MATPLOTLIB_HINT}", file=sys.stderr)
+        if subprocess.call(["bash", str(REPO / ".ci" / "deps"), "python3-matplotlib"]) != 0:
+            sys.exit(f"{prog}: `{MATPLOTLIB_HINT}` failed; install python3-matplotlib, or pass "
+                     f"--no-plot")
+        system_python = "/usr/bin/python3"
+        if Path(sys.executable).resolve() != Path(system_python).resolve():
+            os.execv(system_python, [system_python, *sys.argv])
+        import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

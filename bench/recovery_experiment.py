@@ -16,10 +16,10 @@ several seeds; then computes, per configuration (mean +- std over seeds):
 It writes one raw JSONL file per run, a plot of test accuracy against time and a markdown
 table into --out, by default build/experiments/recovery. It never deletes or replaces files of
 an earlier run, nor writes under docs/ (the committed results, docs/results/recovery), unless
---overwrite says so. Standard library only, plus matplotlib for the plot: it is not installed by
-default; `bash .ci/deps python3-matplotlib` installs it (Debian's package, for /usr/bin/python3).
-Without it the script stops before running anything, with a one-line message naming that
-command; --no-plot skips the plot instead. Not used by CI.
+--overwrite says so. Standard library only, plus matplotlib for the plot: when it is missing
+the script installs it before running anything, through `bash .ci/deps python3-matplotlib`
+(Debian's package), and re-runs itself with /usr/bin/python3; --no-plot skips the plot instead.
+Not used by CI.
 
     python3 bench/recovery_experiment.py --bin build/release/examples/fashion_mnist/fashion_mnist
     python3 bench/recovery_experiment.py --analyze-only --out docs/results/recovery --no-plot \

@@ -4,10 +4,9 @@
     straggler_experiment.py RUNS.jsonl [--out DIR] [--overwrite] [--no-plot]
 
 DIR defaults to build/experiments/stragglers; the committed results (docs/results/stragglers)
-are replaced only with --overwrite. The figures need matplotlib,
-which is not installed by default: `bash .ci/deps python3-matplotlib` installs it (Debian's
-package, for /usr/bin/python3); without it the script stops at once with a one-line message
-naming that command, and --no-plot writes table.md only.
+are replaced only with --overwrite. The figures need matplotlib: when it is missing the script
+installs it first through `bash .ci/deps python3-matplotlib` (Debian's package) and re-runs
+itself with /usr/bin/python3; --no-plot writes table.md only.
 
 Writes into DIR:
   curves_{mlp,mf}.png   metric vs simulated seconds, one panel per configuration, with and
