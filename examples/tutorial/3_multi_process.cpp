@@ -33,7 +33,7 @@ constexpr std::uint64_t clocks = 300;
 int run_server(unsigned short port, std::uint32_t workers, int port_fd) {
   asio::io_context io(1);
   asyncps::tcp_transport net(io.get_executor());
-  asyncps::basic_server<asyncps::tcp_transport, policy> server(
+  asyncps::server<policy> server(  // the layout given as is: no model object (and no data) here
       net, {.num_workers = workers, .tables = {linear_regression::layout[0]}}, sgd);
   auto acceptor = net.listen({asio::ip::make_address("127.0.0.1"), port});
   if (!acceptor) return std::fprintf(stderr, "listen: %s\n", acceptor.error().message().c_str()), 1;
@@ -68,8 +68,9 @@ int run_worker(const std::string& address, std::uint32_t id) {
   asio::io_context io(1);
   asyncps::tcp_transport net(io.get_executor());
   linear_regression model(id + 1);  // this worker's data
-  asyncps::basic_worker<linear_regression, asyncps::tcp_transport, policy> worker(
-      net, model, {.id = id, .servers = {endpoint.value()}, .local_step = sgd.local_step()});
+  // The read-my-writes step comes from the server's welcome (its optimizer's local_step()).
+  asyncps::worker<linear_regression, policy> worker(net, model,
+                                                    {.id = id, .servers = {endpoint.value()}});
   std::error_code result;
   asio::co_spawn(
       io,
