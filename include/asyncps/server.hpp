@@ -40,11 +40,14 @@
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/state_codec.hpp"
+#include "asyncps/detail/text.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/log.hpp"
 #include "asyncps/model.hpp"
 #include "asyncps/optimizer.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
+#include "asyncps/protocol.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/none.hpp"
@@ -55,67 +58,6 @@
 #include "asyncps/wire.hpp"
 
 namespace asyncps {
-
-/// A log sink: receives one complete line (no trailing newline). Empty: write to stderr.
-using log_function = std::function<void(std::string_view)>;
-
-namespace detail {
-inline void emit(const log_function& f, const std::string& line) {
-  if (f) {
-    f(line);
-  } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
-  }
-}
-
-/// An endpoint as text for log lines: a string as is, a type with `operator<<` (e.g.
-/// `asio::ip::tcp::endpoint`: "127.0.0.1:7000") as it prints, anything else as "endpoint".
-template <class Endpoint>
-std::string endpoint_string(const Endpoint& e) {
-  if constexpr (std::is_convertible_v<const Endpoint&, std::string_view>) {
-    return std::string(std::string_view(e));
-  } else if constexpr (requires(std::ostream& os) { os << e; }) {
-    std::ostringstream os;
-    os << e;
-    return os.str();
-  } else {
-    return "endpoint";
-  }
-}
-
-/// "N tables" (or "1 table") of a layout, for messages naming a layout difference.
-inline std::string layout_string(std::span<const table_spec> l) {
-  std::string out = std::to_string(l.size()) + (l.size() == 1 ? " table" : " tables");
-  return out;
-}
-
-/// The differences between layouts `a` (called `a_name`) and `b` (`b_name`): the table counts
-/// when they differ, then each table whose rows or width differ, with both sides' rows x
-/// width, e.g. "table 1: worker 100 x 8, server 100 x 16". Empty when they are equal.
-inline std::string layout_difference(std::span<const table_spec> a, const char* a_name,
-                                     std::span<const table_spec> b, const char* b_name) {
-  std::string out;
-  const auto sep = [&] {
-    if (!out.empty()) out += "; ";
-  };
-  if (a.size() != b.size()) {
-    out = std::string(a_name) + " has " + layout_string(a) + ", " + b_name + " has " +
-          layout_string(b);
-  }
-  for (std::size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
-    const auto side = [](std::span<const table_spec> l, std::size_t t) {
-      return t < l.size() ? std::to_string(l[t].rows) + " x " + std::to_string(l[t].width)
-                          : std::string("none");
-    };
-    if (i < a.size() && i < b.size() && a[i].rows == b[i].rows && a[i].width == b[i].width)
-      continue;
-    sep();
-    out += "table " + std::to_string(i) + ": " + a_name + " " + side(a, i) + ", " + b_name + " " +
-           side(b, i);
-  }
-  return out;
-}
-}  // namespace detail
 
 /// Configuration of one server shard.
 struct server_options {

@@ -20,35 +20,11 @@
 #include <vector>
 
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/chain/options.hpp"
+#include "asyncps/recovery/chain/server_part.hpp"
+#include "asyncps/recovery/chain/worker_part.hpp"
 
 namespace asyncps::recovery {
-
-/// How a chain replicates (see `chain_replication`).
-enum class chain_mode {
-  strict,   ///< every push through the whole chain; acknowledged by the tail; none lost
-  relaxed,  ///< the head's state copied down the chain every N pushes; next-hop acks only
-};
-
-/// Configuration of `chain_replication` (server part: heartbeats and the relaxed interval;
-/// worker part: the reconnect timeout).
-struct chain_options {
-  /// How often a server sends a heartbeat to the chain master.
-  std::chrono::milliseconds heartbeat_interval{100};
-  /// Relaxed mode: pushes the head applies between two state copies to its successor.
-  std::uint64_t replicate_every = 200;
-  /// How long a worker keeps trying the shard's servers before failing with
-  /// `errc::server_lost`.
-  std::chrono::milliseconds reconnect_timeout{std::chrono::seconds(30)};
-};
-
-/// The endpoints one chain server needs: the chain master's, and every member of its shard's
-/// chain (index = member id; `self` is this server's). Passed to `basic_server::set_chain`.
-template <class Endpoint>
-struct chain_endpoints {
-  Endpoint master{};
-  std::vector<Endpoint> members{};
-  std::uint32_t self = 0;
-};
 
 /// Chain replication of every server shard (`Mode` = strict or relaxed).
 ///
@@ -75,24 +51,8 @@ struct chain_replication {
       Mode == chain_mode::strict ? "chain-replication" : "chain-replication-relaxed";
   static constexpr chain_mode mode = Mode;
 
-  /// Server part: options and counters. Thread safety: on the server's executor.
-  struct server_part {
-    chain_options options{};
-  };
-
-  /// Worker part: reconnect, trying the shard's other servers. Thread safety: worker's
-  /// executor.
-  struct worker_part {
-    chain_options options{};
-    /// Strict mode: pushes ask for an ack and are kept until acked, then resent on failover.
-    static constexpr bool acknowledged_pushes = Mode == chain_mode::strict;
-    recovery_action on_server_lost(std::error_code) const noexcept {
-      return recovery_action::reconnect;
-    }
-    std::chrono::milliseconds reconnect_timeout() const noexcept {
-      return options.reconnect_timeout;
-    }
-  };
+  using server_part = chain_server_part<Mode>;
+  using worker_part = chain_worker_part<Mode>;
 };
 
 /// Whether `R` is a `chain_replication` policy (the server and worker loops then run the

@@ -1,11 +1,11 @@
 // asyncps — recovery::none: a lost server ends the run with a clear error.
 #pragma once
 
-#include <chrono>
 #include <string_view>
-#include <system_error>
 
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/none/server_part.hpp"
+#include "asyncps/recovery/none/worker_part.hpp"
 
 namespace asyncps::recovery {
 
@@ -18,16 +18,8 @@ namespace asyncps::recovery {
 /// trains on from a server that lost its parameters.
 struct none {
   static constexpr std::string_view name = "none";
-  struct server_part {};
-  struct worker_part {
-    /// How long to try reconnecting to a lost server before `errc::server_lost`; 0 (the
-    /// default): fail at once.
-    std::chrono::milliseconds grace{0};
-    recovery_action on_server_lost(std::error_code) const noexcept {
-      return grace.count() > 0 ? recovery_action::reconnect : recovery_action::fail;
-    }
-    std::chrono::milliseconds reconnect_timeout() const noexcept { return grace; }
-  };
+  using server_part = none_server_part;
+  using worker_part = none_worker_part;
 };
 
 static_assert(recovery_policy<none>);

@@ -7,31 +7,11 @@
 #include <system_error>
 
 #include "asyncps/recovery.hpp"
-#include "asyncps/table.hpp"
+#include "asyncps/recovery/stateless/options.hpp"
+#include "asyncps/recovery/stateless/server_part.hpp"
+#include "asyncps/recovery/stateless/worker_part.hpp"
 
 namespace asyncps::recovery {
-
-/// How a server merges the updates a worker accumulated while the server was unreachable.
-enum class merge_rule {
-  sum,   ///< apply the summed gradient as is (what the worker applied to its own copy)
-  mean,  ///< divide by the number of clocks it holds
-  /// Cao et al. (paper A): scale by `stateless_options::large_backlog_scale` (0.1, i.e. the
-  /// learning rate / 10) when the backlog holds more than `large_backlog` clocks, else sum.
-  lr_scaled,
-  /// Zhang et al. (IJCAI'16): divide by the staleness tau = server clock at the merge minus
-  /// the server clock of the rows the first buffered gradient was computed on (tau >= 1).
-  staleness_aware,
-};
-
-/// Configuration of `recovery::stateless` (server part: the merge; worker part: the timeout).
-struct stateless_options {
-  merge_rule rule = merge_rule::lr_scaled;
-  std::uint64_t large_backlog = 50;  ///< clocks; beyond this `lr_scaled` scales the backlog
-  float large_backlog_scale = 0.1f;  ///< the scale `lr_scaled` applies to a large backlog
-  /// How long a worker keeps reconnecting (while training on) before failing with
-  /// `errc::server_lost`.
-  std::chrono::milliseconds reconnect_timeout{std::chrono::minutes(10)};
-};
 
 /// The *stateless parameter server* of Cao et al., "Training Through Failure" (paper A):
 /// the server's state can always be rebuilt from the workers.
@@ -59,47 +39,10 @@ struct stateless_options {
 struct stateless {
   static constexpr std::string_view name = "stateless";
 
-  /// Server part: the merge rule. Thread safety: on the server's executor.
-  struct server_part {
-    stateless_options options{};
-
-    /// The factor a backlog of `clocks` clocks, `staleness` clocks old, is scaled by.
-    float backlog_scale(std::uint64_t clocks, clock_value staleness) const noexcept {
-      switch (options.rule) {
-        case merge_rule::sum: return 1.0f;
-        case merge_rule::mean: return clocks > 0 ? 1.0f / static_cast<float>(clocks) : 1.0f;
-        case merge_rule::lr_scaled:
-          return clocks > options.large_backlog ? options.large_backlog_scale : 1.0f;
-        case merge_rule::staleness_aware:
-          return 1.0f / static_cast<float>(staleness > 1 ? staleness : 1);
-      }
-      return 1.0f;
-    }
-  };
-
-  /// Worker part: keep training locally and reconnect. Thread safety: worker's executor.
-  struct worker_part {
-    stateless_options options{};
-    recovery_action on_server_lost(std::error_code) const noexcept {
-      return recovery_action::continue_local;
-    }
-    std::chrono::milliseconds reconnect_timeout() const noexcept {
-      return options.reconnect_timeout;
-    }
-  };
+  using server_part = stateless_server_part;
+  using worker_part = stateless_worker_part;
 };
 
 static_assert(recovery_policy<stateless>);
-
-/// The name of a merge rule, as the trainer's `--merge` flag spells it.
-constexpr std::string_view to_string(merge_rule r) noexcept {
-  switch (r) {
-    case merge_rule::sum: return "sum";
-    case merge_rule::mean: return "mean";
-    case merge_rule::lr_scaled: return "lr-scaled";
-    case merge_rule::staleness_aware: return "staleness-aware";
-  }
-  return "?";
-}
 
 }  // namespace asyncps::recovery

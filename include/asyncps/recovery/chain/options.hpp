@@ -1,0 +1,38 @@
+// asyncps — recovery::chain_replication: modes, options and endpoints (see
+// recovery/chain_replication.hpp).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace asyncps::recovery {
+
+/// How a chain replicates (see `chain_replication`).
+enum class chain_mode {
+  strict,   ///< every push through the whole chain; acknowledged by the tail; none lost
+  relaxed,  ///< the head's state copied down the chain every N pushes; next-hop acks only
+};
+
+/// Configuration of `chain_replication` (server part: heartbeats and the relaxed interval;
+/// worker part: the reconnect timeout).
+struct chain_options {
+  /// How often a server sends a heartbeat to the chain master.
+  std::chrono::milliseconds heartbeat_interval{100};
+  /// Relaxed mode: pushes the head applies between two state copies to its successor.
+  std::uint64_t replicate_every = 200;
+  /// How long a worker keeps trying the shard's servers before failing with
+  /// `errc::server_lost`.
+  std::chrono::milliseconds reconnect_timeout{std::chrono::seconds(30)};
+};
+
+/// The endpoints one chain server needs: the chain master's, and every member of its shard's
+/// chain (index = member id; `self` is this server's). Passed to `basic_server::set_chain`.
+template <class Endpoint>
+struct chain_endpoints {
+  Endpoint master{};
+  std::vector<Endpoint> members{};
+  std::uint32_t self = 0;
+};
+
+}  // namespace asyncps::recovery
