@@ -1,0 +1,65 @@
+# Runs a deterministic simulated experiment and compares its JSON-lines output with a recorded
+# one, line by line and byte for byte, after removing the fields named in IGNORE (wall-clock
+# measurements). Every other number must be bit-identical: the experiments print doubles with
+# their shortest round-trip text, so equal text means equal bits.
+#
+#   cmake -DEXPERIMENT=<exe> "-DARGS=a;b;c" -DGOLDEN=<file> -DOUT=<file> "-DIGNORE=wall_seconds"
+#         -P check_experiment.cmake
+foreach(var EXPERIMENT ARGS GOLDEN OUT)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "check_experiment.cmake: ${var} is not set")
+  endif()
+endforeach()
+
+execute_process(COMMAND "${EXPERIMENT}" --out "${OUT}" ${ARGS}
+                RESULT_VARIABLE rc ERROR_VARIABLE err OUTPUT_QUIET)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${EXPERIMENT} failed (${rc}):\n${err}")
+endif()
+
+function(read_lines file out)
+  file(STRINGS "${file}" lines)
+  set(result "")
+  foreach(line IN LISTS lines)
+    foreach(key IN LISTS IGNORE)
+      string(REGEX REPLACE "\"${key}\":[-0-9.eE+]+,?" "" line "${line}")
+    endforeach()
+    list(APPEND result "${line}")
+  endforeach()
+  set(${out} "${result}" PARENT_SCOPE)
+endfunction()
+
+read_lines("${GOLDEN}" want)
+read_lines("${OUT}" got)
+list(LENGTH want n_want)
+list(LENGTH got n_got)
+if(NOT n_want EQUAL n_got)
+  message(FATAL_ERROR "${OUT}: ${n_got} records, ${GOLDEN} has ${n_want}")
+endif()
+math(EXPR last "${n_want} - 1")
+foreach(i RANGE ${last})
+  list(GET want ${i} w)
+  list(GET got ${i} g)
+  if(NOT w STREQUAL g)
+    string(LENGTH "${w}" len)
+    set(at 0)
+    while(at LESS len)
+      string(SUBSTRING "${w}" ${at} 1 cw)
+      string(SUBSTRING "${g}" ${at} 1 cg)
+      if(NOT cw STREQUAL cg)
+        break()
+      endif()
+      math(EXPR at "${at} + 1")
+    endwhile()
+    math(EXPR from "${at} - 120")
+    if(from LESS 0)
+      set(from 0)
+    endif()
+    string(SUBSTRING "${w}" ${from} 240 wctx)
+    string(SUBSTRING "${g}" ${from} 240 gctx)
+    math(EXPR record "${i} + 1")
+    message(FATAL_ERROR "record ${record} differs from ${GOLDEN} at character ${at}:\n"
+                        "  recorded: ...${wctx}...\n  now:      ...${gctx}...")
+  endif()
+endforeach()
+message(STATUS "${n_got} records identical to ${GOLDEN} (ignoring ${IGNORE})")
