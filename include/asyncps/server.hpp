@@ -39,7 +39,7 @@
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/state_codec.hpp"
+#include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/error.hpp"

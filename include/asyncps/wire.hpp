@@ -25,7 +25,7 @@
 // nothing (range); hello = the table layout as (rows, width) u32 pairs; welcome = per table
 // (rows u32, width u32, pushes of the receiving worker applied u64), then the server
 // optimizer's `local_step()` as one f32 (the worker's read-my-writes step); error = UTF-8
-// reason; state = an encoded shard state (detail/state_codec.hpp); clock/ack/heartbeat/bye/
+// reason; state = an encoded shard state (detail/shard_state_codec.hpp); clock/ack/heartbeat/bye/
 // chain_hello/chain_config = nothing.
 //
 // A heartbeat from a server to a worker (sent while one of that worker's pulls waits for the
@@ -91,7 +91,7 @@ enum class message_type : std::uint8_t {
                  ///< epoch, first_row = predecessor member (0xffffffff: none, i.e. head),
                  ///< seq = successor member (0xffffffff: none, i.e. tail); flag `state`:
                  ///< the member joins a running chain and must wait for a state transfer
-  state,         ///< member -> successor: the whole shard state (detail/state_codec.hpp) as
+  state,         ///< member -> successor: the whole shard state (detail/shard_state_codec.hpp) as
                  ///< of log position `seq`; sender = shard, clock = server clock
 };
 inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::state);

@@ -1,6 +1,8 @@
-// recovery::checkpoint and its file format (detail/checkpoint_file.hpp): bit-identical round
-// trips, rejection of truncated/corrupt/hostile files, atomic writes, pruning, restore
-// fallback, fixed and adaptive intervals, and a real in-process server restored from disk.
+// recovery::checkpoint and its file format (detail/checkpoint_file.hpp, a framing around
+// detail/shard_state_codec.hpp): bit-identical round trips, rejection of truncated/corrupt/
+// hostile/old-version files, atomic writes, pruning, restore fallback, the fixed and adaptive
+// schedule driven by made-up times (recovery/checkpoint/schedule.hpp) and by an injected clock,
+// and a real in-process server restored from disk. Nothing here sleeps.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -12,7 +14,6 @@
 #include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <asio/co_spawn.hpp>
@@ -24,8 +25,11 @@
 
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/detail/checkpoint_file.hpp"
+#include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery/checkpoint.hpp"
+#include "asyncps/recovery/checkpoint/schedule.hpp"
+#include "asyncps/recovery/checkpoint/store.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/worker.hpp"
@@ -156,6 +160,19 @@ void expect_bad(const fs::path& file, std::string_view reason_part = {}) {
   if (!reason_part.empty()) CHECK_MESSAGE(why.find(reason_part) != std::string::npos, why);
 }
 
+// A clock the test moves by hand: what `checkpoint_options::clock` reads instead of
+// steady_clock. Thread-safe (the persist thread reads it too).
+struct fake_clock {
+  std::atomic<std::int64_t> ns{1'000'000'000};
+  void advance(std::chrono::nanoseconds d) { ns += d.count(); }
+  std::chrono::steady_clock::time_point now() const {
+    return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns.load()));
+  }
+  recovery::checkpoint_clock source() {
+    return [this] { return now(); };
+  }
+};
+
 // Stands in for basic_server: what the checkpoint policy uses of it.
 struct fake_server {
   struct options_t {
@@ -163,6 +180,7 @@ struct fake_server {
   };
   options_t opts;
   shard_state state;
+  fake_clock* clock = nullptr;  // when set, a snapshot advances it by `save_delay`
   std::chrono::microseconds save_delay{0};
   int restores = 0;
 
@@ -185,7 +203,7 @@ struct fake_server {
       o.values.assign(t.values.begin(), t.values.end());
       o.optimizer_state.assign(t.optimizer_state.begin(), t.optimizer_state.end());
     }
-    if (save_delay.count() > 0) std::this_thread::sleep_for(save_delay);
+    if (clock != nullptr) clock->advance(save_delay);
   }
   std::error_code restore_state(const shard_state& st) {
     if (st.shard != state.shard || st.state_per_param != state.state_per_param ||
@@ -229,7 +247,7 @@ struct log_capture {
 };
 
 std::vector<clock_value> clocks_on_disk(const fs::path& dir, std::uint32_t shard) {
-  auto files = detail::list_checkpoints(dir, shard);
+  auto files = recovery::list_checkpoints(dir, shard);
   REQUIRE(files.has_value());
   std::vector<clock_value> c;
   for (const auto& f : files.value()) c.push_back(f.clock);
@@ -283,7 +301,7 @@ TEST_CASE("checkpoint file: every truncation is rejected") {
   const fs::path f = d.path / "small.ckpt";
   REQUIRE(!detail::write_checkpoint(f, make_state(0, 2, 2, 2, 3, 11, 3, 2)).has_error());
   const auto bytes = read_bytes(f);
-  REQUIRE(bytes.size() > 72);
+  REQUIRE(bytes.size() > detail::checkpoint_header_bytes + detail::checkpoint_checksum_bytes);
   const fs::path t = d.path / "truncated.ckpt";
   for (std::size_t n = 0; n < bytes.size(); ++n) {
     CAPTURE(n);
@@ -329,29 +347,39 @@ TEST_CASE("checkpoint file: bad magic, version and hostile counts") {
   write_bytes(t, b);
   expect_bad(t, "bad magic");
 
+  // A file of the previous format (version 1, before the shared state encoding) and one of a
+  // future version are rejected by version, naming the file.
   b = bytes;
-  poke<std::uint32_t>(b, 8, 2);
+  poke<std::uint32_t>(b, 8, 1);
   reseal(b);
   write_bytes(t, b);
-  expect_bad(t, "version 2");
+  expect_bad(t, "unsupported format version 1 (this library reads 2");
+  b = bytes;
+  poke<std::uint32_t>(b, 8, 3);
+  reseal(b);
+  write_bytes(t, b);
+  expect_bad(t, "version 3");
 
   // Counts that are checksummed correctly but describe far more data than the file holds must
   // be rejected before anything is allocated (a resize to these sizes would throw or exhaust
   // memory).
+  // The record (detail/shard_state_codec.hpp) starts after the file header.
+  const std::size_t h = detail::checkpoint_header_bytes;
   b = bytes;
-  poke<std::uint32_t>(b, 32, 0xffffffffu);  // num_workers
+  poke<std::uint32_t>(b, h + 8, 0xffffffffu);  // num_workers
   reseal(b);
   write_bytes(t, b);
   expect_bad(t, "num_workers");
 
   b = bytes;
-  poke<std::uint32_t>(b, 40, 0x40000000u);  // table_count
+  poke<std::uint32_t>(b, h + 16, 0x40000000u);  // table_count
   reseal(b);
   write_bytes(t, b);
   expect_bad(t, "table_count");
 
-  // First table record: after the 64-byte header, 2 worker clocks and 2 x 2 applied counters.
-  const std::size_t rec = 64 + 2 * 8 + 4 * 8;
+  // First table record: after the record's 32 fixed bytes, 2 worker clocks and 2 x 2 applied
+  // counters (no last_seq).
+  const std::size_t rec = h + detail::state_header_bytes + 2 * 8 + 4 * 8;
   b = bytes;
   poke<std::uint32_t>(b, rec + 8, 0x7fffffffu);                      // width
   poke<std::uint64_t>(b, rec + 32, std::uint64_t{4} * 0x7fffffffu);  // value_count = rows x width
@@ -387,41 +415,44 @@ TEST_CASE("checkpoint file: bad magic, version and hostile counts") {
 }
 
 TEST_CASE("checkpoint file: names, listing and keep=N pruning") {
-  CHECK(detail::checkpoint_file_name(3, 42) == "shard-3-clock-000000000042.ckpt");
-  CHECK(detail::parse_checkpoint_file_name("shard-3-clock-000000000042.ckpt", 3) == 42);
-  CHECK(!detail::parse_checkpoint_file_name("shard-3-clock-000000000042.ckpt", 4));
-  CHECK(!detail::parse_checkpoint_file_name("shard-3-clock-000000000042.ckpt.tmp", 3));
-  CHECK(!detail::parse_checkpoint_file_name("shard-3-clock-42.ckpt", 3));
-  CHECK(!detail::parse_checkpoint_file_name("shard-3-clock-00000000004x.ckpt", 3));
-  CHECK(detail::parse_checkpoint_file_name("shard-3-clock-1000000000000.ckpt", 3) == 1000000000000);
+  CHECK(recovery::checkpoint_file_name(3, 42) == "shard-3-clock-000000000042.ckpt");
+  CHECK(recovery::parse_checkpoint_file_name("shard-3-clock-000000000042.ckpt", 3) == 42);
+  CHECK(!recovery::parse_checkpoint_file_name("shard-3-clock-000000000042.ckpt", 4));
+  CHECK(!recovery::parse_checkpoint_file_name("shard-3-clock-000000000042.ckpt.tmp", 3));
+  CHECK(!recovery::parse_checkpoint_file_name("shard-3-clock-42.ckpt", 3));
+  CHECK(!recovery::parse_checkpoint_file_name("shard-3-clock-00000000004x.ckpt", 3));
+  CHECK(recovery::parse_checkpoint_file_name("shard-3-clock-1000000000000.ckpt", 3) ==
+        1000000000000);
 
   temp_dir d;
   const auto st = make_state(0, 2, 1, 0, 0);
   for (clock_value c : {5, 40, 10, 30, 20}) {
-    REQUIRE(!detail::write_checkpoint(d.path / detail::checkpoint_file_name(0, c), st).has_error());
+    REQUIRE(
+        !detail::write_checkpoint(d.path / recovery::checkpoint_file_name(0, c), st).has_error());
   }
   const auto st1 = make_state(1, 2, 1, 0, 0);
-  REQUIRE(!detail::write_checkpoint(d.path / detail::checkpoint_file_name(1, 99), st1).has_error());
-  write_bytes(d.path / (detail::checkpoint_file_name(0, 50) + ".tmp"), {'x'});
+  REQUIRE(
+      !detail::write_checkpoint(d.path / recovery::checkpoint_file_name(1, 99), st1).has_error());
+  write_bytes(d.path / (recovery::checkpoint_file_name(0, 50) + ".tmp"), {'x'});
   write_bytes(d.path / "notes.txt", {'x'});
 
   CHECK(clocks_on_disk(d.path, 0) == std::vector<clock_value>{40, 30, 20, 10, 5});
   CHECK(clocks_on_disk(d.path, 1) == std::vector<clock_value>{99});
   CHECK(clocks_on_disk(d.path / "missing", 0).empty());
 
-  auto none = detail::prune_checkpoints(d.path, 0, 0);  // keep = 0 keeps all
+  auto none = recovery::prune_checkpoints(d.path, 0, 0);  // keep = 0 keeps all
   REQUIRE(none.has_value());
   CHECK(none.value() == 0);
-  auto pruned = detail::prune_checkpoints(d.path, 0, 2);
+  auto pruned = recovery::prune_checkpoints(d.path, 0, 2);
   REQUIRE(pruned.has_value());
   CHECK(pruned.value() == 3);
   CHECK(clocks_on_disk(d.path, 0) == std::vector<clock_value>{40, 30});
   CHECK(clocks_on_disk(d.path, 1) == std::vector<clock_value>{99});  // other shards untouched
   CHECK(fs::exists(d.path / "notes.txt"));
-  auto tmps = detail::list_stale_checkpoint_tmps(d.path, 0);
+  auto tmps = recovery::list_stale_checkpoint_tmps(d.path, 0);
   REQUIRE(tmps.has_value());
   REQUIRE(tmps.value().size() == 1);
-  CHECK(tmps.value()[0].filename() == detail::checkpoint_file_name(0, 50) + ".tmp");
+  CHECK(tmps.value()[0].filename() == recovery::checkpoint_file_name(0, 50) + ".tmp");
 }
 
 TEST_CASE("checkpoint policy: options, disabled part and worker part") {
@@ -504,7 +535,7 @@ TEST_CASE("checkpoint policy: a checkpoint every k clocks, restored bit-identica
   CHECK(fresh.restores == 1);
   CHECK(p.stats().restored_clock == 9);
   check_same(fresh.state, at9);
-  CHECK(logs.contains("restored from", detail::checkpoint_file_name(1, 9)));
+  CHECK(logs.contains("restored from", recovery::checkpoint_file_name(1, 9)));
   // The interval counts from the restored clock: the next checkpoint is at 12.
   for (clock_value c = 10; c <= 12; ++c) {
     fresh.step(c);
@@ -541,9 +572,9 @@ TEST_CASE("checkpoint policy: restore skips a leftover .tmp, a corrupt file and 
   s.step(10);
   const shard_state at10 = s.state;
   REQUIRE(
-      !detail::write_checkpoint(d.path / detail::checkpoint_file_name(0, 10), at10).has_error());
+      !detail::write_checkpoint(d.path / recovery::checkpoint_file_name(0, 10), at10).has_error());
   s.step(20);
-  const fs::path newest = d.path / detail::checkpoint_file_name(0, 20);
+  const fs::path newest = d.path / recovery::checkpoint_file_name(0, 20);
   REQUIRE(!detail::write_checkpoint(newest, s.state).has_error());
   auto b = read_bytes(newest);
   b.resize(b.size() / 2);  // a torn file under the final name (e.g. copied by hand)
@@ -553,9 +584,9 @@ TEST_CASE("checkpoint policy: restore skips a leftover .tmp, a corrupt file and 
   other.state_per_param = 1;
   for (auto& t : other.tables) t.optimizer_state.resize(t.values.size());
   REQUIRE(
-      !detail::write_checkpoint(d.path / detail::checkpoint_file_name(0, 25), other).has_error());
+      !detail::write_checkpoint(d.path / recovery::checkpoint_file_name(0, 25), other).has_error());
   // A persist killed half-way at clock 30: only the .tmp exists.
-  const fs::path tmp = d.path / (detail::checkpoint_file_name(0, 30) + ".tmp");
+  const fs::path tmp = d.path / (recovery::checkpoint_file_name(0, 30) + ".tmp");
   write_bytes(tmp, std::vector<char>(100, 'x'));
 
   log_capture logs;
@@ -570,11 +601,11 @@ TEST_CASE("checkpoint policy: restore skips a leftover .tmp, a corrupt file and 
   CHECK(!fs::exists(tmp));
   CHECK(logs.contains("removed unfinished", tmp.filename().string()));
   CHECK(logs.contains(newest.string(), "truncated"));
-  CHECK(logs.contains(detail::checkpoint_file_name(0, 25), "does not fit"));
+  CHECK(logs.contains(recovery::checkpoint_file_name(0, 25), "does not fit"));
   p.on_stop();
 
   // No valid file at all: the server starts fresh and says so.
-  fs::remove(d.path / detail::checkpoint_file_name(0, 10));
+  fs::remove(d.path / recovery::checkpoint_file_name(0, 10));
   log_capture logs2;
   o.log = logs2.sink();
   fake_server fresh2 = make_fake(0);
@@ -646,54 +677,219 @@ TEST_CASE("checkpoint policy: a failed persist is counted, logged and retried la
   s.step(2);
   p.on_clock(2, s);  // logs the failure, checkpoints again
   p.on_stop();
-  CHECK(logs.contains(detail::checkpoint_file_name(0, 1)));
+  CHECK(logs.contains(recovery::checkpoint_file_name(0, 1)));
   CHECK(p.stats().checkpoints_persisted == 1);
   CHECK(p.stats().last_persisted_clock == 2);
 }
 
-TEST_CASE("checkpoint policy: the adaptive interval grows when persist is slow") {
-  // Clocks every ~1 ms. A persist that takes ~40 ms needs k >= ~40 clocks between checkpoints
+namespace {
+
+// The schedule alone, driven by made-up times: `clocks` server clocks `clock_gap` apart; a
+// snapshot takes `save` and its persist `persist` (it runs in the background: clocks go on
+// meanwhile, and a checkpoint due while it runs is skipped).
+struct simulated_run {
+  std::uint64_t interval_clocks = 0;
+  std::uint64_t persisted = 0;
+  std::uint64_t skipped = 0;
+  clock_value last_persisted_clock = -1;
+  double snapshot_seconds_total = 0;
+  double clock_seconds = 0;
+};
+
+simulated_run simulate(double max_overhead, std::chrono::microseconds persist,
+                       std::chrono::microseconds save, std::uint64_t clocks = 400,
+                       std::chrono::microseconds clock_gap = std::chrono::milliseconds(1)) {
+  using time_point = recovery::checkpoint_schedule::time_point;
+  time_point t{std::chrono::seconds(1)};
+  recovery::checkpoint_schedule s(0, 0, max_overhead, t);
+  s.start(t);
+  simulated_run r;
+  bool running = false;
+  time_point done_at{};
+  clock_value job = -1;
+  for (clock_value c = 1; c <= static_cast<clock_value>(clocks); ++c) {
+    t += clock_gap;
+    if (running && t >= done_at) {
+      running = false;
+      s.persist_finished(std::chrono::duration<double>(persist).count());
+      ++r.persisted;
+      r.last_persisted_clock = job;
+    }
+    switch (s.at_clock(c, t, running)) {
+      case recovery::checkpoint_decision::not_due: s.clock_done(t, running); break;
+      case recovery::checkpoint_decision::skip:
+        ++r.skipped;
+        s.clock_done(t, true);
+        break;
+      case recovery::checkpoint_decision::snapshot: {
+        const time_point started = t;
+        t += save;
+        s.snapshot_taken(std::chrono::duration<double>(save).count(), started);
+        r.snapshot_seconds_total += std::chrono::duration<double>(save).count();
+        running = true;
+        done_at = t + persist;
+        job = c;
+        s.clock_done(t, true);
+        break;
+      }
+    }
+  }
+  r.interval_clocks = s.interval_clocks();
+  r.clock_seconds = s.clock_seconds();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint schedule: fixed intervals in clocks, in seconds, or whichever first") {
+  using time_point = recovery::checkpoint_schedule::time_point;
+  using std::chrono::milliseconds;
+  auto due_clocks = [](std::uint64_t every_clocks, double every_seconds, milliseconds gap) {
+    time_point t{std::chrono::seconds(5)};
+    recovery::checkpoint_schedule s(every_clocks, every_seconds, 0, t);
+    s.start(t);
+    std::vector<clock_value> due;
+    for (clock_value c = 1; c <= 12; ++c) {
+      t += gap;
+      const auto d = s.at_clock(c, t, false);
+      CHECK(d != recovery::checkpoint_decision::skip);
+      if (d == recovery::checkpoint_decision::snapshot) {
+        due.push_back(c);
+        s.snapshot_taken(0.001, t);
+      }
+      s.clock_done(t, false);
+    }
+    CHECK(s.interval_clocks() == every_clocks);
+    return due;
+  };
+  CHECK(due_clocks(3, 0, milliseconds(100)) == std::vector<clock_value>{3, 6, 9, 12});
+  CHECK(due_clocks(0, 0.5, milliseconds(100)) == std::vector<clock_value>{5, 10});
+  CHECK(due_clocks(0, 0.25, milliseconds(100)) == std::vector<clock_value>{3, 6, 9, 12});
+  CHECK(due_clocks(4, 0.25, milliseconds(100)) == std::vector<clock_value>{3, 6, 9, 12});
+  CHECK(due_clocks(2, 0.5, milliseconds(100)) == std::vector<clock_value>{2, 4, 6, 8, 10, 12});
+  // A checkpoint due while the previous persist runs is skipped, and the interval counts on
+  // from the skip; a restore moves the start of the count.
+  time_point t{};
+  recovery::checkpoint_schedule s(2, 0, 0, t);
+  s.count_from(10);
+  s.start(t);
+  CHECK(s.at_clock(11, t, false) == recovery::checkpoint_decision::not_due);
+  CHECK(s.at_clock(12, t, true) == recovery::checkpoint_decision::skip);
+  CHECK(s.at_clock(13, t, false) == recovery::checkpoint_decision::not_due);
+  CHECK(s.at_clock(14, t, false) == recovery::checkpoint_decision::snapshot);
+  CHECK(!recovery::checkpoint_schedule().active());
+}
+
+TEST_CASE("checkpoint schedule: the adaptive interval grows when persist is slow") {
+  // Clocks every 1 ms. A persist that takes 40 ms needs k >= 40 clocks between checkpoints
   // (CheckFreq's k = ceil(t_persist / t_clock)); an instant one keeps k near 1.
-  auto run = [](std::chrono::milliseconds persist_delay, std::chrono::microseconds save_delay) {
-    temp_dir d;
-    recovery::checkpoint_options o{.directory = d.path, .max_overhead = 0.05};
+  using std::chrono::microseconds;
+  using std::chrono::milliseconds;
+  const auto slow = simulate(0.05, milliseconds(40), {});
+  const auto fast = simulate(0.05, {}, {});
+  MESSAGE("slow persist: k = " << slow.interval_clocks << ", persisted " << slow.persisted
+                               << ", skipped " << slow.skipped << ", clock "
+                               << slow.clock_seconds * 1e3 << " ms");
+  MESSAGE("fast persist: k = " << fast.interval_clocks << ", persisted " << fast.persisted
+                               << ", skipped " << fast.skipped);
+  CHECK(slow.interval_clocks >= 40);
+  CHECK(slow.interval_clocks > fast.interval_clocks);
+  CHECK(slow.persisted >= 2);
+  CHECK(slow.skipped >= 1);  // the first persist was profiled while clocks went on
+  CHECK(fast.persisted > slow.persisted);
+  CHECK(fast.interval_clocks == 1);
+  CHECK(fast.skipped == 0);
+  CHECK(slow.last_persisted_clock > 0);
+  CHECK(slow.clock_seconds == doctest::Approx(1e-3));
+
+  // A slow snapshot (5 ms per snapshot, clocks 1 ms apart) with a 5% bound needs
+  // k >= ceil(5 / (0.05 x 1)) = 100.
+  const auto costly = simulate(0.05, {}, microseconds(5000));
+  MESSAGE("slow snapshot: k = " << costly.interval_clocks << ", persisted " << costly.persisted);
+  CHECK(costly.interval_clocks >= 100);
+  CHECK(costly.snapshot_seconds_total < 0.25 * 400 * 1e-3 + 0.05);
+}
+
+TEST_CASE("checkpoint policy: the injected clock drives every_seconds and the adaptive k") {
+  using std::chrono::milliseconds;
+  temp_dir d;
+  fake_clock clock;
+  {
+    recovery::checkpoint_options o{.directory = d.path, .every_seconds = 0.5};
     o.log = [](std::string_view) {};
-    o.writer = [persist_delay](const fs::path& f, const shard_state& st) -> result<void> {
-      if (persist_delay.count() == 0) return BOOST_OUTCOME_V2_NAMESPACE::success();  // instant
-      std::this_thread::sleep_for(persist_delay);
-      return detail::write_checkpoint(f, st);
-    };
+    o.clock = clock.source();
+    fake_server s = make_fake();
+    recovery::checkpoint::server_part p(o);
+    p.on_start(s);
+    for (clock_value c = 1; c <= 10; ++c) {
+      clock.advance(milliseconds(100));
+      s.step(c);
+      p.on_clock(c, s);
+      p.wait_persisted();
+    }
+    p.on_stop();
+    const auto st = p.stats();
+    CHECK(st.checkpoints_persisted == 2);
+    CHECK(st.last_persisted_clock == 10);
+    CHECK(st.interval_clocks == 0);  // no clock trigger
+    CHECK(st.clock_seconds == doctest::Approx(0.1));
+    CHECK(st.last_persist_seconds == 0);  // the fake clock stood still while it ran
+    CHECK(clocks_on_disk(d.path, 0) == std::vector<clock_value>{10, 5});
+  }
+  {
+    // A snapshot that costs 5 ms of (fake) time with clocks 1 ms apart and a 5% bound: the
+    // first checkpoint profiles it, then k = ceil(5 / (0.05 x 1)) = 100.
+    temp_dir d2;
+    recovery::checkpoint_options o{.directory = d2.path, .max_overhead = 0.05, .keep = 0};
+    o.log = [](std::string_view) {};
+    o.clock = clock.source();
     fake_server s = make_fake(0, 4, 2);
-    s.save_delay = save_delay;
+    s.clock = &clock;
+    s.save_delay = std::chrono::microseconds(5000);
     recovery::checkpoint::server_part p(o);
     p.on_start(s);
     for (clock_value c = 1; c <= 400; ++c) {
+      clock.advance(milliseconds(1));
       s.step(c);
       p.on_clock(c, s);
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      p.wait_persisted();  // persists take no fake time: none is skipped
     }
     p.on_stop();
-    return p.stats();
-  };
-  const auto slow = run(std::chrono::milliseconds(40), {});
-  const auto fast = run(std::chrono::milliseconds(0), {});
-  MESSAGE("slow persist: k = " << slow.interval_clocks << ", persisted "
-                               << slow.checkpoints_persisted << ", skipped " << slow.skipped
-                               << ", clock " << slow.clock_seconds * 1e3 << " ms");
-  MESSAGE("fast persist: k = " << fast.interval_clocks << ", persisted "
-                               << fast.checkpoints_persisted << ", skipped " << fast.skipped);
-  CHECK(slow.interval_clocks >= 8);
-  CHECK(slow.interval_clocks > fast.interval_clocks);
-  CHECK(slow.checkpoints_persisted >= 2);
-  CHECK(fast.checkpoints_persisted > slow.checkpoints_persisted);
-  CHECK(slow.last_persisted_clock > 0);
+    const auto st = p.stats();
+    CHECK(st.interval_clocks == 100);
+    CHECK(st.skipped == 0);
+    CHECK(clocks_on_disk(d2.path, 0) == std::vector<clock_value>{301, 201, 101, 1});
+    CHECK(st.checkpoints_persisted == 4);
+    CHECK(st.last_snapshot_seconds == doctest::Approx(0.005));
+    CHECK(st.snapshot_seconds_total == doctest::Approx(4 * 0.005));
+    CHECK(st.clock_seconds == doctest::Approx(0.001));
+  }
+}
 
-  // A slow snapshot (5 ms per snapshot, clocks ~1 ms apart) with a 5% bound needs k >= ~100.
-  const auto costly = run(std::chrono::milliseconds(0), std::chrono::microseconds(5000));
-  MESSAGE("slow snapshot: k = " << costly.interval_clocks << ", persisted "
-                                << costly.checkpoints_persisted);
-  CHECK(costly.interval_clocks >= 30);
-  CHECK(costly.snapshot_seconds_total < 0.25 * 400 * 1e-3 + 0.05);
+TEST_CASE("checkpoint file: the record is the shared shard_state encoding, last_seq included") {
+  temp_dir d;
+  shard_state st = make_state(1, 2, 3, 1, 17, 21);
+  st.last_seq = {5, 0, 9};
+  const fs::path f = d.path / "x.ckpt";
+  REQUIRE(!detail::write_checkpoint(f, st).has_error());
+  const auto file = read_bytes(f);
+  std::vector<std::byte> record(detail::encoded_state_size(st));
+  detail::encode_state(st, record);
+  REQUIRE(file.size() ==
+          detail::checkpoint_header_bytes + record.size() + detail::checkpoint_checksum_bytes);
+  CHECK(std::memcmp(file.data() + detail::checkpoint_header_bytes, record.data(), record.size()) ==
+        0);
+  shard_state back;
+  std::string why;
+  REQUIRE_MESSAGE(!read(f, back, why).has_error(), why);
+  check_same(st, back);
+  CHECK(back.last_seq == st.last_seq);
+  // A state whose last_seq has the wrong length is not written.
+  st.last_seq.pop_back();
+  auto w = detail::write_checkpoint(f, st, &why);
+  REQUIRE(w.has_error());
+  CHECK(w.error() == errc::invalid_argument);
+  CHECK(why.find("last_seq") != std::string::npos);
 }
 
 namespace {
@@ -791,7 +987,8 @@ TEST_CASE("checkpoint policy: a real server checkpoints every k clocks; a fresh 
     for (clock_value c : {4, 8, 12}) {
       shard_state f;
       std::string why;
-      REQUIRE_MESSAGE(!read(d.path / detail::checkpoint_file_name(s, c), f, why).has_error(), why);
+      REQUIRE_MESSAGE(!read(d.path / recovery::checkpoint_file_name(s, c), f, why).has_error(),
+                      why);
       CHECK(f.shard == s);
       CHECK(f.server_clock == c);
       CHECK(*std::min_element(f.worker_clocks.begin(), f.worker_clocks.end()) == c);
@@ -803,7 +1000,7 @@ TEST_CASE("checkpoint policy: a real server checkpoints every k clocks; a fresh 
     shard_state final_state, on_disk;
     srv.save_state(final_state);
     std::string why;
-    REQUIRE(!read(d.path / detail::checkpoint_file_name(s, 12), on_disk, why).has_error());
+    REQUIRE(!read(d.path / recovery::checkpoint_file_name(s, 12), on_disk, why).has_error());
     check_same(on_disk, final_state);
   }
 
@@ -837,5 +1034,5 @@ TEST_CASE("checkpoint policy: a real server checkpoints every k clocks; a fresh 
     servers[s]->save_state(original);
     check_same(restored, original);
   }
-  CHECK(logs.contains("restored from", detail::checkpoint_file_name(1, 12)));
+  CHECK(logs.contains("restored from", recovery::checkpoint_file_name(1, 12)));
 }

@@ -10,7 +10,7 @@
 #include "asyncps/buffer.hpp"
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/state_codec.hpp"
+#include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/staleness.hpp"
