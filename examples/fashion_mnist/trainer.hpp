@@ -527,13 +527,17 @@ int run(const config& c, Optimizer opt) {
   std::printf("observed staleness (clocks:reads): %s\n", st.to_string().c_str());
   if constexpr (!std::is_same_v<Recovery, asyncps::recovery::none>) {
     asyncps::worker_stats ws;
+    asyncps::recovery::stateless_worker_stats rs_sum;  // zero under other policies
     for (auto& w : workers) {
       const auto& s = w->stats();
       ws.reconnects += s.reconnects;
       ws.lost_pushes += s.lost_pushes;
-      ws.local_clocks += s.local_clocks;
-      ws.backlogs_sent += s.backlogs_sent;
-      ws.replicas_sent += s.replicas_sent;
+      if constexpr (requires { w->recovery().stats().local_clocks; }) {  // stateless
+        const auto& rs = w->recovery().stats();
+        rs_sum.local_clocks += rs.local_clocks;
+        rs_sum.backlogs_sent += rs.backlogs_sent;
+        rs_sum.replicas_sent += rs.replicas_sent;
+      }
       ws.clocks += s.clocks;
       ws.wait_seconds += s.wait_seconds;
       ws.compute_seconds += s.compute_seconds;
@@ -543,9 +547,9 @@ int run(const config& c, Optimizer opt) {
                 "%.0f%%\n",
                 std::string(Recovery::name).c_str(), static_cast<unsigned long long>(ws.reconnects),
                 static_cast<unsigned long long>(ws.lost_pushes),
-                static_cast<unsigned long long>(ws.local_clocks),
-                static_cast<unsigned long long>(ws.backlogs_sent),
-                static_cast<unsigned long long>(ws.replicas_sent),
+                static_cast<unsigned long long>(rs_sum.local_clocks),
+                static_cast<unsigned long long>(rs_sum.backlogs_sent),
+                static_cast<unsigned long long>(rs_sum.replicas_sent),
                 static_cast<unsigned long long>(ws.clocks),
                 100.0 * ws.compute_seconds /
                     (secs * static_cast<double>(workers.empty() ? 1 : workers.size())));
@@ -554,7 +558,7 @@ int run(const config& c, Optimizer opt) {
                                   {"gradients", ws.clocks},
                                   {"reconnects", ws.reconnects},
                                   {"lost_pushes", ws.lost_pushes},
-                                  {"local_clocks", ws.local_clocks},
+                                  {"local_clocks", rs_sum.local_clocks},
                                   {"compute_s", ws.compute_seconds},
                                   {"wait_s", ws.wait_seconds},
                                   {"workers", workers.size()}}

@@ -46,6 +46,7 @@ struct outage_result {
   std::vector<std::int64_t> own_write_violations;
   server_stats first{}, second{};
   worker_stats workers{};
+  recovery::stateless_worker_stats stateless{};  // summed over the workers' recovery parts
   int errors = 0;
 };
 
@@ -136,9 +137,10 @@ outage_result run_outage(std::uint32_t workers, std::uint64_t clocks, clock_valu
     r.own_write_violations.push_back(models[w].own_write_violations);
     const auto& s = ws[w]->stats();
     r.workers.reconnects += s.reconnects;
-    r.workers.local_clocks += s.local_clocks;
-    r.workers.backlogs_sent += s.backlogs_sent;
-    r.workers.replicas_sent += s.replicas_sent;
+    const auto& rs = ws[w]->recovery().stats();
+    r.stateless.local_clocks += rs.local_clocks;
+    r.stateless.backlogs_sent += rs.backlogs_sent;
+    r.stateless.replicas_sent += rs.replicas_sent;
   }
   return r;
 }
@@ -153,7 +155,7 @@ TEST_CASE("stateless: a restarted server is rebuilt from replicas, backlogs merg
     REQUIRE(r.errors == 0);
     CHECK(r.workers.reconnects == workers);
     CHECK(r.second.replicas_installed == 1);  // one table, rebuilt once
-    CHECK(r.workers.local_clocks > 0);        // they trained on during the outage
+    CHECK(r.stateless.local_clocks > 0);      // they trained on during the outage
     CHECK(r.first.pushes < 400 * workers);    // the kill happened mid-run
     int exact = 0;
     for (std::uint32_t w = 0; w < workers; ++w) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <system_error>
 
+#include "asyncps/detail/worker_hooks.hpp"
 #include "asyncps/recovery.hpp"
 
 namespace asyncps::recovery {
@@ -17,6 +18,13 @@ struct none_worker_part {
     return grace.count() > 0 ? recovery_action::reconnect : recovery_action::fail;
   }
   std::chrono::milliseconds reconnect_timeout() const noexcept { return grace; }
+  /// Hook: a server that answers without some of this worker's pushes (it restarted without
+  /// state) ends the run; `none` never trains on from a server that lost its parameters.
+  welcome_action on_welcome(const welcome_part& w) const noexcept {
+    return w.applied < w.pushed ? welcome_action::give_up : welcome_action::count_lost;
+  }
 };
+
+static_assert(check_worker_part<none_worker_part>());
 
 }  // namespace asyncps::recovery

@@ -1,0 +1,355 @@
+// asyncps — detail::worker_cache: a worker's cached copy of every table, sans-io.
+//
+// The cache holds all tables (table-major, as `parameter_view` lays them out), split into
+// parts: the rows of one table that one shard owns. It installs `rows` messages, stamps each
+// part (each row, for models with sparse reads) with the server clock it reflects, re-applies
+// the worker's own pushes the server had not applied yet (read-my-writes), and decides per
+// part, through the consistency policy, whether a read may go on or needs a pull. It touches
+// no socket, timer or executor: `basic_worker` feeds it messages and sends what it returns,
+// and tests/unit/worker_core_test.cpp steps it message by message.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <span>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "asyncps/consistency.hpp"
+#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/staleness.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps::detail {
+
+/// One part of a worker's cache: the rows `range` of one table that one shard owns.
+struct cache_part {
+  key_range range{};
+  bool have = false;                  ///< every row of the part is cached
+  clock_value clock = no_clock;       ///< server clock of the cached rows (sparse reads: of the
+                                      ///< rows read at the last clock)
+  bool pulling = false;               ///< a pull is outstanding
+  std::uint64_t pushed = 0;           ///< pushes of this part the server counts (applied + sent)
+  std::vector<unapplied_push> local;  ///< own pushes not yet reflected in `have` rows
+  /// Sparse reads: the server clock of each cached row (no_clock: not cached), how many rows
+  /// are cached, and the rows of this part the model reads at this clock (a subrange of the
+  /// model's `rows_to_read`, valid until its next compute_gradient).
+  std::vector<clock_value> row_clock;
+  std::uint32_t rows_cached = 0;
+  std::span<const row_id> want;
+};
+
+/// A worker's cache of all tables over `shards` shards. `SparseReads`: the model names the
+/// rows it reads (`sparse_read_source`), so freshness is tracked per row.
+/// Thread safety: one thread at a time (the worker's executor).
+template <bool SparseReads>
+class worker_cache {
+ public:
+  /// Zero-filled cache of `tables` (a model's layout) split over `shards` shards.
+  worker_cache(std::span<const table_spec> tables, std::uint32_t shards)
+      : tables_(tables.begin(), tables.end()), steps_(shards, 0.0f) {
+    std::size_t off = 0;
+    for (const auto& t : tables_) {
+      offsets_.push_back(off);
+      off += t.size();
+    }
+    values_.assign(off, 0.0f);
+    parts_.resize(shards);
+    for (std::uint32_t s = 0; s < shards; ++s) {
+      for (const auto& t : tables_) {
+        cache_part p;
+        p.range = shard_range(t.rows, s, shards);
+        if constexpr (SparseReads) p.row_clock.assign(p.range.size(), no_clock);
+        parts_[s].push_back(std::move(p));
+      }
+    }
+  }
+
+  std::span<const table_spec> tables() const noexcept { return tables_; }
+  /// Offset (in floats) of table `t` in `values()`.
+  std::size_t offset(table_id t) const noexcept { return offsets_[t]; }
+  /// Every table's values, table-major (`layout_size(tables())` floats).
+  std::span<float> values() noexcept { return values_; }
+  std::span<const float> values() const noexcept { return values_; }
+  /// The parts of shard `s`, one per table.
+  std::vector<cache_part>& parts(std::uint32_t s) noexcept { return parts_[s]; }
+  const std::vector<cache_part>& parts(std::uint32_t s) const noexcept { return parts_[s]; }
+  /// The read-my-writes step of shard `s` (0: off).
+  float step(std::uint32_t s) const noexcept { return steps_[s]; }
+  void set_step(std::uint32_t s, float step) noexcept { steps_[s] = step > 0 ? step : 0.0f; }
+  /// Offset (in floats) of part (`s`, `t`)'s first value in `values()`.
+  std::size_t part_offset(std::uint32_t s, table_id t) const noexcept {
+    return offsets_[t] + std::size_t{parts_[s][t].range.begin} * tables_[t].width;
+  }
+  /// Floats of part (`s`, `t`).
+  std::size_t part_floats(std::uint32_t s, table_id t) const noexcept {
+    return std::size_t{parts_[s][t].range.size()} * tables_[t].width;
+  }
+
+  /// `errc::bad_table` or `errc::bad_width` when a rows message's header cannot be for this
+  /// cache's layout.
+  std::error_code check_shape(const frame_header& h) const noexcept {
+    if (h.table >= tables_.size()) return errc::bad_table;
+    if (h.width != tables_[h.table].width) return errc::bad_width;
+    return {};
+  }
+
+  /// Installs rows message `m` from shard `s` (precondition: `check_shape(m.header)` is ok):
+  /// copies the rows, re-applies this worker's pushes the server had not applied (those with
+  /// index > `m.header.seq`), stamps the part (or rows) with `m.header.clock`, and ends the
+  /// outstanding pull unless the rows were pushed eagerly. `errc::bad_row_range` when a row
+  /// is outside the shard's part (the cache may then be partly written).
+  std::error_code install(std::uint32_t s, const message& m) {
+    const auto& h = m.header;
+    auto& p = parts_[s][h.table];
+    const auto& t = tables_[h.table];
+    float* base = values_.data() + offsets_[h.table];
+    const auto vals = payload_floats(m);
+    const bool ranged = h.has(frame_flags::range);
+    const auto keys = payload_keys(m);
+    if (ranged) {
+      if (h.first_row < p.range.begin || h.first_row > p.range.end ||
+          h.row_count > p.range.end - h.first_row)
+        return errc::bad_row_range;
+      std::memcpy(base + h.first_row * t.width, vals.data(), vals.size_bytes());
+    } else {
+      for (std::uint32_t i = 0; i < h.row_count; ++i) {
+        if (!p.range.contains(keys[i])) return errc::bad_row_range;
+        std::memcpy(base + std::size_t{keys[i]} * t.width, vals.data() + std::size_t{i} * t.width,
+                    t.width * sizeof(float));
+      }
+    }
+    // Own pushes the server had not applied when it sent these rows: re-apply them to the
+    // rows just overwritten (every other cached row still has them).
+    std::erase_if(p.local, [&](const unapplied_push& u) { return u.index <= h.seq; });
+    if (const float step = steps_[s]; step > 0) {
+      for (const auto& u : p.local) {
+        const auto g = u.grad.floats();
+        if (ranged) {
+          const auto first = static_cast<row_id>(h.first_row);
+          local_apply(step, h.table, key_range{first, first + h.row_count},
+                      g.subspan(std::size_t{first - p.range.begin} * t.width,
+                                std::size_t{h.row_count} * t.width));
+        } else {
+          for (const row_id k : keys)
+            local_apply(step, h.table, key_range{k, k + 1},
+                        g.subspan(std::size_t{k - p.range.begin} * t.width, t.width));
+        }
+      }
+    }
+    // Eager rows carry only the subscribed rows that changed: every other row this worker
+    // caches (all of them subscribed, under the policies that push rows) is unchanged as of
+    // h.clock, so the whole part is re-stamped.
+    const bool eager = h.has(frame_flags::eager);
+    if constexpr (SparseReads) {
+      if (ranged) {
+        for (std::uint32_t i = 0; i < h.row_count; ++i)
+          note_row(p, static_cast<row_id>(h.first_row) + i, h.clock);
+      } else {
+        for (const row_id k : keys) note_row(p, k, h.clock);
+      }
+      if (eager)
+        for (clock_value& rc : p.row_clock)
+          if (rc != no_clock) rc = std::max(rc, h.clock);
+    } else if ((ranged && h.first_row == p.range.begin && h.row_count == p.range.size()) ||
+               (eager && p.have)) {
+      p.have = true;
+      p.clock = std::max(p.clock, h.clock);
+    }
+    if (!eager) p.pulling = false;
+    return {};
+  }
+
+  /// Read-my-writes: applies gradient `g` (rows `r` of table `t`) to the cache with learning
+  /// rate `step`.
+  void local_apply(float step, table_id t, key_range r, std::span<const float> g) {
+    const std::uint32_t w = tables_[t].width;
+    Eigen::Map<Eigen::ArrayXf> c(values_.data() + offsets_[t] + std::size_t{r.begin} * w,
+                                 static_cast<Eigen::Index>(std::size_t{r.size()} * w));
+    c -= step * Eigen::Map<const Eigen::ArrayXf>(g.data(), static_cast<Eigen::Index>(g.size()));
+  }
+
+  /// Counts a push of part (`s`, `t`) of gradient `grad`; with read-my-writes on, applies the
+  /// part's dense slice of it to the cache and keeps the slice (shared, not copied) until rows
+  /// reflect it.
+  void note_push(std::uint32_t s, table_id t, const buffer& grad) {
+    auto& p = parts_[s][t];
+    ++p.pushed;
+    if (const float step = steps_[s]; step > 0) {
+      buffer slice =
+          grad.share(part_offset(s, t) * sizeof(float), part_floats(s, t) * sizeof(float));
+      local_apply(step, t, p.range, slice.floats());
+      p.local.push_back(unapplied_push{p.pushed, std::move(slice)});
+    }
+  }
+
+  /// Whether the rows a read of part `p` needs are cached, and the oldest server clock among
+  /// them: the whole part, or (sparse reads) the rows the model reads at this clock.
+  std::pair<bool, clock_value> read_state(const cache_part& p) const noexcept {
+    if constexpr (SparseReads) {
+      clock_value oldest = std::numeric_limits<clock_value>::max();
+      for (const row_id k : p.want) {
+        const clock_value rc = p.row_clock[k - p.range.begin];
+        if (rc == no_clock) return {false, no_clock};
+        oldest = std::min(oldest, rc);
+      }
+      return {true, oldest};
+    } else {
+      return {p.have, p.clock};
+    }
+  }
+
+  /// Whether part `p` takes part in this clock's read (owns rows; sparse reads: the model
+  /// reads some of them).
+  static bool read_now(const cache_part& p) noexcept {
+    if (p.range.empty()) return false;
+    if constexpr (SparseReads) return !p.want.empty();
+    return true;
+  }
+
+  /// The clock a pull of part (`s`, `t`) must ask for before a read at clock `c` (`need`:
+  /// the policy's `min_server_clock(c)`): `need` (fetch), `no_clock` (a refresh alongside the
+  /// read), or nothing. With `fetch_only`, only a pull the read cannot go on without.
+  template <class Policy>
+  std::optional<clock_value> pull_clock(const Policy& policy, std::uint32_t s, table_id t,
+                                        clock_value c, clock_value need,
+                                        bool fetch_only = false) const {
+    const auto& p = parts_[s][t];
+    if (p.pulling || !read_now(p)) return std::nullopt;
+    const auto [have, cached] = read_state(p);
+    const auto action = policy.on_read(c, cached, have);
+    if (action != read_action::fetch && (fetch_only || action != read_action::read_and_refresh))
+      return std::nullopt;
+    return action == read_action::fetch ? need : no_clock;
+  }
+
+  /// The pull of part (`s`, `t`) for rows of server clock >= `need` (no_clock: a refresh of
+  /// every row read), numbered `++seq`; marks the part as pulling. Sparse reads: a keyed pull
+  /// of the rows read that are stale, in a buffer from `allocate(bytes)`, when that is smaller
+  /// on the wire than the whole part.
+  template <class Allocate>
+  message pull(std::uint32_t s, table_id t, clock_value need, std::uint32_t sender,
+               std::uint64_t& seq, Allocate&& allocate) {
+    auto& p = parts_[s][t];
+    message m;
+    m.header.type = message_type::pull;
+    m.header.sender = sender;
+    m.header.table = t;
+    m.header.clock = need;
+    m.header.seq = ++seq;
+    m.header.width = tables_[t].width;
+    p.pulling = true;
+    if constexpr (SparseReads) {
+      const auto stale = [&](row_id k) {
+        const clock_value rc = p.row_clock[k - p.range.begin];
+        return rc == no_clock || rc < need;
+      };
+      auto n = static_cast<std::uint32_t>(std::count_if(p.want.begin(), p.want.end(), stale));
+      const bool refresh = n == 0;  // read_and_refresh: every row is cached; refresh them all
+      if (refresh) n = static_cast<std::uint32_t>(p.want.size());
+      const std::uint32_t w = tables_[t].width;
+      if (key_bytes(n) + std::uint64_t{n} * w * 4 < std::uint64_t{p.range.size()} * w * 4) {
+        m.header.row_count = n;
+        m.payload = allocate(key_bytes(n));
+        std::memset(m.payload.data(), 0, m.payload.size());
+        auto* out = reinterpret_cast<row_id*>(m.payload.data());
+        for (const row_id k : p.want)
+          if (refresh || stale(k)) *out++ = k;
+        return m;
+      }
+    }
+    m.header.flags = frame_flags::range;
+    m.header.first_row = p.range.begin;
+    m.header.row_count = p.range.size();
+    return m;
+  }
+
+  /// Whether shard `s`'s parts may be read at server clock `need`: cached and fresh enough
+  /// while it is `up`; while it is down, cached when the worker `trains_away`.
+  bool ready(std::uint32_t s, clock_value need, bool up, bool trains_away) const noexcept {
+    for (const auto& p : parts_[s]) {
+      if (!read_now(p)) continue;
+      const auto [have, cached] = read_state(p);
+      if (!up && trains_away) {
+        if (!have) return false;  // nothing cached to train on yet
+        continue;
+      }
+      if (!(up && have && cached >= need)) return false;
+    }
+    return true;
+  }
+
+  /// Whether some part of shard `s` read now is missing or older than `need`.
+  bool stale(std::uint32_t s, clock_value need) const noexcept {
+    for (const auto& p : parts_[s]) {
+      if (!read_now(p)) continue;
+      const auto [have, cached] = read_state(p);
+      if (!have || cached < need) return true;
+    }
+    return false;
+  }
+
+  /// Records the staleness of shard `s`'s reads at clock `c` (one sample per part read);
+  /// sparse reads: stamps each part with the clock its read reflects.
+  void record_staleness(std::uint32_t s, clock_value c, staleness_histogram& h) noexcept {
+    for (auto& p : parts_[s]) {
+      if (p.range.empty()) continue;
+      if constexpr (SparseReads) {
+        if (p.want.empty()) continue;
+        p.clock = read_state(p).second;  // the clock this read's gradient is computed on
+      }
+      h.record(c - p.clock);
+    }
+  }
+
+  /// Sparse reads: narrows the rows `rows_to_read(t)` returns (sorted) to each part (no copy).
+  template <class RowsToRead>
+  void select_rows(RowsToRead&& rows_to_read) {
+    for (table_id t = 0; t < tables_.size(); ++t) {
+      const std::span<const row_id> rows = rows_to_read(t);
+      for (auto& sp : parts_) {
+        auto& p = sp[t];
+        const auto lo = std::lower_bound(rows.begin(), rows.end(), p.range.begin);
+        const auto hi = std::lower_bound(lo, rows.end(), p.range.end);
+        p.want = rows.subspan(static_cast<std::size_t>(lo - rows.begin()),
+                              static_cast<std::size_t>(hi - lo));
+      }
+    }
+  }
+
+  /// After a reconnect: shard `s`'s cached rows are from before the outage (fetch them anew).
+  void forget(std::uint32_t s) noexcept {
+    for (auto& p : parts_[s]) {
+      p.have = false;
+      if constexpr (SparseReads) {
+        std::fill(p.row_clock.begin(), p.row_clock.end(), no_clock);
+        p.rows_cached = 0;
+      }
+    }
+  }
+
+ private:
+  // Sparse reads: a row of part `p` arrived with server clock `c`.
+  static void note_row(cache_part& p, row_id k, clock_value c) noexcept {
+    clock_value& rc = p.row_clock[k - p.range.begin];
+    if (rc == no_clock && ++p.rows_cached == p.range.size()) p.have = true;
+    rc = std::max(rc, c);
+  }
+
+  std::vector<table_spec> tables_;
+  std::vector<std::size_t> offsets_;
+  std::vector<float> values_;
+  std::vector<std::vector<cache_part>> parts_;  // [shard][table]
+  std::vector<float> steps_;                    // per shard
+};
+
+}  // namespace asyncps::detail

@@ -1,0 +1,315 @@
+// asyncps — the hooks a recovery policy's worker part may implement, their defaults, and
+// `check_worker_part<Part>()`.
+//
+// `basic_worker` never asks which recovery policy it has: every policy-specific step is a hook
+// of `Recovery::worker_part`, detected with `requires`, and a part that lacks a hook gets the
+// default below. The hooks are sans-io: they touch no socket, timer or executor; what a part
+// wants sent it queues (`rejoin_context`), and the worker sends it. docs/concepts/recovery.md
+// ("Worker hooks") lists them with the order the worker calls them in.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "asyncps/buffer.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps {
+
+/// What a worker part learns once, when the worker is built (hook `on_start`).
+struct worker_setup {
+  std::uint32_t shards = 0;       ///< links, one per shard (index = shard id)
+  std::uint32_t tables = 0;       ///< tables of the model (parts per link)
+  std::uint32_t max_unacked = 0;  ///< `worker_options::max_unacked` (flow control)
+};
+
+/// One of this worker's pushes of a part that the cached rows do not reflect yet (kept for
+/// read-my-writes): its 1-based index among the part's pushes, and the part's dense slice of
+/// the gradient (`rows x width` floats, shared with the push, never copied).
+struct unapplied_push {
+  std::uint64_t index = 0;
+  buffer grad;
+};
+
+/// One part (a table's rows on one shard) as a server's `welcome` describes it (hook
+/// `on_welcome`, called for every part of the link, in table order).
+struct welcome_part {
+  std::uint32_t shard = 0;
+  table_id table = 0;
+  std::uint64_t applied = 0;       ///< this worker's pushes of the part the server has applied
+  std::uint64_t pushed = 0;        ///< this worker's pushes of the part it counts as sent
+  bool server_lost_state = false;  ///< the welcome asks for replicas (`frame_flags::state`)
+  clock_value rows_clock = 0;      ///< server clock of the part's cached rows
+  std::span<const unapplied_push> unapplied;  ///< valid during the call
+};
+
+/// What the worker does about the pushes a server lacks (`applied < pushed`), from `on_welcome`.
+enum class welcome_action {
+  count_lost,  ///< they are lost: `worker_stats::lost_pushes` counts them (the default)
+  recovered,   ///< the part delivers them itself (e.g. in a backlog): not counted as lost
+  resend,      ///< the part resends them (`on_rejoin`): the worker keeps its push count
+  give_up,     ///< end the run with `errc::server_lost` (the worker logs why)
+};
+
+/// One table's slice of a clock's gradient for a shard that is down (hook `while_away`): the
+/// rows the shard owns, the server clock of the cached rows it was computed on, and the
+/// gradient (`rows.size() * width` floats, valid during the call).
+struct away_slice {
+  table_id table = 0;
+  key_range rows{};
+  clock_value rows_clock = 0;
+  std::span<const float> grad;
+};
+
+/// A message a part queues while a link rejoins, and the payload bytes `worker_stats::
+/// bytes_out` counts when the worker sends it.
+struct rejoin_message {
+  message msg;
+  std::size_t counted_bytes = 0;
+};
+
+/// One part of a rejoining link as `on_rejoin` sees it.
+struct rejoin_part {
+  key_range range{};
+  std::uint32_t width = 0;
+  bool have = false;            ///< every row of the part is cached
+  const float* rows = nullptr;  ///< the cached rows (`range.size() * width` floats)
+};
+
+/// What `on_rejoin` may read and queue: the link that reconnected, and an outbox the worker
+/// sends in order before the link is up again (nothing else is sent on it meanwhile). After
+/// each message that went out, the worker calls `on_rejoin_sent(shard, header)`.
+/// Thread safety: the worker's executor, during the call only.
+class rejoin_context {
+ public:
+  /// `allocate(state, bytes)` returns a pooled buffer of `bytes` bytes (the transport's).
+  rejoin_context(std::uint32_t shard, std::uint32_t sender, clock_value hello_clock,
+                 clock_value clock, bool state_wanted, std::span<const rejoin_part> parts,
+                 buffer (*allocate)(void*, std::size_t), void* state,
+                 std::vector<rejoin_message>& out) noexcept
+      : shard(shard), sender(sender), hello_clock(hello_clock), clock(clock),
+        state_wanted(state_wanted), parts(parts), allocate_(allocate), state_(state), out_(out) {}
+
+  std::uint32_t shard;                 ///< the link's shard
+  std::uint32_t sender;                ///< this worker's id
+  clock_value hello_clock;             ///< the clock its hello carried
+  clock_value clock;                   ///< the worker's clock now
+  bool state_wanted;                   ///< the server's welcome asked for replicas
+  std::span<const rejoin_part> parts;  ///< per table
+
+  /// Queues a `clock` message for clock `k`.
+  void send_clock(clock_value k) {
+    message m;
+    m.header.type = message_type::clock;
+    m.header.sender = sender;
+    m.header.clock = k;
+    out_.push_back(rejoin_message{std::move(m), 0});
+  }
+  /// Queues a range push of all of part `t`'s rows, flagged `flag` (`frame_flags::state`,
+  /// `backlog`), with `clock = since`, `seq = count` and a copy of `values` (`range.size() *
+  /// width` floats) as payload.
+  void send_rows(table_id t, std::uint8_t flag, const float* values, std::uint64_t count,
+                 clock_value since) {
+    const rejoin_part& p = parts[t];
+    const std::size_t n = std::size_t{p.range.size()} * p.width;
+    message m;
+    m.header.type = message_type::push;
+    m.header.flags = static_cast<std::uint8_t>(frame_flags::range | flag);
+    m.header.sender = sender;
+    m.header.table = t;
+    m.header.clock = since;
+    m.header.seq = count;
+    m.header.first_row = p.range.begin;
+    m.header.row_count = p.range.size();
+    m.header.width = p.width;
+    m.payload = allocate_(state_, n * sizeof(float));
+    std::memcpy(m.payload.data(), values, n * sizeof(float));
+    out_.push_back(rejoin_message{std::move(m), n * sizeof(float)});
+  }
+  /// Queues `m` as is (e.g. a push resent with its shared payload); not counted in bytes_out.
+  void send(message m) { out_.push_back(rejoin_message{std::move(m), 0}); }
+
+ private:
+  buffer (*allocate_)(void*, std::size_t);
+  void* state_;
+  std::vector<rejoin_message>& out_;
+};
+
+namespace detail::worker_hooks {
+
+// Each hook: called when the part declares it (detected with `requires`), else the default.
+
+/// `void on_start(const worker_setup&)`: once, from the worker's constructor.
+template <class P>
+void on_start(P& p, const worker_setup& s) {
+  if constexpr (requires { p.on_start(s); }) p.on_start(s);
+}
+
+/// `clock_value hello_clock(std::uint32_t shard, clock_value clock)`: the clock a (re)connect's
+/// hello carries. Default: the worker's clock.
+template <class P>
+clock_value hello_clock(const P& p, std::uint32_t shard, clock_value clock) {
+  if constexpr (requires { p.hello_clock(shard, clock); })
+    return p.hello_clock(shard, clock);
+  else
+    return clock;
+}
+
+/// `welcome_action on_welcome(const welcome_part&)`: per part of a welcome. Default:
+/// `count_lost`.
+template <class P>
+welcome_action on_welcome(P& p, const welcome_part& w) {
+  if constexpr (requires { p.on_welcome(w); })
+    return p.on_welcome(w);
+  else
+    return welcome_action::count_lost;
+}
+
+/// `std::uint8_t push_flags()`: `frame_flags` every push and clock message carries (a message
+/// with `want_ack` is numbered). Default: none.
+template <class P>
+std::uint8_t push_flags(const P& p) noexcept {
+  if constexpr (requires { p.push_flags(); })
+    return p.push_flags();
+  else
+    return 0;
+}
+
+/// `void on_push(std::uint32_t shard, const message& m)`: a push or clock message about to be
+/// sent (header and payload final; a part may keep `m.payload.share()`). Default: nothing.
+template <class P>
+void on_push(P& p, std::uint32_t shard, const message& m) {
+  if constexpr (requires { p.on_push(shard, m); }) p.on_push(shard, m);
+}
+
+/// `bool on_ack(std::uint32_t shard, std::uint64_t seq)`: an ack of pushes up to `seq`;
+/// returns whether the clock loop should re-check its wait. Default: true.
+template <class P>
+bool on_ack(P& p, std::uint32_t shard, std::uint64_t seq) {
+  if constexpr (requires { p.on_ack(shard, seq); })
+    return p.on_ack(shard, seq);
+  else
+    return true;
+}
+
+/// `bool flow_blocked(std::uint32_t shard)`: the worker waits before its next gradient while
+/// this holds for a shard that is up. Default: false.
+template <class P>
+bool flow_blocked(const P& p, std::uint32_t shard) noexcept {
+  if constexpr (requires { p.flow_blocked(shard); })
+    return p.flow_blocked(shard);
+  else
+    return false;
+}
+
+/// `void while_away(std::uint32_t shard, std::span<const away_slice>)`: a clock's gradient for
+/// a shard that is down, when the part's `on_server_lost` answered `continue_local` (the worker
+/// applies it to its cache itself). Default: nothing (the gradient is dropped).
+template <class P>
+void while_away(P& p, std::uint32_t shard, std::span<const away_slice> slices) {
+  if constexpr (requires { p.while_away(shard, slices); }) p.while_away(shard, slices);
+}
+
+/// `void on_rejoin(rejoin_context&)`: a link reconnected; queue what to send before it is up.
+/// Default: nothing.
+template <class P>
+void on_rejoin(P& p, rejoin_context& r) {
+  if constexpr (requires { p.on_rejoin(r); }) p.on_rejoin(r);
+}
+
+/// `void on_rejoin_sent(std::uint32_t shard, const frame_header&)`: a queued rejoin message
+/// went out. Default: nothing.
+template <class P>
+void on_rejoin_sent(P& p, std::uint32_t shard, const frame_header& h) {
+  if constexpr (requires { p.on_rejoin_sent(shard, h); }) p.on_rejoin_sent(shard, h);
+}
+
+/// `bool has_pending(std::uint32_t shard, bool up)`: the worker has something to deliver to
+/// `shard` before it may finish (it waits, within the reconnect timeout). Default: false.
+template <class P>
+bool has_pending(const P& p, std::uint32_t shard, bool up) noexcept {
+  if constexpr (requires { p.has_pending(shard, up); })
+    return p.has_pending(shard, up);
+  else
+    return false;
+}
+
+}  // namespace detail::worker_hooks
+
+/// Checks the hooks a worker part declares: a hook declared with another signature than the
+/// worker calls would silently fall back to the default, so it stops the build instead, with
+/// a message naming the hook and the signature expected. Returns true (use it in a
+/// `static_assert`).
+template <class P>
+consteval bool check_worker_part() {
+  using s_t = std::uint32_t;
+  if constexpr (requires { &P::on_start; })
+    static_assert(
+        requires(P& p, const worker_setup& s) { p.on_start(s); },
+        "recovery worker part: declare on_start as "
+        "`void on_start(const asyncps::worker_setup&)`");
+  if constexpr (requires { &P::hello_clock; })
+    static_assert(
+        requires(const P& p, s_t s, clock_value c) {
+          { p.hello_clock(s, c) } -> std::convertible_to<clock_value>;
+        }, "recovery worker part: declare hello_clock as "
+           "`clock_value hello_clock(std::uint32_t shard, clock_value clock) const`");
+  if constexpr (requires { &P::on_welcome; })
+    static_assert(
+        requires(P& p, const welcome_part& w) {
+          { p.on_welcome(w) } -> std::same_as<welcome_action>;
+        }, "recovery worker part: declare on_welcome as "
+           "`asyncps::welcome_action on_welcome(const asyncps::welcome_part&)`");
+  if constexpr (requires { &P::push_flags; })
+    static_assert(
+        requires(const P& p) {
+          { p.push_flags() } -> std::convertible_to<std::uint8_t>;
+        }, "recovery worker part: declare push_flags as `std::uint8_t push_flags() const`");
+  if constexpr (requires { &P::on_push; })
+    static_assert(
+        requires(P& p, s_t s, const message& m) { p.on_push(s, m); },
+        "recovery worker part: declare on_push as "
+        "`void on_push(std::uint32_t shard, const asyncps::message&)`");
+  if constexpr (requires { &P::on_ack; })
+    static_assert(
+        requires(P& p, s_t s, std::uint64_t q) {
+          { p.on_ack(s, q) } -> std::same_as<bool>;
+        }, "recovery worker part: declare on_ack as "
+           "`bool on_ack(std::uint32_t shard, std::uint64_t seq)` (true: wake the clock loop)");
+  if constexpr (requires { &P::flow_blocked; })
+    static_assert(
+        requires(const P& p, s_t s) {
+          { p.flow_blocked(s) } -> std::same_as<bool>;
+        }, "recovery worker part: declare flow_blocked as "
+           "`bool flow_blocked(std::uint32_t shard) const`");
+  if constexpr (requires { &P::while_away; })
+    static_assert(
+        requires(P& p, s_t s, std::span<const away_slice> g) { p.while_away(s, g); },
+        "recovery worker part: declare while_away as `void while_away(std::uint32_t "
+        "shard, std::span<const asyncps::away_slice>)`");
+  if constexpr (requires { &P::on_rejoin; })
+    static_assert(
+        requires(P& p, rejoin_context& r) { p.on_rejoin(r); },
+        "recovery worker part: declare on_rejoin as "
+        "`void on_rejoin(asyncps::rejoin_context&)`");
+  if constexpr (requires { &P::on_rejoin_sent; })
+    static_assert(
+        requires(P& p, s_t s, const frame_header& h) { p.on_rejoin_sent(s, h); },
+        "recovery worker part: declare on_rejoin_sent as "
+        "`void on_rejoin_sent(std::uint32_t shard, const asyncps::frame_header&)`");
+  if constexpr (requires { &P::has_pending; })
+    static_assert(
+        requires(const P& p, s_t s, bool up) {
+          { p.has_pending(s, up) } -> std::same_as<bool>;
+        }, "recovery worker part: declare has_pending as "
+           "`bool has_pending(std::uint32_t shard, bool up) const`");
+  return true;
+}
+
+}  // namespace asyncps

@@ -1,0 +1,411 @@
+// asyncps — a worker's options and counters, and detail::worker_protocol: what a worker knows
+// about each link and how it answers each message, sans-io.
+//
+// `worker_protocol` holds the worker's cache, every link's protocol state (up, sequence
+// numbers, VAP updates in transit, the server's last heartbeat report), the recovery policy's
+// worker part and the counters. It builds the hello, checks the handshake reply, installs
+// received messages and queues a rejoining link's messages; it touches no socket, timer or
+// executor. `worker_core` (worker_fsm.hpp) adds the clock loop; `basic_worker` executes both.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "asyncps/consistency.hpp"
+#include "asyncps/detail/endian.hpp"
+#include "asyncps/detail/ring.hpp"
+#include "asyncps/detail/text.hpp"
+#include "asyncps/detail/worker_cache.hpp"
+#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/log.hpp"
+#include "asyncps/model.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/recovery.hpp"
+#include "asyncps/staleness.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps {
+
+/// What a worker reports after each clock (see `worker_options::on_clock`).
+struct clock_report {
+  std::uint32_t worker = 0;  ///< worker id
+  clock_value clock = 0;     ///< the clock just completed
+  float loss = 0;            ///< the minibatch loss `compute_gradient` returned
+  parameter_view params;     ///< the snapshot the gradient was computed on (valid during the call)
+};
+
+/// Whether `worker_options::check_gradients` is on by default: in builds without `NDEBUG`.
+#ifdef NDEBUG
+inline constexpr bool default_check_gradients = false;
+#else
+inline constexpr bool default_check_gradients = true;
+#endif
+
+/// The bit pattern `worker_options::check_gradients` fills gradient buffers with: a quiet NaN
+/// with a payload a computation does not produce (arithmetic on NaN yields 0x7fc00000).
+inline constexpr std::uint32_t unwritten_gradient_bits = 0x7fc5a5a5u;
+
+/// Configuration of one worker.
+template <class Endpoint>
+struct worker_options {
+  std::uint32_t id = 0;             ///< worker id, < the servers' num_workers
+  std::vector<Endpoint> servers{};  ///< shard s listens at servers[s]
+  /// Chain replication: replicas[s] are shard s's other servers (empty or absent: none).
+  /// When servers[s] refuses this worker (`errc::not_head`) or is lost, the worker tries
+  /// them in turn, then servers[s] again, until one accepts it.
+  std::vector<std::vector<Endpoint>> replicas{};
+  /// Learning rate used to apply the worker's own gradient to its cache (read-my-writes,
+  /// as Bösen's oplog does). Unset (the default): each server's welcome sends its optimizer's
+  /// `local_step()` and the worker uses that (exact for SGD; 0, i.e. off, for AdaGrad/Adam).
+  /// A value overrides it; <= 0 disables it (own writes then become visible only through the
+  /// server). Also the `lr` of VAP's update magnitude (1 when disabled).
+  std::optional<float> local_step{};
+  /// Debug aid: before each `compute_gradient` fill the gradient buffer with a NaN bit
+  /// pattern, and after it fail the run with `errc::bad_gradient` if a value is still that
+  /// pattern (left unwritten) or is NaN/infinity (computed), logging its table, row and
+  /// column. Every value must be written, also by sparse models (the worker reads the whole
+  /// buffer: dense pushes, read-my-writes, backlogs). Costs two passes over the buffer per
+  /// clock. Default: on without `NDEBUG`, off with it.
+  bool check_gradients = default_check_gradients;
+  /// Longest wait for rows (or for a connection at start) before failing with `errc::timeout`.
+  std::chrono::milliseconds wait_timeout{std::chrono::seconds(60)};
+  /// How long to keep retrying the first connection to a server (servers may start later).
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
+  /// Acknowledged pushes (chain replication, strict): unacknowledged pushes per server
+  /// beyond which the worker waits for acks before its next clock (flow control: bounds its
+  /// memory and how far the head runs ahead of the tail).
+  std::uint32_t max_unacked = 64;
+  /// Called on the worker's executor after each clock (evaluation, progress). May be empty.
+  std::function<void(const clock_report&)> on_clock{};
+  log_function log{};  ///< connection events; empty: stderr
+};
+
+/// Counters of a worker (read on its executor).
+struct worker_stats {
+  std::uint64_t clocks = 0;          ///< clocks completed
+  std::uint64_t pushes = 0;          ///< push messages sent
+  std::uint64_t pulls = 0;           ///< pull requests sent
+  std::uint64_t sparse_pulls = 0;    ///< of which keyed (single rows, `sparse_read_source`)
+  std::uint64_t rows_messages = 0;   ///< rows messages received (replies and eager pushes)
+  std::uint64_t eager_messages = 0;  ///< of which pushed by the server unrequested
+  std::uint64_t bytes_out = 0;       ///< payload bytes sent
+  std::uint64_t bytes_in = 0;        ///< payload bytes received
+  double wait_seconds = 0;           ///< time blocked waiting for fresh rows (or a server)
+  double compute_seconds = 0;        ///< time in `compute_gradient`
+  std::uint64_t reconnects = 0;      ///< connections re-established after a server was lost
+  /// Pushes a server no longer had when this worker reconnected (lost by a restore), when
+  /// the recovery policy counts them as lost (see `welcome_action`). The policy's own
+  /// counters are in its part: `recovery().stats()`.
+  std::uint64_t lost_pushes = 0;
+  /// VAP: clocks whose push waited for earlier updates to become visible, and how long.
+  std::uint64_t value_waits = 0;
+  double value_wait_seconds = 0;  ///< included in `wait_seconds`
+};
+
+namespace detail {
+
+/// A worker's protocol state and message handling (see the file comment). `Alloc` has
+/// `buffer allocate(std::size_t)` (the transport's pool). Thread safety: the owner's executor.
+template <class Model, class Consistency, class Recovery, class Alloc, class Endpoint>
+class worker_protocol {
+ public:
+  using part_type = typename Recovery::worker_part;
+  static constexpr bool value_bounded = is_value_bounded_v<Consistency>;
+  static constexpr bool sparse_reads = sparse_read_source<Model>;
+  static_assert(check_worker_part<part_type>());
+
+  struct in_transit_update {
+    std::uint64_t seq = 0;
+    float magnitude = 0;
+  };
+  /// The protocol state of the link to one shard (the shell owns its connection).
+  struct link {
+    std::uint32_t shard = 0;
+    std::uint32_t endpoint = 0;  ///< 0: servers[shard]; i > 0: replicas[shard][i - 1]
+    bool up = false;
+    bool reading = false;       ///< its read loop runs
+    bool reconnecting = false;  ///< its reconnect coroutine runs
+    bool joining = false;       ///< reconnected and greeted; the clock loop finishes the rejoin
+    clock_value hello_clock = 0;
+    bool gave_up = false;
+    bool state_wanted = false;  ///< the server's welcome asked for replicas
+    /// The recovery policy answered `continue_local` to this link's loss: train on from the
+    /// cache while it is down (the gradient slices go to the part's `while_away` hook).
+    bool trains_away = false;
+    std::error_code failure;
+    std::string reason;
+    std::uint64_t seq = 0;
+    /// VAP: this worker's clocks the server has not acknowledged as visible yet, and the
+    /// magnitude of the clock being pushed now.
+    detail::ring<in_transit_update> in_transit;
+    float magnitude = 0;
+    bool refused = false;  ///< `failure` is the code of the server's refusal (reported as is)
+    /// The server's last heartbeat report: its clock; the slowest worker's id, clock, state.
+    bool reported = false;
+    clock_value report_clock = 0;
+    std::uint32_t slowest = 0;
+    clock_value slowest_clock = 0;
+    bool slowest_connected = false;
+  };
+  /// What a received message asks of the shell: fail the link with `error`, close the
+  /// connection of a link the message failed, wake the clock loop.
+  struct message_outcome {
+    std::error_code error{};
+    bool wake = false;
+    bool closed = false;
+  };
+
+  /// `opts`, `model` and `alloc` outlive the core. Precondition: `opts.servers` not empty.
+  worker_protocol(Model& model, const worker_options<Endpoint>& opts, Alloc& alloc, part_type part)
+      : model_(model), opts_(opts), alloc_(alloc), recovery_(std::move(part)),
+        cache_(model.tables(), static_cast<std::uint32_t>(opts.servers.size())) {
+    const auto shards = static_cast<std::uint32_t>(opts_.servers.size());
+    const auto tables = static_cast<std::uint32_t>(cache_.tables().size());
+    snapshot_.assign(cache_.values().size(), 0.0f);
+    links_.reserve(shards);
+    for (std::uint32_t s = 0; s < shards; ++s) links_.emplace_back().shard = s;
+    rejoin_parts_.reserve(tables);
+    worker_hooks::on_start(recovery_, worker_setup{shards, tables, opts_.max_unacked});
+  }
+
+  link& link_of(std::uint32_t s) noexcept { return links_[s]; }
+  std::vector<link>& links() noexcept { return links_; }
+  const worker_cache<sparse_reads>& cache() const noexcept { return cache_; }
+  std::span<const float> snapshot() const noexcept { return snapshot_; }
+  std::span<float> snapshot() noexcept { return snapshot_; }
+  Consistency& consistency() noexcept { return policy_; }
+  const Consistency& consistency() const noexcept { return policy_; }
+  part_type& recovery() noexcept { return recovery_; }
+  const part_type& recovery() const noexcept { return recovery_; }
+  worker_stats& stats() noexcept { return stats_; }
+  const worker_stats& stats() const noexcept { return stats_; }
+  /// Drops the own pushes kept for read-my-writes (at the end of a run).
+  void clear_local() noexcept {
+    for (const auto& l : links_)
+      for (auto& p : cache_.parts(l.shard)) p.local.clear();
+  }
+  const staleness_histogram& staleness() const noexcept { return staleness_; }
+  clock_value clock() const noexcept { return clock_; }
+  bool all_up() const noexcept {
+    return std::all_of(links_.begin(), links_.end(), [](const link& l) { return l.up; });
+  }
+  void log(const std::string& line) const {
+    emit(opts_.log, "asyncps worker " + std::to_string(opts_.id) + ": " + line);
+  }
+  const Endpoint& endpoint_of(const link& l) const {
+    return l.endpoint == 0 ? opts_.servers[l.shard] : opts_.replicas[l.shard][l.endpoint - 1];
+  }
+  /// "server 0 at 127.0.0.1:7000" (the endpoint the link uses now).
+  std::string server_name(const link& l) const {
+    return "server " + std::to_string(l.shard) + " at " + endpoint_string(endpoint_of(l));
+  }
+  /// Moves `l` on to the shard's next server (`worker_options::replicas`: chain failover).
+  void next_endpoint(link& l) const {
+    const std::size_t n = l.shard < opts_.replicas.size() ? opts_.replicas[l.shard].size() : 0;
+    l.endpoint = n == 0 ? 0 : static_cast<std::uint32_t>((l.endpoint + 1) % (n + 1));
+  }
+
+  /// The hello for link `s`: policy fingerprint, the clock the recovery policy rejoins at,
+  /// and the layout (rows, width per table).
+  message hello(std::uint32_t s) {
+    const auto tables = cache_.tables();
+    message m;
+    m.header.type = message_type::hello;
+    m.header.sender = opts_.id;
+    m.header.table = policy_fingerprint<Consistency, Recovery>();
+    links_[s].hello_clock = worker_hooks::hello_clock(recovery_, s, clock_);
+    m.header.clock = links_[s].hello_clock;
+    m.header.row_count = static_cast<std::uint32_t>(tables.size());
+    m.payload = alloc_.allocate(tables.size() * 8);
+    auto* p = reinterpret_cast<std::uint32_t*>(m.payload.data());
+    for (const auto& t : tables) {
+      *p++ = t.rows;
+      *p++ = t.width;
+    }
+    return m;
+  }
+
+  /// The reply to link `s`'s hello. A welcome sets the read-my-writes step, moves the clock
+  /// up to the server's record, and realigns the push counts with what the server applied
+  /// (the recovery policy says what became of pushes it lacks). Errors (the shell closes the
+  /// connection): the refusal's code (`errc::not_head`: try the next server), or
+  /// `errc::unexpected_message`, or `errc::server_lost` (the policy gives up).
+  std::error_code on_handshake_reply(std::uint32_t s, const message& m) {
+    link& l = links_[s];
+    const auto tables = cache_.tables();
+    if (m.header.type == message_type::error) {
+      const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+      const std::optional<errc> code = errc_from_wire(m.header.seq);
+      if (code == errc::not_head) return errc::not_head;  // chain: try the next server
+      log(server_name(l) + " refused the connection: " + reason);
+      return code ? make_error_code(*code) : make_error_code(errc::unexpected_message);
+    }
+    if (m.header.type != message_type::welcome || m.header.sender != s ||
+        m.header.table != links_.size() || m.header.row_count != tables.size() ||
+        m.payload.size() != welcome_payload_bytes(tables.size())) {
+      log(server_name(l) + " sent an unexpected handshake reply");
+      return errc::unexpected_message;
+    }
+    float server_step = 0;
+    std::memcpy(&server_step, m.payload.data() + tables.size() * 16, sizeof server_step);
+    if (!std::isfinite(server_step)) {
+      log(server_name(l) + " sent a non-finite local step in its welcome");
+      return errc::unexpected_message;
+    }
+    cache_.set_step(s, opts_.local_step.value_or(server_step));
+    clock_ = std::max(clock_, static_cast<clock_value>(m.header.first_row));
+    const std::byte* w = m.payload.data();
+    auto& parts = cache_.parts(s);
+    for (table_id t = 0; t < tables.size(); ++t, w += 16) {
+      auto& p = parts[t];
+      const auto applied = load_le<std::uint64_t>(w + 8);
+      const welcome_action act = worker_hooks::on_welcome(
+          recovery_, welcome_part{s, t, applied, p.pushed, m.header.has(frame_flags::state),
+                                  p.clock, p.local});
+      if (act == welcome_action::give_up && applied < p.pushed) {
+        log("server " + std::to_string(s) + " came back without " +
+            std::to_string(p.pushed - applied) + " of this worker's pushes; recovery policy '" +
+            std::string(Recovery::name) + "' gives up");
+        return errc::server_lost;
+      }
+      if (act != welcome_action::resend) {
+        if (act == welcome_action::count_lost && applied < p.pushed)
+          stats_.lost_pushes += p.pushed - applied;
+        p.pushed = applied;
+      }
+      p.local.clear();
+      p.pulling = false;
+    }
+    l.state_wanted = m.header.has(frame_flags::state);
+    return {};
+  }
+
+  /// Link `s` failed with `ec` (no-op when it is already down); returns whether it was up
+  /// (the shell then closes its connection and wakes the clock loop).
+  bool fail(std::uint32_t s, std::error_code ec, std::string reason) {
+    link& l = links_[s];
+    if (!l.up) return false;
+    l.up = false;
+    l.failure = ec;
+    l.reason = std::move(reason);
+    // VAP: what the lost server had not acknowledged is lost with it or travels through the
+    // recovery policy; it no longer counts as in transit.
+    while (!l.in_transit.empty()) l.in_transit.pop_front();
+    return true;
+  }
+
+  /// A message received on link `s` (rows, ack, heartbeat, error, bye). An `error` frame or
+  /// `bye` fails the link here; a malformed message returns the error to fail it with.
+  message_outcome on_message(std::uint32_t s, const message& m) {
+    link& l = links_[s];
+    const auto& h = m.header;
+    switch (h.type) {
+      case message_type::rows: {
+        if (auto err = cache_.check_shape(h)) return {err, false};
+        ++stats_.rows_messages;
+        if (h.has(frame_flags::eager)) ++stats_.eager_messages;
+        if (auto err = cache_.install(s, m)) return {err, false};
+        return {{}, true};
+      }
+      case message_type::ack: {
+        const bool wake = worker_hooks::on_ack(recovery_, s, h.seq);
+        if constexpr (value_bounded) {
+          while (!l.in_transit.empty() && l.in_transit.front().seq <= h.seq)
+            l.in_transit.pop_front();
+          return {{}, true};
+        }
+        return {{}, wake};
+      }
+      case message_type::heartbeat:
+        if (h.seq == heartbeat_report::slowest_connected ||
+            h.seq == heartbeat_report::slowest_disconnected) {
+          if (h.clock < 0 ||
+              h.first_row > static_cast<std::uint64_t>(std::numeric_limits<clock_value>::max()))
+            return {errc::unexpected_message, false};
+          l.reported = true;
+          l.report_clock = h.clock;
+          l.slowest = h.table;
+          l.slowest_clock = static_cast<clock_value>(h.first_row);
+          l.slowest_connected = h.seq == heartbeat_report::slowest_connected;
+        }
+        return {};
+      case message_type::error: {
+        std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+        log(server_name(l) + " closed the connection: " + reason);
+        const std::optional<errc> code = errc_from_wire(h.seq);
+        // A refusal of what this worker sent (a NaN push, a bad header...): the link fails
+        // with its code, and when the recovery policy gives up the run ends with that code
+        // (not server_lost). not_head, or no valid code: a plain failure of the link.
+        const bool refusal = code && *code != errc::not_head;
+        const bool was_up =
+            fail(s, refusal ? make_error_code(*code) : make_error_code(errc::unexpected_message),
+                 std::move(reason));
+        l.refused = refusal;
+        return {{}, was_up, was_up};
+      }
+      case message_type::bye: {
+        const bool was_up = fail(s, errc::connection_closed, "");
+        return {{}, was_up, was_up};
+      }
+      default: return {errc::unexpected_message, false};
+    }
+  }
+
+  /// Queues what link `s` sends before it is up again (the recovery policy's `on_rejoin`).
+  void queue_rejoin(std::uint32_t s, std::vector<rejoin_message>& out) {
+    rejoin_parts_.clear();
+    const auto& parts = cache_.parts(s);
+    for (table_id t = 0; t < parts.size(); ++t)
+      rejoin_parts_.push_back(rejoin_part{parts[t].range, cache_.tables()[t].width, parts[t].have,
+                                          cache_.values().data() + cache_.part_offset(s, t)});
+    out.clear();
+    rejoin_context r(
+        s, opts_.id, links_[s].hello_clock, clock_, links_[s].state_wanted, rejoin_parts_,
+        [](void* a, std::size_t n) { return static_cast<Alloc*>(a)->allocate(n); }, &alloc_, out);
+    worker_hooks::on_rejoin(recovery_, r);
+  }
+  /// A queued rejoin message with header `h` went out on link `s` (its bytes were counted).
+  void rejoin_sent(std::uint32_t s, const frame_header& h) {
+    worker_hooks::on_rejoin_sent(recovery_, s, h);
+  }
+  /// Link `s` is up again: its cached rows are from before the outage (fetch them anew and,
+  /// for ESSP, resubscribe).
+  void rejoined(std::uint32_t s) {
+    cache_.forget(s);
+    ++stats_.reconnects;
+    links_[s].up = true;
+    links_[s].refused = false;
+    log("rejoined server " + std::to_string(s) + " at clock " + std::to_string(clock_));
+  }
+
+ protected:
+  Model& model_;
+  const worker_options<Endpoint>& opts_;
+  Alloc& alloc_;
+  [[no_unique_address]] Consistency policy_{};
+  [[no_unique_address]] part_type recovery_{};
+  worker_cache<sparse_reads> cache_;
+  std::vector<float> snapshot_;
+  std::vector<link> links_;
+  std::vector<rejoin_part> rejoin_parts_;  // scratch (no allocation once warm)
+  clock_value clock_ = 0;
+  staleness_histogram staleness_{};
+  worker_stats stats_{};
+};
+
+}  // namespace detail
+}  // namespace asyncps

@@ -1,0 +1,488 @@
+// The worker's sans-io pieces stepped message by message, without a transport: the cache
+// (detail/worker_cache.hpp), push building (detail/push_builder.hpp) and the recovery
+// policies' worker parts (detail/worker_hooks.hpp).
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <doctest/doctest.h>
+
+#include "asyncps/buffer.hpp"
+#include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/push_builder.hpp"
+#include "asyncps/detail/worker_cache.hpp"
+#include "asyncps/detail/worker_fsm.hpp"
+#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/recovery/chain_replication.hpp"
+#include "asyncps/recovery/none.hpp"
+#include "asyncps/recovery/stateless.hpp"
+
+using namespace asyncps;
+
+namespace {
+
+// Two tables over two shards: table 0 is 4 rows x 2, table 1 is 2 rows x 3.
+const std::vector<table_spec> layout{{0, 4, 2, 0.0f}, {1, 2, 3, 0.0f}};
+
+// A rows message from a server: range [first, first + rows) of table `t`, every value `v`.
+message rows_message(buffer_pool& pool, table_id t, std::uint32_t first, std::uint32_t rows,
+                     std::uint32_t width, clock_value clock, std::uint64_t applied, float v,
+                     std::uint8_t extra_flags = 0) {
+  message m;
+  m.header.type = message_type::rows;
+  m.header.flags = static_cast<std::uint8_t>(frame_flags::range | extra_flags);
+  m.header.table = t;
+  m.header.clock = clock;
+  m.header.seq = applied;
+  m.header.first_row = first;
+  m.header.row_count = rows;
+  m.header.width = width;
+  m.payload = pool.allocate(std::size_t{rows} * width * sizeof(float));
+  for (float& x : m.payload.floats()) x = v;
+  return m;
+}
+
+// A keyed rows message: rows `keys` of table `t`, every value `v`.
+message keyed_rows(buffer_pool& pool, table_id t, std::vector<row_id> keys, std::uint32_t width,
+                   clock_value clock, float v) {
+  message m;
+  m.header.type = message_type::rows;
+  m.header.table = t;
+  m.header.clock = clock;
+  m.header.row_count = static_cast<std::uint32_t>(keys.size());
+  m.header.width = width;
+  const auto kb = key_bytes(m.header.row_count);
+  m.payload = pool.allocate(kb + keys.size() * width * sizeof(float));
+  std::memset(m.payload.data(), 0, kb);
+  std::memcpy(m.payload.data(), keys.data(), keys.size() * sizeof(row_id));
+  auto* vals = reinterpret_cast<float*>(m.payload.data() + kb);
+  for (std::size_t i = 0; i < keys.size() * width; ++i) vals[i] = v;
+  return m;
+}
+
+buffer gradient(buffer_pool& pool, float v) {
+  buffer g = pool.allocate(layout_size(layout) * sizeof(float));
+  for (float& x : g.floats()) x = v;
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("worker_cache: parts split every table over the shards; rows install and stamp them") {
+  buffer_pool pool;
+  detail::worker_cache<false> cache(layout, 2);
+  CHECK(cache.parts(0)[0].range == key_range{0, 2});
+  CHECK(cache.parts(1)[0].range == key_range{2, 4});
+  CHECK(cache.parts(0)[1].range == key_range{0, 1});
+  CHECK(cache.part_offset(1, 1) == 8 + 3);
+  CHECK(cache.part_floats(1, 0) == 4);
+
+  // A wrong shape is refused before anything is counted or written.
+  message bad = rows_message(pool, 0, 2, 2, 3, 0, 0, 1.0f);
+  CHECK(cache.check_shape(bad.header) == make_error_code(errc::bad_width));
+  bad.header.table = 2;
+  CHECK(cache.check_shape(bad.header) == make_error_code(errc::bad_table));
+  // Rows outside the shard's part.
+  CHECK(cache.install(0, rows_message(pool, 0, 2, 2, 2, 0, 0, 1.0f)) ==
+        make_error_code(errc::bad_row_range));
+
+  auto& p = cache.parts(1)[0];
+  p.pulling = true;
+  REQUIRE(!cache.install(1, rows_message(pool, 0, 2, 2, 2, 5, 0, 1.5f)));
+  CHECK(p.have);
+  CHECK(p.clock == 5);
+  CHECK(!p.pulling);
+  CHECK(cache.values()[4] == 1.5f);
+  CHECK(cache.values()[7] == 1.5f);
+  CHECK(cache.values()[3] == 0.0f);  // shard 0's rows untouched
+  // Eager rows re-stamp the whole part and leave an outstanding pull outstanding.
+  p.pulling = true;
+  REQUIRE(!cache.install(1, rows_message(pool, 0, 3, 1, 2, 7, 0, 2.0f, frame_flags::eager)));
+  CHECK(p.clock == 7);
+  CHECK(p.pulling);
+  CHECK(cache.values()[4] == 1.5f);
+  CHECK(cache.values()[6] == 2.0f);
+}
+
+TEST_CASE("worker_cache: read-my-writes re-applies own pushes the server had not applied") {
+  buffer_pool pool;
+  detail::worker_cache<false> cache(layout, 2);
+  cache.set_step(0, 0.5f);
+  cache.set_step(1, std::nanf(""));  // a NaN step is off
+  CHECK(cache.step(1) == 0.0f);
+  const buffer g = gradient(pool, 2.0f);
+  cache.note_push(0, 0, g);  // push 1 of part (0, 0): rows 0-1 of table 0 move by -0.5 * 2
+  CHECK(cache.parts(0)[0].pushed == 1);
+  CHECK(cache.values()[0] == -1.0f);
+  CHECK(cache.values()[4] == 0.0f);  // shard 1's rows are not part of this push
+  cache.note_push(1, 0, g);          // step off: counted, not applied, not kept
+  CHECK(cache.parts(1)[0].pushed == 1);
+  CHECK(cache.parts(1)[0].local.empty());
+  CHECK(cache.values()[4] == 0.0f);
+
+  // Rows that do not reflect push 1 yet (applied = 0): the push is re-applied on top.
+  REQUIRE(!cache.install(0, rows_message(pool, 0, 0, 2, 2, 1, 0, 10.0f)));
+  CHECK(cache.values()[0] == 9.0f);
+  CHECK(cache.parts(0)[0].local.size() == 1);
+  // Rows that reflect it (applied = 1): installed as they are, and the push is dropped.
+  REQUIRE(!cache.install(0, rows_message(pool, 0, 0, 2, 2, 2, 1, 10.0f)));
+  CHECK(cache.values()[0] == 10.0f);
+  CHECK(cache.parts(0)[0].local.empty());
+}
+
+TEST_CASE("worker_cache: read decisions under ssp<1> and the pulls they send") {
+  buffer_pool pool;
+  detail::worker_cache<false> cache(layout, 2);
+  const consistency::ssp<1> policy;
+  const auto alloc = [&](std::size_t n) { return pool.allocate(n); };
+  // Nothing cached: fetch rows of server clock >= c - 1.
+  CHECK(cache.pull_clock(policy, 0, 0, 3, 2) == clock_value{2});
+  std::uint64_t seq = 0;
+  const message m = cache.pull(0, 0, 2, 9, seq, alloc);
+  CHECK(m.header.type == message_type::pull);
+  CHECK(m.header.has(frame_flags::range));
+  CHECK(m.header.sender == 9);
+  CHECK(m.header.clock == 2);
+  CHECK(m.header.seq == 1);
+  CHECK(m.header.first_row == 0);
+  CHECK(m.header.row_count == 2);
+  CHECK(m.header.width == 2);
+  CHECK(cache.parts(0)[0].pulling);
+  CHECK(!cache.pull_clock(policy, 0, 0, 3, 2));  // one pull at a time
+  CHECK(!cache.ready(0, 2, true, false));
+  for (std::uint32_t s = 0; s < 2; ++s) {
+    for (table_id t = 0; t < 2; ++t) {
+      const auto& p = cache.parts(s)[t];
+      REQUIRE(!cache.install(
+          s, rows_message(pool, t, p.range.begin, p.range.size(), layout[t].width, 2, 0, 1.0f)));
+    }
+  }
+  CHECK(cache.ready(0, 2, true, false));
+  CHECK(!cache.pull_clock(policy, 0, 0, 3, 2));                   // fresh enough: read
+  CHECK(cache.pull_clock(policy, 0, 0, 4, 3) == clock_value{3});  // too stale at clock 4
+  CHECK(!cache.ready(0, 3, true, false));
+  CHECK(cache.stale(0, 3));
+  // A shard that is down: ready only when the worker trains on and has the rows cached.
+  CHECK(!cache.ready(1, 2, false, false));
+  CHECK(cache.ready(1, 3, false, true));
+  staleness_histogram h;
+  cache.record_staleness(0, 3, h);
+  CHECK(h.total() == 2);
+  CHECK(h.counts[1] == 2);
+  cache.forget(0);
+  CHECK(!cache.parts(0)[0].have);
+}
+
+TEST_CASE("worker_cache: sparse reads track each row's clock and pull only stale rows") {
+  buffer_pool pool;
+  const std::vector<table_spec> big{{0, 64, 4, 0.0f}};
+  detail::worker_cache<true> cache(big, 1);
+  const std::vector<row_id> read{3, 10, 40};
+  cache.select_rows([&](table_id) { return std::span<const row_id>(read); });
+  auto& p = cache.parts(0)[0];
+  CHECK(p.want.size() == 3);
+  CHECK(cache.read_state(p) == std::pair<bool, clock_value>{false, no_clock});
+  REQUIRE(!cache.install(0, keyed_rows(pool, 0, {3, 10}, 4, 5, 1.0f)));
+  CHECK(p.rows_cached == 2);
+  CHECK(!p.have);
+  CHECK(cache.read_state(p).first == false);  // row 40 is missing
+  const consistency::ssp<0> policy;
+  const auto want = cache.pull_clock(policy, 0, 0, 5, 5);
+  REQUIRE(want);
+  std::uint64_t seq = 0;
+  const message m =
+      cache.pull(0, 0, *want, 0, seq, [&](std::size_t n) { return pool.allocate(n); });
+  CHECK(!m.header.has(frame_flags::range));  // keyed: 1 row is smaller than 64
+  REQUIRE(m.header.row_count == 1);
+  CHECK(payload_keys(m)[0] == 40);
+  REQUIRE(!cache.install(0, keyed_rows(pool, 0, {40}, 4, 6, 2.0f)));
+  CHECK(cache.read_state(p) == std::pair<bool, clock_value>{true, 5});
+  CHECK(cache.values()[40 * 4] == 2.0f);
+  // Eager rows re-stamp every cached row.
+  message e = keyed_rows(pool, 0, {}, 4, 8, 0.0f);
+  e.header.flags = frame_flags::eager;
+  REQUIRE(!cache.install(0, e));
+  CHECK(cache.read_state(p) == std::pair<bool, clock_value>{true, 8});
+}
+
+TEST_CASE("push_builder: range pushes share the gradient; the last one ends the clock") {
+  buffer_pool pool;
+  detail::worker_cache<false> cache(layout, 2);
+  const buffer g = gradient(pool, 1.0f);
+  std::uint64_t seq = 0;
+  const auto& parts = cache.parts(1);
+  auto m0 = detail::build_push(parts, 0, 4, g, cache.part_offset(1, 0), 2, 7, seq);
+  auto m1 = detail::build_push(parts, 1, 4, g, cache.part_offset(1, 1), 3, 7, seq);
+  REQUIRE(m0);
+  REQUIRE(m1);
+  CHECK(m0->payload.data() == g.data() + cache.part_offset(1, 0) * sizeof(float));  // no copy
+  CHECK(m0->payload.size() == 4 * sizeof(float));
+  CHECK(m0->header.has(frame_flags::range));
+  CHECK(!m0->header.has(frame_flags::end_of_clock));
+  CHECK(m1->header.has(frame_flags::end_of_clock));
+  CHECK(m0->header.seq == 1);
+  CHECK(m1->header.seq == 2);
+  CHECK(m1->header.first_row == 1);
+  CHECK(m1->header.row_count == 1);
+  CHECK(!detail::build_push(parts, 2, 4, g, 0, 0, 7, seq));  // the shard owns rows
+  // A shard that owns no rows at all gets a bare clock message, unnumbered.
+  const std::vector<table_spec> one{{0, 2, 2, 0.0f}};
+  detail::worker_cache<false> empty(one, 3);  // shard 0 of 3 owns no row of a 2-row table
+  CHECK(empty.parts(0)[0].range.empty());
+  CHECK(!detail::build_push(empty.parts(0), 0, 4, g, 0, 2, 7, seq));
+  auto c = detail::build_push(empty.parts(0), 1, 4, g, 0, 0, 7, seq);
+  REQUIRE(c);
+  CHECK(c->header.type == message_type::clock);
+  CHECK(c->header.clock == 4);
+  CHECK(c->header.seq == 0);
+  CHECK(seq == 2);
+}
+
+TEST_CASE("push_builder: sparsify sends only the touched rows when smaller") {
+  buffer_pool pool;
+  const std::vector<table_spec> big{{0, 64, 4, 0.0f}};
+  detail::worker_cache<false> cache(big, 1);
+  buffer g = pool.allocate(64 * 4 * sizeof(float));
+  for (std::size_t i = 0; i < 64 * 4; ++i) g.floats()[i] = static_cast<float>(i);
+  std::uint64_t seq = 0;
+  auto m = detail::build_push(cache.parts(0), 0, 0, g, 0, 4, 0, seq);
+  REQUIRE(m);
+  const std::vector<row_id> touched{5, 9};
+  const auto alloc = [&](std::size_t n) { return pool.allocate(n); };
+  detail::sparsify(*m, cache.parts(0)[0].range, touched, g.floats().data(), 4, alloc);
+  CHECK(!m->header.has(frame_flags::range));
+  CHECK(m->header.has(frame_flags::end_of_clock));
+  REQUIRE(m->header.row_count == 2);
+  CHECK(payload_keys(*m)[1] == 9);
+  CHECK(payload_floats(*m)[4] == 9.0f * 4);  // row 9, column 0
+  // Touching every row: the range push is smaller and stays.
+  auto r = detail::build_push(cache.parts(0), 0, 0, g, 0, 4, 0, seq);
+  std::vector<row_id> all(64);
+  for (row_id k = 0; k < 64; ++k) all[k] = k;
+  detail::sparsify(*r, cache.parts(0)[0].range, all, g.floats().data(), 4, alloc);
+  CHECK(r->header.has(frame_flags::range));
+}
+
+TEST_CASE("push_builder: VAP magnitude and gradient checks") {
+  buffer_pool pool;
+  detail::worker_cache<false> cache(layout, 2);
+  buffer g = gradient(pool, 0.0f);
+  g.floats()[cache.part_offset(1, 0)] = 3.0f;
+  g.floats()[cache.part_offset(1, 1)] = 4.0f;
+  CHECK(detail::update_magnitude(cache, 1, g.floats(), 0.5f) == doctest::Approx(2.5f));
+  CHECK(detail::update_magnitude(cache, 0, g.floats(), 1.0f) == 0.0f);
+  CHECK(!detail::find_bad_value(layout, g, 0x7fc5a5a5u));
+  detail::fill_bits(g, 0x7fc5a5a5u);
+  for (std::size_t i = 0; i < 8 + 4; ++i) g.floats()[i] = 1.0f;  // table 1's row 0 and col 1
+  const auto bad = detail::find_bad_value(layout, g, 0x7fc5a5a5u);
+  REQUIRE(bad);
+  CHECK(bad->table == 1);
+  CHECK(bad->index == 4);
+  CHECK(bad->unwritten);
+  g.floats()[12] = std::numeric_limits<float>::infinity();
+  CHECK(!detail::find_bad_value(layout, g, 0x7fc5a5a5u)->unwritten);
+}
+
+TEST_CASE("recovery worker parts: none gives up on lost pushes; relaxed chain has no hooks") {
+  recovery::none_worker_part none;
+  welcome_part w{0, 0, 3, 5, false, 0, {}};
+  CHECK(detail::worker_hooks::on_welcome(none, w) == welcome_action::give_up);
+  w.applied = 5;
+  CHECK(detail::worker_hooks::on_welcome(none, w) == welcome_action::count_lost);
+  recovery::chain_worker_part<recovery::chain_mode::relaxed> relaxed;
+  w.applied = 3;
+  CHECK(detail::worker_hooks::on_welcome(relaxed, w) == welcome_action::count_lost);
+  CHECK(detail::worker_hooks::push_flags(relaxed) == 0);
+  CHECK(detail::worker_hooks::on_ack(relaxed, 0, 1));
+  CHECK(detail::worker_hooks::hello_clock(relaxed, 0, 9) == 9);
+}
+
+TEST_CASE("recovery worker parts: strict chain keeps pushes until acked and resends them") {
+  buffer_pool pool;
+  recovery::chain_worker_part<recovery::chain_mode::strict> chain;
+  detail::worker_hooks::on_start(chain, worker_setup{2, 1, 2});
+  CHECK(detail::worker_hooks::push_flags(chain) == frame_flags::want_ack);
+  for (std::uint64_t q = 1; q <= 2; ++q) {
+    message m;
+    m.header.type = message_type::push;
+    m.header.seq = q;
+    m.header.clock = static_cast<clock_value>(q + 10);
+    m.payload = pool.allocate(16);
+    detail::worker_hooks::on_push(chain, 1, m);
+  }
+  CHECK(detail::worker_hooks::flow_blocked(chain, 1));  // max_unacked = 2
+  CHECK(!detail::worker_hooks::flow_blocked(chain, 0));
+  CHECK(detail::worker_hooks::hello_clock(chain, 1, 20) == 11);  // the oldest unacked push
+  CHECK(detail::worker_hooks::has_pending(chain, 1, true));
+  std::vector<rejoin_message> out;
+  std::vector<rejoin_part> parts(1);
+  rejoin_context r(1, 0, 11, 20, false, parts, nullptr, nullptr, out);
+  detail::worker_hooks::on_rejoin(chain, r);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].msg.header.seq == 1);
+  CHECK(out[1].msg.payload.size() == 16);
+  CHECK(out[1].counted_bytes == 0);
+  CHECK(detail::worker_hooks::on_ack(chain, 1, 1));  // was full, now below: wake
+  CHECK(!detail::worker_hooks::flow_blocked(chain, 1));
+  CHECK(detail::worker_hooks::on_ack(chain, 1, 2));  // empty: wake
+  CHECK(!detail::worker_hooks::has_pending(chain, 1, false));
+}
+
+TEST_CASE("recovery worker parts: stateless buffers while away and delivers on rejoin") {
+  buffer_pool pool;
+  recovery::stateless_worker_part st;
+  detail::worker_hooks::on_start(st, worker_setup{2, 1, 64});
+  const std::vector<float> g{1, 2, 3, 4};
+  const away_slice slice{0, key_range{2, 4}, 6, g};
+  detail::worker_hooks::while_away(st, 1, std::span<const away_slice>(&slice, 1));
+  detail::worker_hooks::while_away(st, 1, std::span<const away_slice>(&slice, 1));
+  CHECK(st.stats().local_clocks == 2);
+  CHECK(detail::worker_hooks::has_pending(st, 1, false));
+  CHECK(!detail::worker_hooks::has_pending(st, 1, true));
+  CHECK(!detail::worker_hooks::has_pending(st, 0, false));
+  // A push on the wire when the link dropped joins the backlog when the server kept state.
+  buffer lost = pool.allocate(4 * sizeof(float));
+  for (float& x : lost.floats()) x = 10.0f;
+  std::vector<unapplied_push> local;
+  local.push_back(unapplied_push{3, std::move(lost)});
+  welcome_part w{1, 0, 2, 3, false, 6, local};
+  CHECK(detail::worker_hooks::on_welcome(st, w) == welcome_action::recovered);
+  // Rejoin at clock 9 after a hello at clock 7: 2 clock messages, replica, backlog.
+  std::vector<float> rows(4, 0.5f);
+  std::vector<rejoin_part> parts{rejoin_part{key_range{2, 4}, 2, true, rows.data()}};
+  std::vector<rejoin_message> out;
+  rejoin_context r(
+      1, 3, 7, 9, true, parts,
+      [](void* p, std::size_t n) { return static_cast<buffer_pool*>(p)->allocate(n); }, &pool, out);
+  detail::worker_hooks::on_rejoin(st, r);
+  REQUIRE(out.size() == 4);
+  CHECK(out[0].msg.header.type == message_type::clock);
+  CHECK(out[0].msg.header.clock == 7);
+  CHECK(out[1].msg.header.clock == 8);
+  CHECK(out[2].msg.header.has(frame_flags::state));
+  CHECK(out[2].msg.header.clock == 9);
+  CHECK(payload_floats(out[2].msg)[0] == 0.5f);
+  const auto& b = out[3].msg.header;
+  CHECK(b.has(frame_flags::backlog));
+  CHECK(b.seq == 3);    // clocks in the backlog
+  CHECK(b.clock == 6);  // rows clock of the first
+  CHECK(payload_floats(out[3].msg)[3] == 4 + 4 + 10.0f);
+  CHECK(out[3].counted_bytes == 16);
+  for (const auto& q : out) detail::worker_hooks::on_rejoin_sent(st, 1, q.msg.header);
+  CHECK(st.stats().replicas_sent == 1);
+  CHECK(st.stats().backlogs_sent == 1);
+  CHECK(!detail::worker_hooks::has_pending(st, 1, false));
+}
+
+namespace {
+
+struct tiny_model {
+  std::vector<table_spec> layout{{0, 4, 2, 0.0f}};
+  std::span<const table_spec> tables() const { return layout; }
+};
+struct pool_alloc {
+  buffer_pool pool;
+  buffer allocate(std::size_t n) { return pool.allocate(n); }
+};
+using clk = std::chrono::steady_clock;
+using core_t = detail::worker_core<tiny_model, consistency::ssp<0>, recovery::none, pool_alloc, clk,
+                                   std::string>;
+
+}  // namespace
+
+TEST_CASE("worker_core: the clock loop stepped event by event (pull, wait, compute, push)") {
+  tiny_model model;
+  pool_alloc alloc;
+  worker_options<std::string> opts;
+  opts.id = 3;
+  opts.servers = {"server0"};
+  opts.local_step = 0.0f;
+  opts.wait_timeout = std::chrono::milliseconds(500);
+  std::vector<clock_value> reported;
+  opts.on_clock = [&](const clock_report& r) { reported.push_back(r.clock); };
+  core_t core(model, opts, alloc, {});
+  core.link_of(0).up = true;  // as connect_all leaves it
+  const auto t0 = clk::now();
+  core.start(2, {});
+  using detail::loop_step;
+  for (clock_value c = 0; c < 2; ++c) {
+    CAPTURE(c);
+    CHECK(core.resume(t0).kind == loop_step::join);
+    auto a = core.resume(t0);  // nothing cached fresh enough: a range pull for server clock c
+    REQUIRE(a.kind == loop_step::send);
+    CHECK(a.msg.header.type == message_type::pull);
+    CHECK(a.msg.header.clock == c);
+    a = core.resume(t0);
+    REQUIRE(a.kind == loop_step::wait);
+    CHECK(a.wait == std::chrono::milliseconds(500));
+    // The server answers: rows of server clock c, reflecting this worker's c pushes.
+    const auto out = core.on_message(
+        0, rows_message(alloc.pool, 0, 0, 4, 2, c, static_cast<std::uint64_t>(c), 1.0f));
+    CHECK(out.wake);
+    CHECK(core.resume(t0).kind == loop_step::join);  // woken: finish rejoins, then re-check
+    REQUIRE(core.resume(t0).kind == loop_step::compute);
+    CHECK(core.snapshot()[0] == 1.0f);
+    core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0 + std::chrono::milliseconds(10));
+    a = core.resume(t0);
+    REQUIRE(a.kind == loop_step::send);
+    CHECK(a.msg.header.type == message_type::push);
+    CHECK(a.msg.header.clock == c);
+    CHECK(a.msg.header.has(frame_flags::end_of_clock));
+    CHECK(core.clock() == c);  // the clock ends once its pushes are out
+  }
+  const auto done = core.resume(t0);
+  CHECK(done.kind == loop_step::done);
+  CHECK(!done.ec);
+  CHECK(core.clock() == 2);
+  CHECK(reported == std::vector<clock_value>{0, 1});
+  CHECK(core.stats().pulls == 2);
+  CHECK(core.stats().pushes == 2);
+  CHECK(core.stats().compute_seconds == doctest::Approx(0.02));
+}
+
+TEST_CASE("worker_core: a wait for rows times out; a lost link asks for a reconnect") {
+  tiny_model model;
+  pool_alloc alloc;
+  worker_options<std::string> opts;
+  opts.servers = {"server0"};
+  opts.wait_timeout = std::chrono::milliseconds(500);
+  using detail::loop_step;
+  {
+    core_t core(model, opts, alloc, {});
+    core.link_of(0).up = true;
+    const auto t0 = clk::now();
+    core.start(1, {});
+    CHECK(core.resume(t0).kind == loop_step::join);
+    CHECK(core.resume(t0).kind == loop_step::send);
+    CHECK(core.resume(t0).kind == loop_step::wait);
+    CHECK(core.resume(t0 + std::chrono::milliseconds(400)).kind == loop_step::join);
+    CHECK(core.resume(t0 + std::chrono::milliseconds(400)).kind == loop_step::wait);
+    CHECK(core.resume(t0 + std::chrono::milliseconds(501)).kind == loop_step::join);
+    const auto a = core.resume(t0 + std::chrono::milliseconds(501));
+    CHECK(a.kind == loop_step::done);
+    CHECK(a.ec == make_error_code(errc::timeout));
+  }
+  {
+    recovery::none_worker_part grace;
+    grace.grace = std::chrono::milliseconds(100);
+    core_t core(model, opts, alloc, grace);
+    core.link_of(0).up = true;
+    const auto t0 = clk::now();
+    core.start(1, {});
+    CHECK(core.resume(t0).kind == loop_step::join);
+    CHECK(core.resume(t0).kind == loop_step::send);
+    CHECK(core.fail(0, make_error_code(errc::connection_closed), ""));
+    const auto a = core.resume(t0);
+    CHECK(a.kind == loop_step::reconnect);
+    CHECK(a.shard == 0);
+    CHECK(core.link_of(0).reconnecting);
+    const auto w = core.resume(t0);  // waits (100 ms ticks) while the link is down
+    CHECK(w.kind == loop_step::wait);
+    CHECK(w.wait == std::chrono::milliseconds(100));
+  }
+}
