@@ -24,6 +24,7 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/pipe_connection.hpp"
 #include "asyncps/detail/sim_handlers.hpp"
 #include "asyncps/detail/sim_pipe.hpp"
 #include "asyncps/error.hpp"
@@ -56,21 +57,16 @@ class simulated_transport {
     /// A closed connection (placeholder before connecting).
     connection() = default;
     /// Takes over `o`'s end (`o` is left closed).
-    connection(connection&& o) noexcept
-        : net_(std::exchange(o.net_, nullptr)), pipe_(std::exchange(o.pipe_, nullptr)),
-          side_(o.side_), limits_(o.limits_), open_(std::exchange(o.open_, false)) {}
+    connection(connection&& o) noexcept = default;
     connection& operator=(connection&& o) noexcept {
       if (this != &o) {
-        reset();
-        net_ = std::exchange(o.net_, nullptr);
-        pipe_ = std::exchange(o.pipe_, nullptr);
-        side_ = o.side_;
+        close();
+        end_ = std::move(o.end_);  // releases this side's pipe
         limits_ = o.limits_;
-        open_ = std::exchange(o.open_, false);
       }
       return *this;
     }
-    ~connection() { reset(); }
+    ~connection() { close(); }  // then `end_` releases the pipe
 
     /// Puts `m` on the wire; it arrives after the latency model's delay (FIFO per connection).
     /// Completes at once (the sender is never blocked). Errors: `errc::connection_closed`
@@ -79,9 +75,9 @@ class simulated_transport {
     /// arrives); the peer's close arrives here as `connection_closed` from `async_receive`.
     asio::awaitable<std::error_code> async_send(message m) {
       std::error_code ec = make_error_code(errc::connection_closed);
-      if (open_) {
+      if (end_.open()) {
         m.header.payload_bytes = m.payload.size();
-        ec = net_->transmit(*pipe_, side_, std::move(m));
+        ec = end_.network().transmit(*end_.pipe(), end_.side(), std::move(m));
         if (ec) close();
       }
       co_return ec;
@@ -92,13 +88,14 @@ class simulated_transport {
     /// `validate_header` error (the connection stays open: the owner decides).
     asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
       std::tuple<std::error_code, message> out{make_error_code(errc::connection_closed), message{}};
-      if (open_) {
+      if (end_.open()) {
         auto [ec, m] = co_await asio::async_initiate<decltype(detail::use_tuple),
                                                      void(std::error_code, message)>(
             [this](auto handler) {
-              net_->start_receive(*pipe_, 1 - side_,
-                                  detail::sim_completion<std::error_code, message>(
-                                      std::move(handler), net_->get_executor()));
+              auto& net = end_.network();
+              net.start_receive(*end_.pipe(), end_.peer(),
+                                detail::sim_completion<std::error_code, message>(
+                                    std::move(handler), net.get_executor()));
             },
             detail::use_tuple);
         if (ec) {
@@ -116,27 +113,17 @@ class simulated_transport {
     /// Closes both directions: the peer receives `connection_closed` after the messages
     /// already on their way; an outstanding receive here completes with `connection_closed`.
     void close() noexcept {
-      if (!open_) return;
-      open_ = false;
-      net_->close_side(*pipe_, side_);
+      if (end_.mark_closed()) end_.network().close_side(*end_.pipe(), end_.side());
     }
     /// False after `close()`, a failed operation, or a fault that reset the connection.
-    bool is_open() const noexcept { return open_ && !pipe_->broken; }
+    bool is_open() const noexcept { return end_.open() && !end_.pipe()->broken; }
 
    private:
     friend class simulated_transport;
     connection(simulated_network& n, detail::sim_pipe* p, int side, wire_limits lim)
-        : net_(&n), pipe_(p), side_(side), limits_(lim), open_(true) {}
-    void reset() noexcept {
-      close();
-      if (pipe_ != nullptr) net_->release(*pipe_);
-      pipe_ = nullptr;
-    }
-    simulated_network* net_ = nullptr;
-    detail::sim_pipe* pipe_ = nullptr;
-    int side_ = 0;
+        : end_(n, *p, side), limits_(lim) {}
+    detail::pipe_end<simulated_network, detail::sim_pipe> end_;
     wire_limits limits_{};
-    bool open_ = false;
   };
 
   /// A listening name. Models `asyncps::acceptor<connection>`.

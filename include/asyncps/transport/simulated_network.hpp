@@ -32,6 +32,7 @@
 #include <asio/query.hpp>
 
 #include "asyncps/buffer.hpp"
+#include "asyncps/detail/pipe_connection.hpp"
 #include "asyncps/detail/sim_handlers.hpp"
 #include "asyncps/detail/sim_pipe.hpp"
 #include "asyncps/transport/simulation_options.hpp"
@@ -187,6 +188,8 @@ class simulated_network {
  private:
   friend class simulated_timer;
   friend class simulated_transport;
+  template <class, class>
+  friend class detail::pipe_end;  // calls `release`
   friend struct simulated_clock;
 
   static constexpr std::uint32_t no_node = 0xffffffffu;
