@@ -9,6 +9,10 @@
 // run is reproducible from its seed. `run()` alternates "run every ready handler" and "jump
 // the clock to the next event"; nothing ever sleeps, and the real CPU only does the math.
 // Guide: docs/concepts/simulation.md.
+//
+// This header (the one to include) defines `simulated_transport`; the network, its timer and
+// compute executor are in simulated_network.hpp, the options, models, counters and clock in
+// simulation_options.hpp, and the internals in detail/sim_*.hpp.
 #pragma once
 
 #include <cstddef>
