@@ -2,7 +2,6 @@
 #pragma once
 
 #include "asyncps/buffer.hpp"
-#include "asyncps/chain_master.hpp"
 #include "asyncps/consistency.hpp"
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/error.hpp"
@@ -13,6 +12,7 @@
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/options.hpp"
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/chain/master.hpp"
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/checkpoint.hpp"
 #include "asyncps/recovery/none.hpp"

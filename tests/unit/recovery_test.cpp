@@ -20,9 +20,9 @@
 #include <asio/thread_pool.hpp>
 #include <doctest/doctest.h>
 
-#include "asyncps/chain_master.hpp"
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/local_cluster.hpp"
+#include "asyncps/recovery/chain/master.hpp"
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/server.hpp"

@@ -26,6 +26,7 @@
 
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/wait_group.hpp"
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/server.hpp"
@@ -686,4 +687,28 @@ TEST_CASE("simulation: transport semantics (FIFO, latency, close, refusal, link 
       asio::detached);
   net.run();
   CHECK(finished);
+}
+
+TEST_CASE("simulation: a wait_group wakes every waiter once its last counted coroutine is done") {
+  simulated_network net;
+  detail::wait_group<simulated_timer> group(net.get_executor());
+  group.add(2);
+  int woken = 0;
+  for (int i = 0; i < 2; ++i)  // two waiters: neither's wait may cancel the other's
+    asio::co_spawn(
+        net.get_executor(),
+        [&]() -> asio::awaitable<void> {
+          co_await group.async_wait();
+          CHECK(group.count() == 0);
+          CHECK(simulated_clock::now() == simulated_clock::time_point(20ms));
+          ++woken;
+          co_await group.async_wait();  // nothing counted: completes at once
+          ++woken;
+        },
+        asio::detached);
+  net.at(10ms, [&] { group.done(); });
+  net.at(20ms, [&] { group.done(); });
+  net.run();
+  CHECK(woken == 4);
+  CHECK(net.now() == simulated_clock::time_point(20ms));  // the waits never moved the clock
 }

@@ -7,7 +7,7 @@
 // its successor changes. Relaxed mode follows paper A (Cao et al.): the head sends its whole
 // shard to its successor every N pushes, and a server acknowledges only to its predecessor.
 //
-// Membership is decided by a chain master (`basic_chain_master`, chain_master.hpp) as in van
+// Membership is decided by a chain master (`basic_chain_master`, chain/master.hpp) as in van
 // Renesse: every server registers with it and sends heartbeats; on a failure it tells the
 // neighbours their new predecessor/successor, and a restarted server joins as the new tail
 // after a state transfer from the old tail. See docs/recovery/chain_replication.md.

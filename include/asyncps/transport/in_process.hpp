@@ -22,6 +22,7 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/pipe_connection.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/options.hpp"
 #include "asyncps/result.hpp"
@@ -60,6 +61,8 @@ class in_process_network {
 
  private:
   friend class in_process_transport;
+  template <class, class>
+  friend class detail::pipe_end;  // calls `release`
   using channel = asio::experimental::concurrent_channel<void(std::error_code, message)>;
   using accept_channel = asio::experimental::concurrent_channel<void(std::error_code, void*)>;
 
@@ -84,10 +87,11 @@ class in_process_network {
     it->self = it;
     return &*it;
   }
-  void release(pipe* p) noexcept {
-    if (p->alive.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  // Gives back one of `p`'s two references (see `detail::pipe_end`); frees it after both.
+  void release(pipe& p) noexcept {
+    if (p.alive.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard lock(mutex_);
-      pipes_.erase(p->self);
+      pipes_.erase(p.self);
     }
   }
 
@@ -131,30 +135,25 @@ class in_process_transport {
   class connection {
    public:
     connection() = default;
-    connection(connection&& o) noexcept
-        : net_(std::exchange(o.net_, nullptr)), pipe_(std::exchange(o.pipe_, nullptr)),
-          side_(o.side_), limits_(o.limits_), open_(std::exchange(o.open_, false)) {}
+    connection(connection&& o) noexcept = default;
     connection& operator=(connection&& o) noexcept {
       if (this != &o) {
-        reset();
-        net_ = std::exchange(o.net_, nullptr);
-        pipe_ = std::exchange(o.pipe_, nullptr);
-        side_ = o.side_;
+        close();
+        end_ = std::move(o.end_);  // releases this side's pipe
         limits_ = o.limits_;
-        open_ = std::exchange(o.open_, false);
       }
       return *this;
     }
-    ~connection() { reset(); }
+    ~connection() { close(); }  // then `end_` releases the pipe
 
     /// Moves `m` into the peer's queue (waits while it is full). Errors:
     /// `errc::connection_closed` when either side closed.
     asio::awaitable<std::error_code> async_send(message m) {
       std::error_code out = make_error_code(errc::connection_closed);
-      if (open_) {
+      if (end_.open()) {
         m.header.payload_bytes = m.payload.size();
-        auto [ec] = co_await pipe_->dir[side_].async_send(std::error_code{}, std::move(m),
-                                                          detail::use_tuple);
+        auto [ec] = co_await end_.pipe()->dir[end_.side()].async_send(
+            std::error_code{}, std::move(m), detail::use_tuple);
         if (ec) {
           close();
         } else {
@@ -167,8 +166,8 @@ class in_process_transport {
     /// The next message. Errors: `errc::connection_closed`, or a `validate_header` error.
     asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
       std::tuple<std::error_code, message> out{make_error_code(errc::connection_closed), message{}};
-      if (open_) {
-        auto [ec, m] = co_await pipe_->dir[1 - side_].async_receive(detail::use_tuple);
+      if (end_.open()) {
+        auto [ec, m] = co_await end_.pipe()->dir[end_.peer()].async_receive(detail::use_tuple);
         if (ec) {
           close();
         } else if (auto v = validate_header(m.header, limits_)) {
@@ -183,29 +182,21 @@ class in_process_transport {
     /// Closes both directions: the peer receives `connection_closed` after the messages
     /// already queued to it; outstanding operations complete with `connection_closed`.
     void close() noexcept {
-      if (!open_) return;
-      open_ = false;
+      if (!end_.mark_closed()) return;
       // Tell the peer (after what is already queued), then stop listening.
-      if (!pipe_->dir[side_].try_send(make_error_code(errc::connection_closed), message{}))
-        pipe_->dir[side_].close();
-      pipe_->dir[1 - side_].close();
+      auto& dir = end_.pipe()->dir;
+      if (!dir[end_.side()].try_send(make_error_code(errc::connection_closed), message{}))
+        dir[end_.side()].close();
+      dir[end_.peer()].close();
     }
-    bool is_open() const noexcept { return open_; }
+    bool is_open() const noexcept { return end_.open(); }
 
    private:
     friend class in_process_transport;
-    connection(in_process_network& n, in_process_network::pipe* p, int side, wire_limits lim)
-        : net_(&n), pipe_(p), side_(side), limits_(lim), open_(true) {}
-    void reset() noexcept {
-      close();
-      if (pipe_ != nullptr) net_->release(pipe_);
-      pipe_ = nullptr;
-    }
-    in_process_network* net_ = nullptr;
-    in_process_network::pipe* pipe_ = nullptr;
-    int side_ = 0;
+    connection(in_process_network& n, in_process_network::pipe& p, int side, wire_limits lim)
+        : end_(n, p, side), limits_(lim) {}
+    detail::pipe_end<in_process_network, in_process_network::pipe> end_;
     wire_limits limits_{};
-    bool open_ = false;
   };
 
   /// A listening name. Models `asyncps::acceptor<connection>`.
@@ -223,7 +214,7 @@ class in_process_transport {
       auto [ec, p] = co_await listener_->pending.async_receive(detail::use_tuple);
       if (ec) co_return std::tuple{make_error_code(errc::stopped), connection{}};
       co_return std::tuple{std::error_code{},
-                           connection{*transport_->net_, static_cast<in_process_network::pipe*>(p),
+                           connection{*transport_->net_, *static_cast<in_process_network::pipe*>(p),
                                       1, transport_->limits_}};
     }
     /// Unregisters the name; later connects fail with `connection_refused`. Connections that
@@ -241,7 +232,7 @@ class in_process_transport {
         auto* pp = static_cast<in_process_network::pipe*>(p);
         pp->dir[0].close();
         pp->dir[1].close();
-        transport_->net_->release(pp);
+        transport_->net_->release(*pp);
       })) {}
       listener_->pending.close();
       listener_.reset();
@@ -289,11 +280,11 @@ class in_process_transport {
         ec = {};
     }
     if (ec) {
-      net_->release(p);
-      net_->release(p);
+      net_->release(*p);
+      net_->release(*p);
       co_return std::tuple{ec, connection{}};
     }
-    co_return std::tuple{std::error_code{}, connection{*net_, p, 0, limits_}};
+    co_return std::tuple{std::error_code{}, connection{*net_, *p, 0, limits_}};
   }
 
   /// A buffer from the network's pool. Thread safety: any thread.

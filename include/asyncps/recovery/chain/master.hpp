@@ -26,8 +26,9 @@
 
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/transport_time.hpp"
+#include "asyncps/detail/wait_group.hpp"
 #include "asyncps/error.hpp"
-#include "asyncps/server.hpp"
+#include "asyncps/log.hpp"
 #include "asyncps/transport.hpp"
 #include "asyncps/wire.hpp"
 
@@ -63,7 +64,7 @@ class basic_chain_master {
   /// Throws `std::invalid_argument` when `num_shards` or `members` is 0.
   basic_chain_master(Transport& transport, chain_master_options opts)
       : transport_(transport), opts_(std::move(opts)), shards_(opts_.num_shards),
-        done_(transport.get_executor()) {
+        running_(transport.get_executor()) {
     if (opts_.num_shards == 0 || opts_.members == 0)
       throw std::invalid_argument("asyncps::chain_master_options: num_shards and members > 0");
   }
@@ -74,7 +75,7 @@ class basic_chain_master {
   /// or with the acceptor's error. Precondition: runs on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     acceptor_ = &acceptor;
-    watching_ = true;
+    running_.add();  // the watchdog
     asio::co_spawn(transport_.get_executor(), watchdog(), asio::detached);
     std::error_code result;
     while (!stopped_) {
@@ -86,15 +87,13 @@ class basic_chain_master {
       auto& s = sessions_.emplace_back(std::move(conn), transport_.get_executor());
       s.self = std::prev(sessions_.end());
       s.last_seen = clock_type::now();
+      running_.add();  // the session, until both its loops have finished
       asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
       asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
     }
     acceptor_ = nullptr;
     stop();
-    while (!sessions_.empty() || watching_) {
-      done_.expires_after(std::chrono::milliseconds(50));
-      co_await done_.async_wait(detail::use_tuple);
-    }
+    co_await running_.async_wait();
     co_return result;
   }
 
@@ -201,7 +200,7 @@ class basic_chain_master {
     if (--s.running > 0) return;
     if (s.registered) remove(s, "connection lost");
     sessions_.erase(s.self);
-    if (sessions_.empty()) done_.cancel();
+    running_.done();
   }
 
   asio::awaitable<void> watchdog() {
@@ -219,8 +218,7 @@ class basic_chain_master {
         }
       }
     }
-    watching_ = false;
-    done_.cancel();
+    running_.done();
   }
 
   void enroll(session& s, std::uint32_t shard_id, std::uint32_t member) {
@@ -301,10 +299,9 @@ class basic_chain_master {
   chain_master_options opts_;
   std::vector<shard> shards_;
   std::list<session> sessions_;
-  timer_type done_;
+  detail::wait_group<timer_type> running_;  // the watchdog and every session
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
-  bool watching_ = false;
   chain_master_stats stats_{};
 };
 
