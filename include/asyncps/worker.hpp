@@ -481,42 +481,41 @@ class basic_worker {
   }
 
   asio::awaitable<std::error_code> handshake(link& l) {
-    message hello;
-    hello.header.type = message_type::hello;
-    hello.header.sender = opts_.id;
-    hello.header.table = policy_fingerprint<Consistency, Recovery>();
+    protocol::hello hello{.worker = opts_.id,
+                          .clock = 0,
+                          .fingerprint = policy_fingerprint<Consistency, Recovery>(),
+                          .layout = {}};
     // Acknowledged pushes: the server has every push before the oldest unacked one, so the
     // worker rejoins at that push's clock and resends from there.
     const clock_value hello_clock =
         acknowledged && !l.unacked.empty() ? l.unacked.front().header.clock : clock_;
-    hello.header.clock = hello_clock;
-    hello.header.row_count = static_cast<std::uint32_t>(tables_.size());
-    hello.payload = transport_.allocate(tables_.size() * 8);
-    auto* p = reinterpret_cast<std::uint32_t*>(hello.payload.data());
-    for (const auto& t : tables_) {
-      *p++ = t.rows;
-      *p++ = t.width;
-    }
-    if (auto ec = co_await l.conn.async_send(std::move(hello))) co_return ec;
+    hello.clock = hello_clock;
+    hello.layout.reserve(tables_.size());
+    for (const auto& t : tables_) hello.layout.push_back({t.rows, t.width});
+    const auto alloc = [this](std::size_t n) { return transport_.allocate(n); };
+    if (auto ec = co_await l.conn.async_send(protocol::encode(hello, alloc))) co_return ec;
     auto [ec, m] = co_await l.conn.async_receive();
     if (ec) co_return ec;
+    std::string why;
     if (m.header.type == message_type::error) {
-      const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+      protocol::error e;
+      const bool decoded = !protocol::decode(m, e, why);
       l.conn.close();
-      const std::optional<errc> code = errc_from_wire(m.header.seq);
-      if (code == errc::not_head) co_return errc::not_head;  // chain: try the next server
-      log(server_name(l) + " refused the connection: " + reason);
-      co_return code ? make_error_code(*code) : make_error_code(errc::unexpected_message);
+      if (decoded && e.code == errc::not_head) co_return errc::not_head;  // chain: try the next
+      log(server_name(l) + " refused the connection: " +
+          (decoded ? std::string(e.reason) : "(malformed error" + why + ")"));
+      co_return decoded&& e.code ? make_error_code(*e.code)
+                                 : make_error_code(errc::unexpected_message);
     }
-    if (m.header.type != message_type::welcome || m.header.sender != l.shard ||
-        m.header.table != links_.size() || m.header.row_count != tables_.size() ||
-        m.payload.size() != welcome_payload_bytes(tables_.size())) {
-      log(server_name(l) + " sent an unexpected handshake reply");
+    protocol::welcome welcome;
+    if (protocol::decode(m, welcome, why) || welcome.shard != l.shard ||
+        welcome.num_shards != links_.size() || welcome.tables.size() != tables_.size() ||
+        welcome.worker_clock < 0) {
+      log(server_name(l) + " sent an unexpected handshake reply" + why);
       l.conn.close();
       co_return errc::unexpected_message;
     }
-    float server_step = 0;
-    std::memcpy(&server_step, m.payload.data() + tables_.size() * 16, sizeof server_step);
+    const float server_step = welcome.local_step;
     if (!std::isfinite(server_step)) {
       log(server_name(l) + " sent a non-finite local step in its welcome");
       l.conn.close();
@@ -524,13 +523,12 @@ class basic_worker {
     }
     l.step = opts_.local_step.value_or(server_step);
     if (!(l.step > 0)) l.step = 0;
-    clock_ = std::max(clock_, static_cast<clock_value>(m.header.first_row));
+    clock_ = std::max(clock_, welcome.worker_clock);
     // Realign the push counts with what the server has applied: pushes it does not have
     // (sent to a server that was then restored from an older state) are lost.
-    const std::byte* w = m.payload.data();
-    for (table_id t = 0; t < tables_.size(); ++t, w += 16) {
+    for (table_id t = 0; t < tables_.size(); ++t) {
       auto& p = l.parts[t];
-      const auto applied = detail::load_le<std::uint64_t>(w + 8);
+      const auto applied = welcome.tables[t].applied;
       // (Under continue_local the server is rebuilt from replicas and backlogs instead.)
       // With acknowledged pushes the unacked ones are resent (join_links) and the server drops
       // those it has, so it ends up with all `pushed` of them: nothing is lost or recounted.
@@ -549,7 +547,7 @@ class basic_worker {
         if (applied < p.pushed && l.action != recovery_action::continue_local)
           stats_.lost_pushes += p.pushed - applied;
         if (applied < p.pushed && l.action == recovery_action::continue_local &&
-            !m.header.has(frame_flags::state)) {
+            !welcome.wants_state) {
           // The server kept its state but not these pushes (they were in flight when the
           // link dropped): their gradients (kept for read-my-writes) join the backlog, so
           // they are applied once. (A server without state is rebuilt from replicas instead.)
@@ -561,7 +559,7 @@ class basic_worker {
       p.local.clear();
       p.pulling = false;
     }
-    l.state_wanted = m.header.has(frame_flags::state);
+    l.state_wanted = welcome.wants_state;
     l.hello_clock = hello_clock;
     co_return std::error_code{};
   }
@@ -673,23 +671,25 @@ class basic_worker {
         if (l.unacked.empty() || (full && l.unacked.size() < opts_.max_unacked)) wake_.cancel();
         return {};
       }
-      case message_type::heartbeat:
-        if (h.seq == heartbeat_report::slowest_connected ||
-            h.seq == heartbeat_report::slowest_disconnected) {
-          if (h.clock < 0 ||
-              h.first_row > static_cast<std::uint64_t>(std::numeric_limits<clock_value>::max()))
-            return errc::unexpected_message;
-          l.reported = true;
-          l.report_clock = h.clock;
-          l.slowest = h.table;
-          l.slowest_clock = static_cast<clock_value>(h.first_row);
-          l.slowest_connected = h.seq == heartbeat_report::slowest_connected;
-        }
+      case message_type::heartbeat: return {};
+      case message_type::report: {
+        protocol::report r;
+        std::string why;
+        if (auto ec = protocol::decode(m, r, why)) return ec;
+        l.reported = true;
+        l.report_clock = r.server_clock;
+        l.slowest = r.slowest;
+        l.slowest_clock = r.slowest_clock;
+        l.slowest_connected = r.slowest_connected;
         return {};
+      }
       case message_type::error: {
-        const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+        protocol::error e;
+        std::string why;
+        if (auto ec = protocol::decode(m, e, why)) return ec;
+        const std::string reason(e.reason);
         log(server_name(l) + " closed the connection: " + reason);
-        const std::optional<errc> code = errc_from_wire(h.seq);
+        const std::optional<errc> code = e.code;
         // A refusal of what this worker sent (a NaN push, a bad header...): the link fails
         // with its code, and when the recovery policy gives up the run ends with that code
         // (not server_lost). not_head, or no valid code: a plain failure of the link.
@@ -965,13 +965,15 @@ class basic_worker {
     m.header.sender = opts_.id;
     m.header.table = t;
     m.header.clock = since;
-    m.header.seq = count;
     m.header.first_row = p.range.begin;
     m.header.row_count = p.range.size();
     m.header.width = tables_[t].width;
-    m.payload = transport_.allocate(n * sizeof(float));
-    std::memcpy(m.payload.data(), values, n * sizeof(float));
-    stats_.bytes_out += n * sizeof(float);
+    // A backlog's payload starts with the number of clocks it sums (protocol.hpp).
+    const std::size_t prefix = flag == frame_flags::backlog ? backlog_prefix_bytes : 0;
+    m.payload = transport_.allocate(prefix + n * sizeof(float));
+    if (prefix != 0) protocol::set_backlog_clocks(m.payload, count);
+    std::memcpy(m.payload.data() + prefix, values, n * sizeof(float));
+    stats_.bytes_out += prefix + n * sizeof(float);
     co_return co_await l.conn.async_send(std::move(m));
   }
 
