@@ -26,6 +26,7 @@
 #include "asyncps/consistency.hpp"
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/protocol.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/wire.hpp"
@@ -80,17 +81,15 @@ class client {
       : conn_(std::move(conn)), worker_(worker), rows_(rows), width_(width),
         gradient_(std::move(gradient)) {}
 
-  /// Sends hello (layout: one (rows, width) pair in `layout`, 8 bytes) and awaits welcome.
-  asio::awaitable<void> handshake(buffer layout) {
-    auto* p = reinterpret_cast<std::uint32_t*>(layout.data());
-    p[0] = rows_;
-    p[1] = width_;
-    message hello;
-    hello.header.type = message_type::hello;
-    hello.header.sender = worker_;
-    hello.header.table = policy_fingerprint<consistency::asp, recovery::none>();  // the server's
-    hello.header.row_count = 1;
-    hello.payload = std::move(layout);
+  /// Sends hello (layout: one `rows x width` table, encoded into `payload`, at least
+  /// `protocol::hello_bytes(1)` bytes) and awaits welcome.
+  asio::awaitable<void> handshake(buffer payload) {
+    message hello = protocol::encode(
+        protocol::hello{.worker = worker_,
+                        .clock = 0,
+                        .fingerprint = policy_fingerprint<consistency::asp, recovery::none>(),
+                        .layout = {{rows_, width_}}},  // the server's policy
+        [&](std::size_t n) { return n <= payload.size() ? payload.share(0, n) : buffer{}; });
     if (auto ec = co_await conn_.async_send(std::move(hello))) fail("send hello", ec);
     auto [ec, reply] = co_await conn_.async_receive();
     if (ec) fail("receive welcome", ec);

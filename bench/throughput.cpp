@@ -157,7 +157,7 @@ asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_typ
     if (ec) throw std::runtime_error("connect: " + ec.message());
     clients.push_back(std::make_unique<client<connection>>(std::move(conn), w, rows_per_table,
                                                            row_width, gradient.share()));
-    co_await clients.back()->handshake(env.client.allocate(8));
+    co_await clients.back()->handshake(env.client.allocate(protocol::hello_bytes(1)));
   }
 
   const auto run_all = [&](const workload& w,

@@ -1,11 +1,29 @@
-// asyncps — the protocol vocabulary above the frame format (wire.hpp): what both ends must
-// agree on before they exchange rows.
+// asyncps — the protocol vocabulary above the frame format (wire.hpp): typed control messages
+// converted to and from frames, and the policy fingerprint both ends must agree on.
+//
+// Every header field has one meaning (docs/wire-format.md): `sender` the sending node, `table`
+// a table id, `clock` a clock, `seq` a position in a sequence (a message's sequence number, or
+// the position acknowledged), `row_count`/`width`/`first_row` the rows of a frame. What a
+// control message says beyond that travels in its payload, encoded and decoded here only:
+// hello, welcome, error, report, chain_hello, chain_config. Push, pull, rows, clock, ack,
+// heartbeat, bye and state are header-only or carry rows/state (wire.hpp, shard_state codec).
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
 #include <string_view>
+#include <system_error>
+#include <vector>
 
+#include "asyncps/buffer.hpp"
 #include "asyncps/consistency.hpp"
+#include "asyncps/detail/endian.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/wire.hpp"
 
 namespace asyncps {
 
@@ -31,4 +49,303 @@ constexpr std::uint32_t policy_fingerprint() noexcept {
                                                                                      : "lazy/"));
 }
 
+namespace protocol {
+
+/// One table of a layout as the handshake carries it (rows x width floats).
+struct layout_entry {
+  std::uint32_t rows = 0;
+  std::uint32_t width = 0;
+  friend bool operator==(const layout_entry&, const layout_entry&) = default;
+};
+
+/// worker -> server, the first message of a connection. Payload: fingerprint u32, table
+/// count u32, then (rows u32, width u32) per table.
+struct hello {
+  std::uint32_t worker = 0;       ///< the worker's id (header `sender`)
+  clock_value clock = 0;          ///< 0 at first start; a rejoining worker's clock
+  std::uint32_t fingerprint = 0;  ///< `policy_fingerprint<Consistency, Recovery>()`
+  std::vector<layout_entry> layout{};
+};
+
+/// One table of a welcome: its shape and how many of the receiving worker's pushes to this
+/// shard's part of it the server has applied.
+struct welcome_table {
+  std::uint32_t rows = 0;
+  std::uint32_t width = 0;
+  std::uint64_t applied = 0;
+};
+
+/// server -> worker, the reply to an accepted hello. Payload: num_shards u32, table count
+/// u32, the worker's clock at the server i64, per table (rows u32, width u32, applied u64),
+/// then the server optimizer's `local_step()` f32 and 4 zero bytes.
+struct welcome {
+  std::uint32_t shard = 0;       ///< header `sender`
+  std::uint32_t num_shards = 0;  ///< shards sharing the tables
+  clock_value server_clock = 0;  ///< header `clock`
+  clock_value worker_clock = 0;  ///< the worker's clock as this server records it
+  bool wants_state = false;      ///< flag `state`: a server without state asks for replicas
+  std::vector<welcome_table> tables{};
+  float local_step = 0;  ///< the worker's read-my-writes step (0: off)
+};
+
+/// Either way: the sender closes the connection because of `reason`. Payload: code u32 (an
+/// `asyncps::errc` value, 0 when the reason is none), then the UTF-8 reason.
+struct error {
+  std::uint32_t sender = 0;
+  std::optional<errc> code{};
+  std::string_view reason{};  ///< a view of the message's payload (decode) or the caller's text
+};
+
+/// server -> worker with a waiting pull: what holds the server clock back. Payload: slowest
+/// worker u32, connected u32 (0/1), the slowest worker's clock i64.
+struct report {
+  std::uint32_t shard = 0;       ///< header `sender`
+  clock_value server_clock = 0;  ///< header `clock`
+  std::uint32_t slowest = 0;     ///< the worker with the smallest clock
+  clock_value slowest_clock = 0;
+  bool slowest_connected = false;
+};
+
+/// Chain member -> chain master (register) or -> its successor (link up). Payload: member
+/// u32, fingerprint u32, epoch i64.
+struct chain_hello {
+  std::uint32_t shard = 0;   ///< header `sender`
+  std::uint32_t member = 0;  ///< the sender's index in its shard's chain
+  std::uint32_t fingerprint = 0;
+  std::int64_t epoch = 0;  ///< the configuration the sender last had
+};
+
+/// chain master -> member: its place in the chain. Payload: member u32, predecessor u32,
+/// successor u32 (`chain_config::none`: head / tail), 4 zero bytes, epoch i64.
+struct chain_config {
+  static constexpr std::uint32_t none = 0xffffffffu;
+  std::uint32_t shard = 0;  ///< header `sender`
+  std::uint32_t member = 0;
+  std::uint32_t predecessor = none;
+  std::uint32_t successor = none;
+  std::int64_t epoch = 0;
+  bool joining = false;  ///< flag `state`: joins a running chain, waits for a state transfer
+};
+
+/// Payload bytes of a hello / welcome for `tables` tables.
+constexpr std::uint64_t hello_bytes(std::uint64_t tables) noexcept { return 8 + tables * 8; }
+constexpr std::uint64_t welcome_bytes(std::uint64_t tables) noexcept {
+  return 16 + tables * 16 + 8;
+}
+inline constexpr std::uint64_t report_bytes = 16;
+inline constexpr std::uint64_t chain_hello_bytes = 16;
+inline constexpr std::uint64_t chain_config_bytes = 24;
+
+namespace detail_ {
+inline message frame(message_type t, std::uint32_t sender, clock_value clock, buffer payload) {
+  message m;
+  m.header.type = t;
+  m.header.sender = sender;
+  m.header.clock = clock;
+  m.payload = std::move(payload);
+  return m;
+}
+inline std::error_code bad(std::string& detail, std::string what) {
+  detail = " (" + std::move(what) + ")";
+  return errc::unexpected_message;
+}
+}  // namespace detail_
+
+/// Encoders: `alloc(bytes)` returns a pooled `buffer` of that size (e.g. a transport's
+/// `allocate`). Decoders: fill `out` from `m` (whose header `validate_header` accepted) or
+/// return `errc::unexpected_message` with `detail` naming what is wrong; `out` is then
+/// unspecified. Thread safety: pure.
+template <class Alloc>
+message encode(const hello& h, Alloc&& alloc) {
+  buffer b = alloc(hello_bytes(h.layout.size()));
+  std::byte* p = b.data();
+  asyncps::detail::store_le(p, h.fingerprint);
+  asyncps::detail::store_le(p + 4, static_cast<std::uint32_t>(h.layout.size()));
+  for (const auto& e : h.layout) {
+    p += 8;
+    asyncps::detail::store_le(p, e.rows);
+    asyncps::detail::store_le(p + 4, e.width);
+  }
+  return detail_::frame(message_type::hello, h.worker, h.clock, std::move(b));
+}
+
+inline std::error_code decode(const message& m, hello& out, std::string& detail) {
+  using asyncps::detail::load_le;
+  const auto bytes = m.payload.bytes();
+  if (m.header.type != message_type::hello) return detail_::bad(detail, "expected a hello");
+  if (bytes.size() < 8) return detail_::bad(detail, "hello payload shorter than 8 bytes");
+  const auto n = load_le<std::uint32_t>(bytes.data() + 4);
+  if (bytes.size() != hello_bytes(n))
+    return detail_::bad(detail, "hello of " + std::to_string(n) + " tables has " +
+                                    std::to_string(bytes.size()) + " payload bytes");
+  out.worker = m.header.sender;
+  out.clock = m.header.clock;
+  out.fingerprint = load_le<std::uint32_t>(bytes.data());
+  out.layout.resize(n);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    out.layout[i].rows = load_le<std::uint32_t>(bytes.data() + 8 + i * 8);
+    out.layout[i].width = load_le<std::uint32_t>(bytes.data() + 12 + i * 8);
+  }
+  return {};
+}
+
+template <class Alloc>
+message encode(const welcome& w, Alloc&& alloc) {
+  using asyncps::detail::store_le;
+  buffer b = alloc(welcome_bytes(w.tables.size()));
+  std::byte* p = b.data();
+  store_le(p, w.num_shards);
+  store_le(p + 4, static_cast<std::uint32_t>(w.tables.size()));
+  store_le(p + 8, static_cast<std::int64_t>(w.worker_clock));
+  p += 16;
+  for (const auto& t : w.tables) {
+    store_le(p, t.rows);
+    store_le(p + 4, t.width);
+    store_le(p + 8, t.applied);
+    p += 16;
+  }
+  std::memcpy(p, &w.local_step, sizeof(float));  // little-endian IEEE-754 (wire.hpp)
+  std::memset(p + 4, 0, 4);
+  message m = detail_::frame(message_type::welcome, w.shard, w.server_clock, std::move(b));
+  m.header.flags = w.wants_state ? frame_flags::state : std::uint8_t{0};
+  return m;
+}
+
+inline std::error_code decode(const message& m, welcome& out, std::string& detail) {
+  using asyncps::detail::load_le;
+  const auto bytes = m.payload.bytes();
+  if (m.header.type != message_type::welcome) return detail_::bad(detail, "expected a welcome");
+  if (bytes.size() < 16) return detail_::bad(detail, "welcome payload shorter than 16 bytes");
+  const auto n = load_le<std::uint32_t>(bytes.data() + 4);
+  if (bytes.size() != welcome_bytes(n))
+    return detail_::bad(detail, "welcome of " + std::to_string(n) + " tables has " +
+                                    std::to_string(bytes.size()) + " payload bytes");
+  out.shard = m.header.sender;
+  out.server_clock = m.header.clock;
+  out.wants_state = m.header.has(frame_flags::state);
+  out.num_shards = load_le<std::uint32_t>(bytes.data());
+  out.worker_clock = load_le<std::int64_t>(bytes.data() + 8);
+  out.tables.resize(n);
+  const std::byte* p = bytes.data() + 16;
+  for (auto& t : out.tables) {
+    t.rows = load_le<std::uint32_t>(p);
+    t.width = load_le<std::uint32_t>(p + 4);
+    t.applied = load_le<std::uint64_t>(p + 8);
+    p += 16;
+  }
+  std::memcpy(&out.local_step, p, sizeof(float));
+  return {};
+}
+
+template <class Alloc>
+message encode(const error& e, Alloc&& alloc) {
+  buffer b = alloc(4 + e.reason.size());
+  asyncps::detail::store_le(b.data(), e.code ? static_cast<std::uint32_t>(*e.code) : 0u);
+  if (!e.reason.empty()) std::memcpy(b.data() + 4, e.reason.data(), e.reason.size());
+  return detail_::frame(message_type::error, e.sender, 0, std::move(b));
+}
+
+/// `out.reason` views `m`'s payload: valid while `m` is.
+inline std::error_code decode(const message& m, error& out, std::string& detail) {
+  const auto bytes = m.payload.bytes();
+  if (m.header.type != message_type::error) return detail_::bad(detail, "expected an error");
+  if (bytes.size() < 4) return detail_::bad(detail, "error payload shorter than 4 bytes");
+  out.sender = m.header.sender;
+  out.code = errc_from_wire(asyncps::detail::load_le<std::uint32_t>(bytes.data()));
+  out.reason = std::string_view(reinterpret_cast<const char*>(bytes.data() + 4), bytes.size() - 4);
+  return {};
+}
+
+template <class Alloc>
+message encode(const report& r, Alloc&& alloc) {
+  using asyncps::detail::store_le;
+  buffer b = alloc(report_bytes);
+  store_le(b.data(), r.slowest);
+  store_le(b.data() + 4, std::uint32_t{r.slowest_connected ? 1u : 0u});
+  store_le(b.data() + 8, static_cast<std::int64_t>(r.slowest_clock));
+  return detail_::frame(message_type::report, r.shard, r.server_clock, std::move(b));
+}
+
+inline std::error_code decode(const message& m, report& out, std::string& detail) {
+  using asyncps::detail::load_le;
+  const auto bytes = m.payload.bytes();
+  if (m.header.type != message_type::report || bytes.size() != report_bytes)
+    return detail_::bad(detail, "malformed report");
+  const auto connected = load_le<std::uint32_t>(bytes.data() + 4);
+  out.shard = m.header.sender;
+  out.server_clock = m.header.clock;
+  out.slowest = load_le<std::uint32_t>(bytes.data());
+  out.slowest_clock = load_le<std::int64_t>(bytes.data() + 8);
+  out.slowest_connected = connected == 1;
+  if (connected > 1 || out.server_clock < 0 || out.slowest_clock < 0)
+    return detail_::bad(detail, "report with connected " + std::to_string(connected) +
+                                    ", server clock " + std::to_string(out.server_clock) +
+                                    ", slowest clock " + std::to_string(out.slowest_clock));
+  return {};
+}
+
+template <class Alloc>
+message encode(const chain_hello& c, Alloc&& alloc) {
+  using asyncps::detail::store_le;
+  buffer b = alloc(chain_hello_bytes);
+  store_le(b.data(), c.member);
+  store_le(b.data() + 4, c.fingerprint);
+  store_le(b.data() + 8, c.epoch);
+  return detail_::frame(message_type::chain_hello, c.shard, 0, std::move(b));
+}
+
+inline std::error_code decode(const message& m, chain_hello& out, std::string& detail) {
+  using asyncps::detail::load_le;
+  const auto bytes = m.payload.bytes();
+  if (m.header.type != message_type::chain_hello || bytes.size() != chain_hello_bytes)
+    return detail_::bad(detail, "malformed chain_hello");
+  out.shard = m.header.sender;
+  out.member = load_le<std::uint32_t>(bytes.data());
+  out.fingerprint = load_le<std::uint32_t>(bytes.data() + 4);
+  out.epoch = load_le<std::int64_t>(bytes.data() + 8);
+  return {};
+}
+
+template <class Alloc>
+message encode(const chain_config& c, Alloc&& alloc) {
+  using asyncps::detail::store_le;
+  buffer b = alloc(chain_config_bytes);
+  store_le(b.data(), c.member);
+  store_le(b.data() + 4, c.predecessor);
+  store_le(b.data() + 8, c.successor);
+  store_le(b.data() + 12, std::uint32_t{0});
+  store_le(b.data() + 16, c.epoch);
+  message m = detail_::frame(message_type::chain_config, c.shard, 0, std::move(b));
+  m.header.flags = c.joining ? frame_flags::state : std::uint8_t{0};
+  return m;
+}
+
+inline std::error_code decode(const message& m, chain_config& out, std::string& detail) {
+  using asyncps::detail::load_le;
+  const auto bytes = m.payload.bytes();
+  if (m.header.type != message_type::chain_config || bytes.size() != chain_config_bytes)
+    return detail_::bad(detail, "malformed chain_config");
+  out.shard = m.header.sender;
+  out.member = load_le<std::uint32_t>(bytes.data());
+  out.predecessor = load_le<std::uint32_t>(bytes.data() + 4);
+  out.successor = load_le<std::uint32_t>(bytes.data() + 8);
+  out.epoch = load_le<std::int64_t>(bytes.data() + 16);
+  out.joining = m.header.has(frame_flags::state);
+  return {};
+}
+
+/// The number of clocks a backlog push (flag `backlog`) sums: its payload prefix.
+/// Precondition: `m` is a push with flag `backlog` that `validate_header` accepted.
+inline std::uint64_t backlog_clocks(const message& m) noexcept {
+  return asyncps::detail::load_le<std::uint64_t>(m.payload.data());
+}
+
+/// Writes the prefix of a backlog push summing `clocks` clocks into `payload` (at least
+/// `backlog_prefix_bytes` long); the floats follow it.
+inline void set_backlog_clocks(buffer& payload, std::uint64_t clocks) noexcept {
+  asyncps::detail::store_le(payload.data(), clocks);
+  asyncps::detail::store_le(payload.data() + 8, std::uint64_t{0});
+}
+
+}  // namespace protocol
 }  // namespace asyncps

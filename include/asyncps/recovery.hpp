@@ -11,7 +11,6 @@
 #include <string_view>
 #include <system_error>
 
-
 namespace asyncps {
 
 /// What a worker does when it loses a server connection.

@@ -481,13 +481,13 @@ class basic_server {
       ++stats_.rejected;
       log("closing connection of " + who(s) + ": " + reason);
     }
-    message m;
-    m.header.type = message_type::error;
-    m.header.sender = opts_.shard;
-    if (ec.category() == error_category()) m.header.seq = static_cast<std::uint64_t>(ec.value());
-    m.payload = transport_.allocate(reason.size());
-    std::memcpy(m.payload.data(), reason.data(), reason.size());
-    enqueue(s, std::move(m));
+    enqueue(s, protocol::encode(
+                   protocol::error{.sender = opts_.shard,
+                                   .code = ec.category() == error_category()
+                                               ? std::optional<errc>(static_cast<errc>(ec.value()))
+                                               : std::nullopt,
+                                   .reason = reason},
+                   alloc()));
     s.open = false;  // the write loop flushes the error, then closes
     s.wake.cancel();
   }
@@ -587,7 +587,9 @@ class basic_server {
       detail = " (expected hello first)";
       return errc::unexpected_message;
     }
-    if (h.table != policy_fingerprint<Consistency, Recovery>()) {
+    protocol::hello hello;
+    if (auto ec = protocol::decode(m, hello, detail)) return ec;
+    if (hello.fingerprint != policy_fingerprint<Consistency, Recovery>()) {
       detail = std::string(" (this server runs ") + (Consistency::eager ? "eager" : "lazy") +
                " consistency and recovery '" + std::string(Recovery::name) + "')";
       return errc::policy_mismatch;
@@ -601,8 +603,8 @@ class basic_server {
                std::to_string(opts_.num_workers) + ")";
       return errc::bad_sender;
     }
-    if (!layout_matches(m)) {
-      detail = " (" + layout_difference_from(m) + ")";
+    if (!layout_matches(hello)) {
+      detail = " (" + layout_difference_from(hello) + ")";
       return errc::layout_mismatch;
     }
     if constexpr (is_chain) {
@@ -631,16 +633,17 @@ class basic_server {
         std::fill(needs_state_.begin(), needs_state_.end(), true);
       }
     }
-    message w;
-    w.header.type = message_type::welcome;
-    w.header.flags = ask_state ? frame_flags::state : std::uint8_t{0};
-    w.header.sender = opts_.shard;
-    w.header.table = opts_.num_shards;
-    w.header.clock = server_clock_;
-    w.header.first_row = static_cast<std::uint64_t>(std::max(clocks_[s.worker], h.clock));
-    w.header.row_count = static_cast<std::uint32_t>(tables_.size());
-    w.payload = encode_welcome(s.worker);
-    enqueue(s, std::move(w));
+    protocol::welcome w{.shard = opts_.shard,
+                        .num_shards = opts_.num_shards,
+                        .server_clock = server_clock_,
+                        .worker_clock = std::max(clocks_[s.worker], h.clock),
+                        .wants_state = ask_state,
+                        .tables = {},
+                        .local_step = static_cast<float>(optimizer_.local_step())};
+    w.tables.reserve(tables_.size());
+    for (std::size_t i = 0; i < tables_.size(); ++i)
+      w.tables.push_back({tables_[i].spec.rows, tables_[i].spec.width, applied_[s.worker][i]});
+    enqueue(s, protocol::encode(w, alloc()));
     if (h.clock > clocks_[s.worker]) {
       // The worker kept training while this shard was away (a restart from a checkpoint, or
       // without state): its updates of the clocks in between are lost here, so its clock at
@@ -664,31 +667,19 @@ class basic_server {
     return {};
   }
 
-  // Welcome payload: per table (rows u32, width u32, pushes of `worker` applied u64), then
-  // the optimizer's local_step() (f32; the worker's read-my-writes step).
-  buffer encode_welcome(std::uint32_t worker) {
-    buffer b = transport_.allocate(welcome_payload_bytes(tables_.size()));
-    std::byte* p = b.data();
-    for (std::size_t i = 0; i < tables_.size(); ++i) {
-      detail::store_le(p, tables_[i].spec.rows);
-      detail::store_le(p + 4, tables_[i].spec.width);
-      detail::store_le(p + 8, applied_[worker][i]);
-      p += 16;
-    }
-    const float step = static_cast<float>(optimizer_.local_step());
-    std::memcpy(p, &step, sizeof step);  // little-endian IEEE-754 (checked in wire.hpp)
-    return b;
+  // The transport's buffer allocator, for the protocol encoders.
+  auto alloc() {
+    return [this](std::size_t n) { return transport_.allocate(n); };
   }
 
   // The layout in hello `m` compared with this server's: each differing table with both
   // sides' rows x width, and the table counts when they differ.
-  std::string layout_difference_from(const message& m) const {
-    std::vector<table_spec> theirs(m.header.row_count);
-    const auto n = std::min<std::size_t>(m.header.row_count, m.payload.size() / 8);
-    for (std::size_t i = 0; i < n; ++i) {
+  std::string layout_difference_from(const protocol::hello& h) const {
+    std::vector<table_spec> theirs(h.layout.size());
+    for (std::size_t i = 0; i < h.layout.size(); ++i) {
       theirs[i].id = static_cast<table_id>(i);
-      theirs[i].rows = detail::load_le<std::uint32_t>(m.payload.data() + i * 8);
-      theirs[i].width = detail::load_le<std::uint32_t>(m.payload.data() + i * 8 + 4);
+      theirs[i].rows = h.layout[i].rows;
+      theirs[i].width = h.layout[i].width;
     }
     std::vector<table_spec> ours;
     ours.reserve(tables_.size());
@@ -716,13 +707,11 @@ class basic_server {
     return o;
   }
 
-  bool layout_matches(const message& m) const {
-    if (m.header.row_count != tables_.size()) return false;
-    const auto* p = reinterpret_cast<const std::uint32_t*>(m.payload.data());
-    for (const auto& t : tables_) {
-      if (p[0] != t.spec.rows || p[1] != t.spec.width) return false;
-      p += 2;
-    }
+  bool layout_matches(const protocol::hello& h) const {
+    if (h.layout.size() != tables_.size()) return false;
+    for (std::size_t i = 0; i < tables_.size(); ++i)
+      if (h.layout[i].rows != tables_[i].spec.rows || h.layout[i].width != tables_[i].spec.width)
+        return false;
     return true;
   }
 
@@ -846,9 +835,9 @@ class basic_server {
       case message_type::heartbeat: return {};
       case message_type::bye: close_after_flush(s); return {};
       case message_type::error: {
-        const std::string_view reason(reinterpret_cast<const char*>(m.payload.data()),
-                                      m.payload.size());
-        log(who(s) + " reported an error: " + std::string(reason));
+        protocol::error e;
+        if (auto ec = protocol::decode(m, e, detail)) return ec;
+        log(who(s) + " reported an error: " + std::string(e.reason));
         close_after_flush(s);
         return {};
       }
@@ -887,10 +876,17 @@ class basic_server {
     message m;
     m.header.type = type;
     m.header.sender = opts_.shard;
-    m.header.table = chain_.self;
-    m.header.clock = epoch_;
     m.header.seq = seq;
     return m;
+  }
+
+  message chain_hello() {
+    return protocol::encode(
+        protocol::chain_hello{.shard = opts_.shard,
+                              .member = chain_.self,
+                              .fingerprint = policy_fingerprint<Consistency, Recovery>(),
+                              .epoch = epoch_},
+        alloc());
   }
 
   static std::string member_name(std::uint32_t m) {
@@ -908,10 +904,7 @@ class basic_server {
         if (!ec && !stopped_) {
           master_ = &add_session(std::move(conn), session_kind::master);
           first_config_ = true;
-          enqueue(
-              *master_,
-              chain_message(message_type::chain_hello, policy_fingerprint<Consistency, Recovery>()),
-              true);
+          enqueue(*master_, chain_hello(), true);
           backoff = std::chrono::milliseconds(10);
         } else {
           if (!ec) conn.close();
@@ -939,10 +932,7 @@ class basic_server {
         if (!ec && !stopped_ && succ_member_ == target && succ_ == nullptr && !fresh_) {
           succ_ = &add_session(std::move(conn), session_kind::successor);
           succ_->worker = target;
-          enqueue(
-              *succ_,
-              chain_message(message_type::chain_hello, policy_fingerprint<Consistency, Recovery>()),
-              true);
+          enqueue(*succ_, chain_hello(), true);
         } else if (!ec) {
           conn.close();
         }
@@ -976,29 +966,29 @@ class basic_server {
     pred_member_ = succ_member_ = no_member;
   }
 
-  void on_config(const frame_header& h) {
+  void on_config(const protocol::chain_config& h) {
     ++stats_.chain_configs;
-    const auto pred = static_cast<std::uint32_t>(h.first_row);
-    const auto succ = static_cast<std::uint32_t>(h.seq);
+    const auto pred = h.predecessor;
+    const auto succ = h.successor;
     const auto known = [this](std::uint64_t m) {
       return m == no_member || m < chain_.members.size();
     };
-    if (!known(h.first_row) || !known(h.seq)) {
+    if (!known(pred) || !known(succ)) {
       // The master's member ids and this server's set_chain list disagree: a configuration
       // error, reported instead of connecting to an endpoint this server does not know.
-      log("chain master names member " + std::to_string(h.first_row) + " / " +
-          std::to_string(h.seq) + ", but set_chain lists " + std::to_string(chain_.members.size()) +
+      log("chain master names member " + std::to_string(pred) + " / " + std::to_string(succ) +
+          ", but set_chain lists " + std::to_string(chain_.members.size()) +
           " members; ignoring the configuration");
       return;
     }
-    if (h.has(frame_flags::state) && first_config_) {
+    if (h.joining && first_config_) {
       // Registered anew with a running chain: whatever this server holds may be stale.
       if (serving_) log("rejoining the chain: dropping this server's state and connections");
       leave_chain();
     }
     first_config_ = false;
     serving_ = true;
-    epoch_ = h.clock;
+    epoch_ = h.epoch;
     if (pred_ != nullptr && pred_->worker != pred) {
       close_session(*pred_);
       pred_ = nullptr;
@@ -1037,23 +1027,24 @@ class basic_server {
   }
 
   std::error_code greet_predecessor(session& s, const message& m, std::string& detail) {
-    const auto& h = m.header;
-    if (h.seq != policy_fingerprint<Consistency, Recovery>()) {
+    protocol::chain_hello h;
+    if (auto ec = protocol::decode(m, h, detail)) return ec;
+    if (h.fingerprint != policy_fingerprint<Consistency, Recovery>()) {
       detail = std::string(" (chain peer; this server runs recovery '") +
                std::string(Recovery::name) + "')";
       return errc::policy_mismatch;
     }
-    if (!serving_ || h.sender != opts_.shard || pred_member_ == no_member ||
-        h.table != pred_member_) {
-      detail = " (chain_hello from server " + std::to_string(h.table) + " of shard " +
-               std::to_string(h.sender) + "; this server's predecessor in epoch " +
+    if (!serving_ || h.shard != opts_.shard || pred_member_ == no_member ||
+        h.member != pred_member_) {
+      detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
+               std::to_string(h.shard) + "; this server's predecessor in epoch " +
                std::to_string(epoch_) + " is " + member_name(pred_member_) + ")";
       return errc::unexpected_message;
     }
     if (pred_ != nullptr) close_session(*pred_);
     pred_ = &s;
     s.kind = session_kind::predecessor;
-    s.worker = h.table;
+    s.worker = h.member;
     message a = chain_message(message_type::ack, log_index_);
     if (fresh_) a.header.flags = frame_flags::state;
     enqueue(s, std::move(a), true);
@@ -1064,20 +1055,23 @@ class basic_server {
     const auto& h = m.header;
     if (h.type == message_type::heartbeat) return {};
     if (h.type == message_type::error || h.type == message_type::bye) {
-      if (h.type == message_type::error)
+      protocol::error e;
+      if (h.type == message_type::error && !protocol::decode(m, e, detail))
         log(std::string(s.kind == session_kind::master ? "chain master" : "chain peer") +
-            " closed the connection: " +
-            std::string(reinterpret_cast<const char*>(m.payload.data()), m.payload.size()));
+            " closed the connection: " + std::string(e.reason));
       close_after_flush(s);
       return {};
     }
     switch (s.kind) {
       case session_kind::master:
-        if (h.type != message_type::chain_config || h.sender != opts_.shard ||
-            h.table != chain_.self)
-          break;
-        on_config(h);
-        return {};
+        if (h.type == message_type::chain_config) {
+          protocol::chain_config c;
+          if (auto ec = protocol::decode(m, c, detail)) return ec;
+          if (c.shard != opts_.shard || c.member != chain_.self) break;
+          on_config(c);
+          return {};
+        }
+        break;
       case session_kind::successor:
         if (h.type != message_type::ack) break;
         if (!s.synced) {
@@ -1325,14 +1319,16 @@ class basic_server {
         return {};
       }
       const clock_value staleness = std::max<clock_value>(server_clock_ - h.clock, 0);
-      const float scale = recovery_.backlog_scale(h.seq, staleness);
-      Eigen::Map<Eigen::ArrayXf> g(reinterpret_cast<float*>(m.payload.data()),
+      const std::uint64_t clocks = protocol::backlog_clocks(m);
+      const float scale = recovery_.backlog_scale(clocks, staleness);
+      // The floats follow the backlog prefix; the payload is this server's own buffer.
+      Eigen::Map<Eigen::ArrayXf> g(const_cast<float*>(vals.data()),
                                    static_cast<Eigen::Index>(vals.size()));
       if (scale != 1.0f) g *= scale;
       apply(m);
       has_state_ = true;
       ++stats_.backlogs_merged;
-      stats_.backlog_clocks += h.seq;
+      stats_.backlog_clocks += clocks;
       return {};
     }
   }
@@ -1643,15 +1639,12 @@ class basic_server {
         (connected ? " (connected)" : " (not connected)"));
     for (auto& s : sessions_) {
       if (!s.open || s.kind != session_kind::worker || s.pending_pulls == 0) continue;
-      message hb;
-      hb.header.type = message_type::heartbeat;
-      hb.header.sender = opts_.shard;
-      hb.header.clock = server_clock_;
-      hb.header.table = slowest;
-      hb.header.first_row = static_cast<std::uint64_t>(clocks_[slowest]);
-      hb.header.seq =
-          connected ? heartbeat_report::slowest_connected : heartbeat_report::slowest_disconnected;
-      enqueue(s, std::move(hb));
+      enqueue(s, protocol::encode(protocol::report{.shard = opts_.shard,
+                                                   .server_clock = server_clock_,
+                                                   .slowest = slowest,
+                                                   .slowest_clock = clocks_[slowest],
+                                                   .slowest_connected = connected},
+                                  alloc()));
     }
   }
 

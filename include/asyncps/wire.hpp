@@ -1,38 +1,32 @@
 // asyncps — the wire format: a fixed 64-byte little-endian header followed by a payload that,
 // for push and rows messages, is the float32 array itself.
 //
-//   offset size field          meaning
+//   offset size field          meaning (one per field; docs/wire-format.md has every message)
 //   0      4    magic          "APS1" (0x31535041)
 //   4      2    version        wire_version
 //   6      1    type           message_type
 //   7      1    flags          frame_flags bits
-//   8      4    sender         worker id (worker -> server) or shard id (server -> worker)
-//   12     4    table          table id
-//   16     8    clock          sender's clock (push/clock), min server clock wanted (pull),
-//                               server clock (rows/welcome)
-//   24     8    seq            push: per-connection sequence number (acks echo it);
-//                               rows: how many of the receiver's pushes to this table are applied;
-//                               ack between chain members: log position acknowledged
+//   8      4    sender         the sending node: worker id, or shard id (servers, chain members)
+//   12     4    table          table id (push, pull, rows; 0 otherwise)
+//   16     8    clock          a clock: the sender's (hello, push, clock), the minimum server
+//                               clock wanted (pull), the server clock (welcome, rows, report,
+//                               state), the clock replica/backlog rows date from
+//   24     8    seq            a position in a sequence: a message's sequence number (push,
+//                               clock, pull), or the position acknowledged (ack: a push's seq
+//                               or a chain log position; rows: the receiver's pushes to this
+//                               table applied; state: the log position it reflects)
 //   32     4    row_count      rows in this frame
 //   36     4    width          floats per row
-//   40     8    first_row      first row when flags has `range` (else 0); welcome: the
-//                               receiving worker's clock as recorded by the server
+//   40     8    first_row      first row when flags has `range` (else 0)
 //   48     8    payload_bytes  bytes that follow the header
 //   56     8    checksum       XXH3-64 of header bytes [0,56) (seeding) and the payload
 //
 // Payloads: push/rows = [keys: row_count x u32, padded to 16 bytes, only without `range`]
-// followed by row_count x width float32 (little-endian IEEE-754); pull = keys (sparse) or
-// nothing (range); hello = the table layout as (rows, width) u32 pairs; welcome = per table
-// (rows u32, width u32, pushes of the receiving worker applied u64), then the server
-// optimizer's `local_step()` as one f32 (the worker's read-my-writes step); error = UTF-8
-// reason; state = an encoded shard state (detail/shard_state_codec.hpp); clock/ack/heartbeat/bye/
-// chain_hello/chain_config = nothing.
-//
-// A heartbeat from a server to a worker (sent while one of that worker's pulls waits for the
-// server clock, see `server_options::watchdog_interval`) reports what holds the clock back:
-// sender = shard, clock = server clock, table = the slowest worker's id, first_row = that
-// worker's clock, seq = `heartbeat_report::slowest_connected` or `slowest_disconnected`
-// (seq 0: a plain liveness heartbeat that reports nothing).
+// followed by row_count x width float32 (little-endian IEEE-754); a backlog push has a 16-byte
+// prefix before the floats (clocks u64, 8 zero bytes); pull = keys (sparse) or nothing
+// (range); state = an encoded shard state (detail/shard_state_codec.hpp); hello, welcome, error,
+// report, chain_hello, chain_config = the typed messages of protocol.hpp; clock, ack,
+// heartbeat, bye = nothing.
 #pragma once
 
 #include <array>
@@ -59,57 +53,40 @@ static_assert(std::endian::native == std::endian::little,
               "are not supported");
 
 inline constexpr std::uint32_t wire_magic = 0x31535041;  // bytes 'A' 'P' 'S' '1'
-inline constexpr std::uint16_t wire_version = 1;
+inline constexpr std::uint16_t wire_version = 2;
 inline constexpr std::size_t header_size = 64;
 
-/// Message types (header field `type`).
+/// Message types (header field `type`). The payloads of hello, welcome, error, report and the
+/// chain messages are encoded by protocol.hpp.
 enum class message_type : std::uint8_t {
-  hello = 1,  ///< worker -> server: handshake; sender = worker id, clock = the worker's
-              ///< clock (0 at first start; a rejoining worker's current clock), table =
-              ///< policy fingerprint, payload = layout
-  welcome,    ///< server -> worker: handshake reply; sender = shard, table = num_shards,
-              ///< clock = server clock, first_row = the worker's clock at the server,
-              ///< payload = layout + the worker's pushes applied per table + the server
-              ///< optimizer's `local_step()` (f32)
-  push,       ///< worker -> server: gradient rows
+  hello = 1,  ///< worker -> server: handshake (`protocol::hello`)
+  welcome,    ///< server -> worker: handshake reply (`protocol::welcome`)
+  push,       ///< worker -> server: gradient rows of clock `clock`
   pull,       ///< worker -> server: request rows; first_row/keys say which; clock = min
               ///< server clock the rows must reflect
   rows,       ///< server -> worker: row values as of server clock `clock`
   clock,      ///< worker -> server: sender finished clock `clock` (now at `clock + 1`)
-  ack,        ///< server -> worker: pushes up to `seq` are applied
-  heartbeat,  ///< either way: liveness; server -> worker with seq != 0: a report of what
-              ///< holds the server clock back (see `heartbeat_report`)
+  ack,        ///< server -> worker (or chain member -> predecessor): positions up to `seq`
+              ///< are applied
+  heartbeat,  ///< either way: liveness
   bye,        ///< either way: orderly close
-  error,      ///< either way: the peer is closing because of the UTF-8 reason in the payload;
-              ///< seq = the `asyncps::errc` value when the reason is one (else 0)
+  error,      ///< either way: the peer is closing, and why (`protocol::error`)
   // --- chain replication (recovery::chain_replication) ---
-  chain_hello,   ///< chain member -> chain master (register) or -> its successor (link up);
-                 ///< sender = shard, table = member index, clock = configuration epoch,
-                 ///< seq = policy fingerprint; the successor answers with an `ack` whose seq
+  chain_hello,   ///< chain member -> chain master (register) or -> its successor (link up)
+                 ///< (`protocol::chain_hello`); the successor answers with an `ack` whose seq
                  ///< is its log position (flag `state`: it needs a state transfer)
-  chain_config,  ///< chain master -> member: sender = shard, table = member index, clock =
-                 ///< epoch, first_row = predecessor member (0xffffffff: none, i.e. head),
-                 ///< seq = successor member (0xffffffff: none, i.e. tail); flag `state`:
-                 ///< the member joins a running chain and must wait for a state transfer
+  chain_config,  ///< chain master -> member: its predecessor and successor
+                 ///< (`protocol::chain_config`)
   state,         ///< member -> successor: the whole shard state (detail/shard_state_codec.hpp) as
-                 ///< of log position `seq`; sender = shard, clock = server clock
+                 ///< of log position `seq`; clock = server clock
+  report,        ///< server -> worker with a pull waiting for the server clock: what holds it
+                 ///< back (`protocol::report`)
 };
-inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::state);
+inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::report);
 
-/// Header field `seq` of a heartbeat from a server to a worker: whether it reports the
-/// slowest worker (`clock` = server clock, `table` = slowest worker id, `first_row` = its
-/// clock), and whether that worker is connected to the server.
-struct heartbeat_report {
-  static constexpr std::uint64_t none = 0;                  ///< a plain liveness heartbeat
-  static constexpr std::uint64_t slowest_disconnected = 1;  ///< report; slowest not connected
-  static constexpr std::uint64_t slowest_connected = 2;     ///< report; slowest connected
-};
-
-/// Bytes of a welcome payload for `tables` tables: per table rows u32, width u32, pushes
-/// applied u64, then the server optimizer's `local_step()` as f32.
-constexpr std::uint64_t welcome_payload_bytes(std::uint64_t tables) noexcept {
-  return tables * 16 + 4;
-}
+/// Bytes before the floats of a backlog push (flag `backlog`): the number of clocks it sums
+/// (u64), then 8 zero bytes (so the floats stay 16-byte aligned).
+inline constexpr std::uint64_t backlog_prefix_bytes = 16;
 
 /// Bits of header field `flags`.
 struct frame_flags {
@@ -123,8 +100,9 @@ struct frame_flags {
   /// push: the payload is row *values* (a worker's replica), to be installed by a server that
   /// restarted without state; welcome: this server has no state and asks for replicas.
   static constexpr std::uint8_t state = 16;
-  /// push: deltas a worker accumulated over `seq` clocks while the server was unreachable,
-  /// starting from rows of server clock `clock`; merged by the recovery policy's rule.
+  /// push: deltas a worker accumulated while the server was unreachable, starting from rows
+  /// of server clock `clock`; the payload starts with the number of clocks it sums
+  /// (`backlog_prefix_bytes`); merged by the recovery policy's rule.
   static constexpr std::uint8_t backlog = 32;
   static constexpr std::uint8_t all = 63;
 };
@@ -160,17 +138,22 @@ constexpr std::uint64_t key_bytes(std::uint32_t row_count) noexcept {
 }
 
 /// The payload size a header implies for fixed-shape messages, or -1 when it is variable
-/// (hello/welcome/error). Used to reject `payload_bytes` that disagree with the shape.
+/// (hello/welcome/error/state, bounded by `validate_header`). Used to reject `payload_bytes`
+/// that disagree with the shape.
 constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
   const std::uint64_t keys = h.has(frame_flags::range) ? 0 : key_bytes(h.row_count);
+  const std::uint64_t floats = std::uint64_t{h.row_count} * h.width * 4;
   switch (h.type) {
     case message_type::push:
-    case message_type::rows:
-      return static_cast<std::int64_t>(keys + std::uint64_t{h.row_count} * h.width * 4);
+      return static_cast<std::int64_t>(keys + floats +
+                                       (h.has(frame_flags::backlog) ? backlog_prefix_bytes : 0));
+    case message_type::rows: return static_cast<std::int64_t>(keys + floats);
     case message_type::pull: return static_cast<std::int64_t>(keys);
-    case message_type::hello: return static_cast<std::int64_t>(std::uint64_t{h.row_count} * 8);
+    case message_type::report:
+    case message_type::chain_hello: return 16;
+    case message_type::chain_config: return 24;
+    case message_type::hello:
     case message_type::welcome:
-      return static_cast<std::int64_t>(welcome_payload_bytes(h.row_count));
     case message_type::error:
     case message_type::state: return -1;
     default: return 0;
@@ -239,8 +222,11 @@ inline std::error_code validate_header(const frame_header& h, const wire_limits&
   if (t == 0 || t > max_message_type) return errc::bad_message_type;
   if ((h.flags & ~frame_flags::all) != 0) return errc::bad_flags;
   if (h.payload_bytes > lim.max_frame_bytes) return errc::frame_too_large;
-  const bool layout = h.type == message_type::hello || h.type == message_type::welcome;
-  if (layout ? h.row_count > lim.max_tables : h.row_count > lim.max_rows)
+  if (h.row_count > lim.max_rows) return errc::too_many_rows;
+  // A handshake's layout: at most max_tables tables (8 bytes each in a hello, 16 in a welcome).
+  if ((h.type == message_type::hello && h.payload_bytes > 8 + std::uint64_t{lim.max_tables} * 8) ||
+      (h.type == message_type::welcome &&
+       h.payload_bytes > 24 + std::uint64_t{lim.max_tables} * 16))
     return errc::too_many_rows;
   if (h.width > lim.max_width) return errc::bad_width;
   const std::int64_t expected = expected_payload_bytes(h);
@@ -250,8 +236,13 @@ inline std::error_code validate_header(const frame_header& h, const wire_limits&
 }
 
 /// The float rows of a push/rows message's payload (after the keys, if any).
+/// (Backlog pushes: after their prefix.)
 inline std::span<const float> payload_floats(const message& m) noexcept {
-  const std::uint64_t off = m.header.has(frame_flags::range) ? 0 : key_bytes(m.header.row_count);
+  const std::uint64_t off =
+      (m.header.has(frame_flags::range) ? 0 : key_bytes(m.header.row_count)) +
+      (m.header.type == message_type::push && m.header.has(frame_flags::backlog)
+           ? backlog_prefix_bytes
+           : 0);
   const auto bytes = m.payload.bytes().subspan(off);
   return {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)};
 }

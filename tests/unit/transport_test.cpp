@@ -257,14 +257,16 @@ asio::awaitable<raw_result> raw_exchange(asio::ip::tcp::endpoint ep, std::vector
 }
 
 std::vector<std::byte> hello_frame(std::uint32_t worker, std::uint32_t rows, std::uint32_t width) {
-  frame_header h;
-  h.type = message_type::hello;
-  h.sender = worker;
-  h.table = policy_fingerprint<consistency::ssp<1>, recovery::none>();  // test_server's
-  h.row_count = 1;
-  h.payload_bytes = 8;
-  std::array<std::uint32_t, 2> layout{rows, width};
-  auto pl = std::as_bytes(std::span(layout));
+  buffer_pool pool;
+  message m = protocol::encode(
+      protocol::hello{.worker = worker,
+                      .clock = 0,
+                      .fingerprint = policy_fingerprint<consistency::ssp<1>, recovery::none>(),
+                      .layout = {{rows, width}}},  // test_server's policy
+      [&](std::size_t n) { return pool.allocate(n); });
+  frame_header h = m.header;
+  h.payload_bytes = m.payload.size();
+  auto pl = m.payload.bytes();
   auto hdr = encode(h, pl);
   std::vector<std::byte> out(header_size + pl.size());
   std::memcpy(out.data(), hdr.data(), header_size);
@@ -298,14 +300,12 @@ std::vector<std::byte> push_frame(std::uint32_t worker, std::uint32_t table, std
 template <class T, class C>
 asio::awaitable<void> handshake(T& transport, C& conn, std::uint32_t id, std::uint32_t rows,
                                 std::uint32_t width) {
-  message hello;
-  hello.header.type = message_type::hello;
-  hello.header.sender = id;
-  hello.header.table = policy_fingerprint<consistency::ssp<1>, recovery::none>();
-  hello.header.row_count = 1;
-  hello.payload = transport.allocate(8);
-  const std::array<std::uint32_t, 2> layout{rows, width};
-  std::memcpy(hello.payload.data(), layout.data(), 8);
+  message hello = protocol::encode(
+      protocol::hello{.worker = id,
+                      .clock = 0,
+                      .fingerprint = policy_fingerprint<consistency::ssp<1>, recovery::none>(),
+                      .layout = {{rows, width}}},
+      [&](std::size_t n) { return transport.allocate(n); });
   REQUIRE(!(co_await conn.async_send(std::move(hello))));
   auto [ec, welcome] = co_await conn.async_receive();
   REQUIRE(!ec);
@@ -378,8 +378,12 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
     std::vector<hostile> cases;
     cases.push_back(
         {"bad magic", raw_header([](frame_header& h) { h.magic = 0x12345678; }), "'magic'"});
+    cases.push_back({"wrong version", raw_header([](frame_header& h) {
+                       h.version = static_cast<std::uint16_t>(wire_version + 1);
+                     }),
+                     "'version'"});
     cases.push_back(
-        {"wrong version", raw_header([](frame_header& h) { h.version = 2; }), "'version'"});
+        {"a wire version 1 peer", raw_header([](frame_header& h) { h.version = 1; }), "'version'"});
     cases.push_back({"unknown type",
                      raw_header([](frame_header& h) { h.type = static_cast<message_type>(77); }),
                      "'type'"});

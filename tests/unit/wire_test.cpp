@@ -13,6 +13,7 @@
 #include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
+#include "asyncps/protocol.hpp"
 #include "asyncps/staleness.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/wire.hpp"
@@ -322,4 +323,142 @@ TEST_CASE("ring keeps FIFO order across wrap-around and growth") {
   }
   r.clear();
   CHECK(r.empty());
+}
+
+TEST_CASE("protocol: typed control messages round-trip through frames") {
+  buffer_pool pool;
+  const auto alloc = [&](std::size_t n) { return pool.allocate(n); };
+  std::string why;
+
+  protocol::hello h{
+      .worker = 3, .clock = 17, .fingerprint = 0xabcdef01u, .layout = {{10, 4}, {7, 1}}};
+  message m = protocol::encode(h, alloc);
+  CHECK(m.header.type == message_type::hello);
+  CHECK(m.header.sender == 3);
+  CHECK(m.header.clock == 17);
+  CHECK(m.header.table == 0);  // no field means two things: the fingerprint is in the payload
+  CHECK(m.payload.size() == protocol::hello_bytes(2));
+  protocol::hello h2;
+  REQUIRE(!protocol::decode(m, h2, why));
+  CHECK(h2.worker == 3);
+  CHECK(h2.clock == 17);
+  CHECK(h2.fingerprint == 0xabcdef01u);
+  CHECK(h2.layout == h.layout);
+
+  protocol::welcome w{.shard = 1,
+                      .num_shards = 2,
+                      .server_clock = 5,
+                      .worker_clock = 9,
+                      .wants_state = true,
+                      .tables = {{10, 4, 33}},
+                      .local_step = 0.25f};
+  m = protocol::encode(w, alloc);
+  CHECK(m.header.first_row == 0);
+  CHECK(m.header.has(frame_flags::state));
+  protocol::welcome w2;
+  REQUIRE(!protocol::decode(m, w2, why));
+  CHECK(w2.shard == 1);
+  CHECK(w2.num_shards == 2);
+  CHECK(w2.server_clock == 5);
+  CHECK(w2.worker_clock == 9);
+  CHECK(w2.wants_state);
+  REQUIRE(w2.tables.size() == 1);
+  CHECK(w2.tables[0].applied == 33);
+  CHECK(w2.local_step == 0.25f);
+
+  m = protocol::encode(protocol::error{.sender = 4, .code = errc::layout_mismatch, .reason = "x y"},
+                       alloc);
+  CHECK(m.header.seq == 0);
+  protocol::error e;
+  REQUIRE(!protocol::decode(m, e, why));
+  CHECK(e.sender == 4);
+  CHECK(e.code == errc::layout_mismatch);
+  CHECK(e.reason == "x y");
+
+  m = protocol::encode(protocol::report{.shard = 2,
+                                        .server_clock = 8,
+                                        .slowest = 6,
+                                        .slowest_clock = 7,
+                                        .slowest_connected = true},
+                       alloc);
+  protocol::report r;
+  REQUIRE(!protocol::decode(m, r, why));
+  CHECK(r.server_clock == 8);
+  CHECK(r.slowest == 6);
+  CHECK(r.slowest_clock == 7);
+  CHECK(r.slowest_connected);
+
+  m = protocol::encode(
+      protocol::chain_hello{.shard = 1, .member = 2, .fingerprint = 77, .epoch = 3}, alloc);
+  protocol::chain_hello ch;
+  REQUIRE(!protocol::decode(m, ch, why));
+  CHECK(ch.member == 2);
+  CHECK(ch.fingerprint == 77);
+  CHECK(ch.epoch == 3);
+
+  m = protocol::encode(protocol::chain_config{.shard = 1,
+                                              .member = 2,
+                                              .predecessor = 0,
+                                              .successor = protocol::chain_config::none,
+                                              .epoch = 4,
+                                              .joining = true},
+                       alloc);
+  protocol::chain_config cc;
+  REQUIRE(!protocol::decode(m, cc, why));
+  CHECK(cc.predecessor == 0);
+  CHECK(cc.successor == protocol::chain_config::none);
+  CHECK(cc.epoch == 4);
+  CHECK(cc.joining);
+
+  // Every encoded frame passes header validation.
+  for (auto* t : {&m}) {
+    t->header.payload_bytes = t->payload.size();
+    CHECK(!validate_header(t->header, wire_limits{}));
+  }
+}
+
+TEST_CASE("protocol: malformed control payloads are refused with the reason") {
+  buffer_pool pool;
+  const auto alloc = [&](std::size_t n) { return pool.allocate(n); };
+  std::string why;
+  message m = protocol::encode(protocol::hello{.worker = 0, .layout = {{1, 1}, {2, 2}}}, alloc);
+  m.payload = m.payload.share(0, m.payload.size() - 8);  // claims 2 tables, carries 1
+  protocol::hello h;
+  CHECK(protocol::decode(m, h, why) == errc::unexpected_message);
+  CHECK(why.find("2 tables") != std::string::npos);
+  m = protocol::encode(protocol::report{.server_clock = 1, .slowest_clock = -1}, alloc);
+  protocol::report r;
+  CHECK(protocol::decode(m, r, why) == errc::unexpected_message);
+  message e;
+  e.header.type = message_type::error;  // shorter than the code
+  protocol::error pe;
+  CHECK(protocol::decode(e, pe, why) == errc::unexpected_message);
+  // A hello with more tables than max_tables is refused from its header alone.
+  frame_header hh;
+  hh.type = message_type::hello;
+  hh.payload_bytes = 8 + 5 * 8;
+  CHECK(validate_header(hh, wire_limits{.max_tables = 4}) == errc::too_many_rows);
+  hh.payload_bytes = 8 + 4 * 8;
+  CHECK(!validate_header(hh, wire_limits{.max_tables = 4}));
+}
+
+TEST_CASE("protocol: a backlog push carries its clock count before the floats") {
+  buffer_pool pool;
+  message m;
+  m.header.type = message_type::push;
+  m.header.flags = frame_flags::range | frame_flags::backlog;
+  m.header.row_count = 2;
+  m.header.width = 2;
+  m.payload = pool.allocate(backlog_prefix_bytes + 16);
+  protocol::set_backlog_clocks(m.payload, 12);
+  float* f = reinterpret_cast<float*>(m.payload.data() + backlog_prefix_bytes);
+  for (int i = 0; i < 4; ++i) f[i] = static_cast<float>(i);
+  m.header.payload_bytes = m.payload.size();
+  CHECK(!validate_header(m.header, wire_limits{}));
+  CHECK(protocol::backlog_clocks(m) == 12);
+  const auto v = payload_floats(m);
+  REQUIRE(v.size() == 4);
+  CHECK(v[3] == 3.0f);
+  m.header.payload_bytes = 16;  // without the prefix
+  CHECK(validate_header(m.header, wire_limits{}) == errc::payload_size_mismatch);
 }

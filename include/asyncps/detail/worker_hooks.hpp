@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "asyncps/buffer.hpp"
+#include "asyncps/protocol.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/wire.hpp"
 
@@ -124,13 +125,15 @@ class rejoin_context {
     m.header.sender = sender;
     m.header.table = t;
     m.header.clock = since;
-    m.header.seq = count;
     m.header.first_row = p.range.begin;
     m.header.row_count = p.range.size();
     m.header.width = p.width;
-    m.payload = allocate_(state_, n * sizeof(float));
-    std::memcpy(m.payload.data(), values, n * sizeof(float));
-    out_.push_back(rejoin_message{std::move(m), n * sizeof(float)});
+    // A backlog's payload starts with the number of clocks it sums (wire.hpp, protocol.hpp).
+    const std::size_t prefix = flag == frame_flags::backlog ? backlog_prefix_bytes : 0;
+    m.payload = allocate_(state_, prefix + n * sizeof(float));
+    if (prefix != 0) protocol::set_backlog_clocks(m.payload, count);
+    std::memcpy(m.payload.data() + prefix, values, n * sizeof(float));
+    out_.push_back(rejoin_message{std::move(m), prefix + n * sizeof(float)});
   }
   /// Queues `m` as is (e.g. a push resent with its shared payload); not counted in bytes_out.
   void send(message m) { out_.push_back(rejoin_message{std::move(m), 0}); }

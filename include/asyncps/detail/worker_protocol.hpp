@@ -223,20 +223,14 @@ class worker_protocol {
   /// and the layout (rows, width per table).
   message hello(std::uint32_t s) {
     const auto tables = cache_.tables();
-    message m;
-    m.header.type = message_type::hello;
-    m.header.sender = opts_.id;
-    m.header.table = policy_fingerprint<Consistency, Recovery>();
     links_[s].hello_clock = worker_hooks::hello_clock(recovery_, s, clock_);
-    m.header.clock = links_[s].hello_clock;
-    m.header.row_count = static_cast<std::uint32_t>(tables.size());
-    m.payload = alloc_.allocate(tables.size() * 8);
-    auto* p = reinterpret_cast<std::uint32_t*>(m.payload.data());
-    for (const auto& t : tables) {
-      *p++ = t.rows;
-      *p++ = t.width;
-    }
-    return m;
+    protocol::hello h{.worker = opts_.id,
+                      .clock = links_[s].hello_clock,
+                      .fingerprint = policy_fingerprint<Consistency, Recovery>(),
+                      .layout = {}};
+    h.layout.reserve(tables.size());
+    for (const auto& t : tables) h.layout.push_back({t.rows, t.width});
+    return protocol::encode(h, [this](std::size_t n) { return alloc_.allocate(n); });
   }
 
   /// The reply to link `s`'s hello. A welcome sets the read-my-writes step, moves the clock
@@ -247,35 +241,35 @@ class worker_protocol {
   std::error_code on_handshake_reply(std::uint32_t s, const message& m) {
     link& l = links_[s];
     const auto tables = cache_.tables();
+    std::string why;
     if (m.header.type == message_type::error) {
-      const std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
-      const std::optional<errc> code = errc_from_wire(m.header.seq);
-      if (code == errc::not_head) return errc::not_head;  // chain: try the next server
-      log(server_name(l) + " refused the connection: " + reason);
-      return code ? make_error_code(*code) : make_error_code(errc::unexpected_message);
+      protocol::error e;
+      const bool decoded = !protocol::decode(m, e, why);
+      if (decoded && e.code == errc::not_head) return errc::not_head;  // chain: the next server
+      log(server_name(l) + " refused the connection: " +
+          (decoded ? std::string(e.reason) : "(a malformed error" + why + ")"));
+      return decoded && e.code ? make_error_code(*e.code)
+                               : make_error_code(errc::unexpected_message);
     }
-    if (m.header.type != message_type::welcome || m.header.sender != s ||
-        m.header.table != links_.size() || m.header.row_count != tables.size() ||
-        m.payload.size() != welcome_payload_bytes(tables.size())) {
-      log(server_name(l) + " sent an unexpected handshake reply");
+    protocol::welcome& w = welcome_;  // reused: a reconnect decodes into the same vectors
+    if (protocol::decode(m, w, why) || w.shard != s || w.num_shards != links_.size() ||
+        w.tables.size() != tables.size() || w.worker_clock < 0) {
+      log(server_name(l) + " sent an unexpected handshake reply" + why);
       return errc::unexpected_message;
     }
-    float server_step = 0;
-    std::memcpy(&server_step, m.payload.data() + tables.size() * 16, sizeof server_step);
+    const float server_step = w.local_step;
     if (!std::isfinite(server_step)) {
       log(server_name(l) + " sent a non-finite local step in its welcome");
       return errc::unexpected_message;
     }
     cache_.set_step(s, opts_.local_step.value_or(server_step));
-    clock_ = std::max(clock_, static_cast<clock_value>(m.header.first_row));
-    const std::byte* w = m.payload.data();
+    clock_ = std::max(clock_, w.worker_clock);
     auto& parts = cache_.parts(s);
-    for (table_id t = 0; t < tables.size(); ++t, w += 16) {
+    for (table_id t = 0; t < tables.size(); ++t) {
       auto& p = parts[t];
-      const auto applied = load_le<std::uint64_t>(w + 8);
+      const auto applied = w.tables[t].applied;
       const welcome_action act = worker_hooks::on_welcome(
-          recovery_, welcome_part{s, t, applied, p.pushed, m.header.has(frame_flags::state),
-                                  p.clock, p.local});
+          recovery_, welcome_part{s, t, applied, p.pushed, w.wants_state, p.clock, p.local});
       if (act == welcome_action::give_up && applied < p.pushed) {
         log("server " + std::to_string(s) + " came back without " +
             std::to_string(p.pushed - applied) + " of this worker's pushes; recovery policy '" +
@@ -290,7 +284,7 @@ class worker_protocol {
       p.local.clear();
       p.pulling = false;
     }
-    l.state_wanted = m.header.has(frame_flags::state);
+    l.state_wanted = w.wants_state;
     return {};
   }
 
@@ -330,23 +324,25 @@ class worker_protocol {
         }
         return {{}, wake};
       }
-      case message_type::heartbeat:
-        if (h.seq == heartbeat_report::slowest_connected ||
-            h.seq == heartbeat_report::slowest_disconnected) {
-          if (h.clock < 0 ||
-              h.first_row > static_cast<std::uint64_t>(std::numeric_limits<clock_value>::max()))
-            return {errc::unexpected_message, false};
-          l.reported = true;
-          l.report_clock = h.clock;
-          l.slowest = h.table;
-          l.slowest_clock = static_cast<clock_value>(h.first_row);
-          l.slowest_connected = h.seq == heartbeat_report::slowest_connected;
-        }
+      case message_type::heartbeat: return {};
+      case message_type::report: {
+        protocol::report r;
+        std::string why;
+        if (auto err = protocol::decode(m, r, why)) return {err, false};
+        l.reported = true;
+        l.report_clock = r.server_clock;
+        l.slowest = r.slowest;
+        l.slowest_clock = r.slowest_clock;
+        l.slowest_connected = r.slowest_connected;
         return {};
+      }
       case message_type::error: {
-        std::string reason(reinterpret_cast<const char*>(m.payload.data()), m.payload.size());
+        protocol::error e;
+        std::string why;
+        if (auto err = protocol::decode(m, e, why)) return {err, false};
+        std::string reason(e.reason);
         log(server_name(l) + " closed the connection: " + reason);
-        const std::optional<errc> code = errc_from_wire(h.seq);
+        const std::optional<errc> code = e.code;
         // A refusal of what this worker sent (a NaN push, a bad header...): the link fails
         // with its code, and when the recovery policy gives up the run ends with that code
         // (not server_lost). not_head, or no valid code: a plain failure of the link.
@@ -402,6 +398,7 @@ class worker_protocol {
   std::vector<float> snapshot_;
   std::vector<link> links_;
   std::vector<rejoin_part> rejoin_parts_;  // scratch (no allocation once warm)
+  protocol::welcome welcome_{};            // the last welcome decoded (reused)
   clock_value clock_ = 0;
   staleness_histogram staleness_{};
   worker_stats stats_{};

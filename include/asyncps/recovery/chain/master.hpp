@@ -29,6 +29,7 @@
 #include "asyncps/detail/wait_group.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/log.hpp"
+#include "asyncps/protocol.hpp"
 #include "asyncps/transport.hpp"
 #include "asyncps/wire.hpp"
 
@@ -179,12 +180,15 @@ class basic_chain_master {
       s.last_seen = clock_type::now();
       const auto& h = m.header;
       if (!s.registered) {
-        if (h.type != message_type::chain_hello || h.sender >= opts_.num_shards) {
+        protocol::chain_hello hello;
+        std::string why;
+        if (h.type != message_type::chain_hello || protocol::decode(m, hello, why) ||
+            hello.shard >= opts_.num_shards) {
           log("refusing a connection: expected chain_hello with shard < " +
-              std::to_string(opts_.num_shards));
+              std::to_string(opts_.num_shards) + why);
           break;
         }
-        enroll(s, h.sender, h.table);
+        enroll(s, hello.shard, hello.member);
       } else if (h.type != message_type::heartbeat) {
         log("closing the connection of shard " + std::to_string(s.shard) + " server " +
             std::to_string(s.member) + ": unexpected message type " +
@@ -280,14 +284,15 @@ class basic_chain_master {
     ++sh.epoch;
     for (std::size_t i = 0; i < sh.chain.size(); ++i) {
       session& s = *sh.chain[i];
-      message m;
-      m.header.type = message_type::chain_config;
-      m.header.sender = shard_id;
-      m.header.table = s.member;
-      m.header.clock = sh.epoch;
-      m.header.first_row = i == 0 ? none : sh.chain[i - 1]->member;
-      m.header.seq = i + 1 == sh.chain.size() ? none : sh.chain[i + 1]->member;
-      if (s.joining) m.header.flags = frame_flags::state;
+      message m = protocol::encode(
+          protocol::chain_config{.shard = shard_id,
+                                 .member = s.member,
+                                 .predecessor = i == 0 ? none : sh.chain[i - 1]->member,
+                                 .successor =
+                                     i + 1 == sh.chain.size() ? none : sh.chain[i + 1]->member,
+                                 .epoch = sh.epoch,
+                                 .joining = s.joining},
+          [this](std::size_t n) { return transport_.allocate(n); });
       s.joining = false;
       s.outbox.push_back(std::move(m));
       s.wake.cancel();
