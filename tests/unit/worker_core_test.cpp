@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/post.hpp>
 #include <doctest/doctest.h>
 
 #include "asyncps/buffer.hpp"
@@ -21,6 +24,10 @@
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/recovery/stateless.hpp"
+#include "asyncps/server.hpp"
+#include "asyncps/transport/simulated.hpp"
+#include "asyncps/worker.hpp"
+#include "counter_model.hpp"
 
 using namespace asyncps;
 
@@ -486,4 +493,94 @@ TEST_CASE("worker_core: a wait for rows times out; a lost link asks for a reconn
     CHECK(w.kind == loop_step::wait);
     CHECK(w.wait == std::chrono::milliseconds(100));
   }
+}
+
+namespace {
+
+// A recovery policy whose worker part implements every worker hook with the default's
+// behaviour and records the calls: the order below is the order the worker calls them in.
+struct counting_hooks {
+  static constexpr std::string_view name = "counting-hooks";
+  struct server_part {};
+  struct worker_part {
+    std::vector<std::string>* calls = nullptr;
+    void note(const char* hook) const {
+      if (calls->empty() || calls->back() != hook) calls->push_back(hook);
+    }
+    recovery_action on_server_lost(std::error_code) const noexcept { return recovery_action::fail; }
+    std::chrono::milliseconds reconnect_timeout() const noexcept { return {}; }
+    void on_start(const worker_setup&) { note("on_start"); }
+    clock_value hello_clock(std::uint32_t, clock_value c) const {
+      note("hello_clock");
+      return c;
+    }
+    welcome_action on_welcome(const welcome_part&) {
+      note("on_welcome");
+      return welcome_action::count_lost;
+    }
+    std::uint8_t push_flags() const {
+      note("push_flags");
+      return 0;
+    }
+    void on_push(std::uint32_t, const message&) { note("on_push"); }
+    bool on_ack(std::uint32_t, std::uint64_t) {
+      note("on_ack");
+      return true;
+    }
+    bool flow_blocked(std::uint32_t) const {
+      note("flow_blocked");
+      return false;
+    }
+    void while_away(std::uint32_t, std::span<const away_slice>) { note("while_away"); }
+    void on_rejoin(rejoin_context&) { note("on_rejoin"); }
+    void on_rejoin_sent(std::uint32_t, const frame_header&) { note("on_rejoin_sent"); }
+    bool has_pending(std::uint32_t, bool) const {
+      note("has_pending");
+      return false;
+    }
+  };
+};
+static_assert(recovery_policy<counting_hooks>);
+static_assert(check_worker_part<counting_hooks::worker_part>());
+
+}  // namespace
+
+TEST_CASE("worker hooks: the order a worker calls them in (2 clocks, no failure)") {
+  simulated_network net;
+  test::counter_model model(0, 1, 0, 2, 1, 0);
+  simulated_transport st(net, "server0"), wt(net, "worker0");
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {model.spec[0]};
+  so.log = [](std::string_view) {};
+  basic_server<simulated_transport, consistency::bsp, counting_hooks> server(st, so);
+  auto acc = st.listen("shard0");
+  REQUIRE(acc.has_value());
+  asio::co_spawn(
+      net.get_executor(),
+      [&server, a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
+        (void)co_await server.async_serve(std::move(a));
+      },
+      asio::detached);
+  std::vector<std::string> calls;
+  counting_hooks::worker_part part;
+  part.calls = &calls;
+  worker_options<std::string> o;
+  o.servers = {"shard0"};
+  o.log = [](std::string_view) {};
+  basic_worker<test::counter_model, simulated_transport, consistency::bsp, counting_hooks> w(
+      wt, model, o, std::nullopt, part);
+  std::error_code ec = errc::timeout;
+  asio::co_spawn(
+      net.get_executor(), [&]() -> asio::awaitable<void> { ec = co_await w.async_run(2); },
+      asio::detached);
+  net.run();
+  asio::post(net.get_executor(), [&] { server.stop(); });
+  net.run();
+  CHECK(!ec);
+  // One table, one shard: per clock the consistency check (flow control once the rows are
+  // fresh), then the push's flags and the push; at the end whether anything is pending.
+  CHECK(calls == std::vector<std::string>{"on_start", "hello_clock", "on_welcome", "flow_blocked",
+                                          "push_flags", "on_push", "flow_blocked", "push_flags",
+                                          "on_push", "has_pending"});
 }
