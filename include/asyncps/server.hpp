@@ -6,6 +6,11 @@
 // for the request, and — for eager policies (ESSP) — pushes every subscribed row when its
 // clock advances (Bösen's SSPPushServerThread).
 //
+// Structure: the shard's state and rules (tables, optimizer apply, versions, subscriptions,
+// waiting pulls, save/restore) are detail::shard_core (sans-io, detail/shard_core.hpp); the
+// recovery policy's server part plugs into the hooks of detail/server_hooks.hpp; this file
+// holds the sessions, the protocol checks and the coroutines.
+//
 // Concurrency: every coroutine of a server runs on the transport's executor; pass a strand
 // (or a single-threaded io_context) so shard state is touched by one thread at a time and no
 // locks are needed in the hot path.
@@ -39,6 +44,7 @@
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/shard_core.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/detail/wait_group.hpp"
@@ -125,33 +131,11 @@ class basic_server {
   /// example the checkpoint directory); it is default-constructed when omitted.
   basic_server(Transport& transport, server_options opts, Optimizer opt = {},
                typename Recovery::server_part recovery = {})
-      : transport_(transport), opts_(std::move(opts)), optimizer_(opt),
-        recovery_(std::move(recovery)), clocks_(opts_.num_workers, 0), applied_(opts_.num_workers),
+      : transport_(transport), opts_(std::move(opts)), recovery_(std::move(recovery)),
+        core_(opts_.shard, opts_.num_shards, opts_.num_workers, opts_.tables, opts_.seed, opt),
         done_(transport.get_executor()), running_(transport.get_executor()),
         watchdog_(transport.get_executor()) {
     static_assert(detail::check_server_part<typename Recovery::server_part, context>());
-    if (opts_.num_shards == 0 || opts_.shard >= opts_.num_shards)
-      throw std::invalid_argument("asyncps::server_options: shard must be < num_shards");
-    if (opts_.num_workers == 0)
-      throw std::invalid_argument("asyncps::server_options: num_workers must be > 0");
-    if (opts_.tables.empty())
-      throw std::invalid_argument("asyncps::server_options: tables must not be empty");
-    tables_.reserve(opts_.tables.size());
-    for (std::size_t i = 0; i < opts_.tables.size(); ++i) {
-      const auto& spec = opts_.tables[i];
-      if (spec.id != i || spec.rows == 0 || spec.width == 0)
-        throw std::invalid_argument("asyncps::server_options: tables[" + std::to_string(i) +
-                                    "] needs id == index, rows > 0 and width > 0");
-      table_state t;
-      t.spec = spec;
-      t.range = shard_range(spec.rows, opts_.shard, opts_.num_shards);
-      t.values.resize(std::size_t{t.range.size()} * spec.width);
-      t.state.resize(t.values.size() * Optimizer::state_per_param, 0.0f);
-      t.row_version.assign(t.range.size(), 0);
-      init_table(t);
-      tables_.push_back(std::move(t));
-    }
-    for (auto& a : applied_) a.assign(tables_.size(), 0);
     connected_once_.assign(opts_.num_workers, 0);
   }
 
@@ -220,29 +204,27 @@ class basic_server {
   }
 
   /// The server clock: the minimum clock over all `num_workers` workers.
-  clock_value clock() const noexcept { return server_clock_; }
+  clock_value clock() const noexcept { return core_.clock(); }
   /// Clock of worker `w` as seen by this server. Precondition: `w < num_workers`.
-  clock_value worker_clock(std::uint32_t w) const noexcept { return clocks_[w]; }
+  clock_value worker_clock(std::uint32_t w) const noexcept { return core_.worker_clock(w); }
   /// This shard's rows of table `t`.
-  key_range range(table_id t) const noexcept { return tables_[t].range; }
+  key_range range(table_id t) const noexcept { return core_.table(t).range; }
   /// This shard's values of table `t`: `range(t).size() x width` floats, row-major.
-  std::span<const float> values(table_id t) const noexcept { return tables_[t].values; }
+  std::span<const float> values(table_id t) const noexcept { return core_.table(t).values; }
   /// Replaces this shard's values of table `t` (`range(t).size() x width` floats, row-major),
   /// e.g. a group server adopting the central model. Optimizer state, clocks and counts are
   /// kept; readers get the new values with their next rows. Throws `std::invalid_argument`
   /// when the size differs or a value is not finite (nothing is changed then). On the
   /// server's executor.
   void set_values(table_id t, std::span<const float> v) {
-    if (t >= tables_.size() || v.size() != tables_[t].values.size())
+    if (t >= core_.num_tables() || v.size() != core_.table(t).values.size())
       throw std::invalid_argument(
           "asyncps::basic_server::set_values: table " + std::to_string(t) + " needs " +
-          std::to_string(t < tables_.size() ? tables_[t].values.size() : 0) + " floats, got " +
-          std::to_string(v.size()));
-    if (!all_finite(v))
+          std::to_string(t < core_.num_tables() ? core_.table(t).values.size() : 0) +
+          " floats, got " + std::to_string(v.size()));
+    if (!core_type::all_finite(v))
       throw std::invalid_argument("asyncps::basic_server::set_values: non-finite value");
-    std::copy(v.begin(), v.end(), tables_[t].values.begin());
-    changed(tables_[t], tables_[t].range);
-    has_state_ = true;
+    core_.set_values(t, v);
   }
   const server_options& options() const noexcept { return opts_; }
   const server_stats& stats() const noexcept { return stats_; }
@@ -260,27 +242,7 @@ class basic_server {
   /// pushes applied per worker) into `out`, reusing its vectors' capacity: after the first
   /// call with the same `out` it allocates nothing. Cost: one memcpy of parameters and
   /// optimizer state. Thread safety: on the server's executor.
-  void save_state(shard_state& out) const {
-    out.shard = opts_.shard;
-    out.num_shards = opts_.num_shards;
-    out.num_workers = opts_.num_workers;
-    out.state_per_param = Optimizer::state_per_param;
-    out.server_clock = server_clock_;
-    out.worker_clocks.assign(clocks_.begin(), clocks_.end());
-    out.last_seq.assign(last_seq_.begin(), last_seq_.end());
-    out.applied.resize(std::size_t{opts_.num_workers} * tables_.size());
-    for (std::uint32_t w = 0; w < opts_.num_workers; ++w)
-      std::copy(applied_[w].begin(), applied_[w].end(), out.applied.begin() + w * tables_.size());
-    out.tables.resize(tables_.size());
-    for (std::size_t i = 0; i < tables_.size(); ++i) {
-      auto& o = out.tables[i];
-      o.spec = tables_[i].spec;
-      o.range = tables_[i].range;
-      o.step = tables_[i].step;
-      o.values.assign(tables_[i].values.begin(), tables_[i].values.end());
-      o.optimizer_state.assign(tables_[i].state.begin(), tables_[i].state.end());
-    }
-  }
+  void save_state(shard_state& out) const { core_.save_state(out); }
 
   /// Installs `st` as this shard's state (a restored checkpoint or a transferred replica).
   /// Errors: `errc::layout_mismatch` when `st` was taken from a different shard, shard count,
@@ -288,33 +250,7 @@ class basic_server {
   /// workers keep their connections; pulls waiting for a clock the restored state has passed
   /// are answered. Thread safety: on the server's executor.
   std::error_code restore_state(const shard_state& st) {
-    if (st.shard != opts_.shard || st.num_shards != opts_.num_shards ||
-        st.num_workers != opts_.num_workers || st.state_per_param != Optimizer::state_per_param ||
-        st.tables.size() != tables_.size() || st.worker_clocks.size() != clocks_.size() ||
-        st.applied.size() != std::size_t{opts_.num_workers} * tables_.size())
-      return errc::layout_mismatch;
-    for (std::size_t i = 0; i < tables_.size(); ++i) {
-      const auto& t = st.tables[i];
-      if (!(t.spec == tables_[i].spec) || !(t.range == tables_[i].range) ||
-          t.values.size() != tables_[i].values.size() ||
-          t.optimizer_state.size() != tables_[i].state.size())
-        return errc::layout_mismatch;
-    }
-    for (std::size_t i = 0; i < tables_.size(); ++i) {
-      tables_[i].step = st.tables[i].step;
-      std::copy(st.tables[i].values.begin(), st.tables[i].values.end(), tables_[i].values.begin());
-      std::copy(st.tables[i].optimizer_state.begin(), st.tables[i].optimizer_state.end(),
-                tables_[i].state.begin());
-      changed(tables_[i], tables_[i].range);
-    }
-    for (std::uint32_t w = 0; w < opts_.num_workers; ++w) {
-      clocks_[w] = st.worker_clocks[w];
-      std::copy_n(st.applied.begin() + w * tables_.size(), tables_.size(), applied_[w].begin());
-    }
-    if (st.last_seq.size() == last_seq_.size())
-      std::copy(st.last_seq.begin(), st.last_seq.end(), last_seq_.begin());
-    server_clock_ = *std::min_element(clocks_.begin(), clocks_.end());
-    has_state_ = true;
+    if (auto ec = core_.restore_state(st)) return ec;
     answer_ready_pulls();
     return {};
   }
@@ -325,30 +261,6 @@ class basic_server {
   using timer_type = detail::transport_timer_t<Transport>;
   using clock_type = detail::transport_clock_t<Transport>;
 
-  struct table_state {
-    table_spec spec;
-    key_range range;
-    std::vector<float> values;
-    std::vector<float> state;  // Optimizer::state_per_param planes of values.size()
-    std::uint64_t step = 0;
-    // Change tracking for eager rows (only changed rows are pushed): `version` counts changes
-    // of the table, `row_version[r]` is the version of row r's last change, `all_changed` the
-    // last version that changed every row at once (dense pushes, restores).
-    std::uint64_t version = 0;
-    std::vector<std::uint64_t> row_version;
-    std::uint64_t all_changed = 0;
-  };
-  // The rows a reader subscribed to (by pulling them) in one table: a range (dense reads)
-  // and/or single rows outside it (sparse reads), in order of their first pull.
-  struct subscription {
-    bool ranged = false;
-    key_range range{};
-    std::vector<row_id> keys;
-    std::vector<bool> keyed;  // per row of the shard: in `keys` (sized on the first keyed pull)
-    // The table version the reader's subscribed rows are current at (as of the last rows
-    // this session sent it): eager rows carry only rows changed since.
-    std::uint64_t synced = 0;
-  };
   // One connection: unknown before its first message, then a worker's or (claimed by the
   // recovery part) a peer's (see detail::session_base).
   struct session : detail::session_base {
@@ -360,15 +272,11 @@ class basic_server {
     int running = 2;  // read_loop + write_loop
     std::vector<message> outbox;
     std::vector<message> sending;
-    std::vector<subscription> subs;
-    std::uint32_t pending_pulls = 0;  // entries of pending_ for this session
+    std::vector<detail::subscription> subs;
+    std::uint32_t pending_pulls = 0;  // pulls of this session waiting in the core
     std::uint64_t queued_bytes = 0;   // payload bytes in outbox + sending
   };
-  struct pending_pull {
-    session* s;
-    message request;
-    typename clock_type::time_point since{};  // when it was deferred (watchdog reports)
-  };
+  using core_type = detail::shard_core<Optimizer, session*, typename clock_type::time_point>;
   static constexpr std::uint32_t no_worker = detail::session_base::none;
   using part_type = typename Recovery::server_part;
 
@@ -430,40 +338,30 @@ class basic_server {
         if (pred(static_cast<const detail::session_base&>(s))) s_->close_session(s);
     }
     // The shard.
-    std::size_t num_tables() const noexcept { return s_->tables_.size(); }
-    key_range range(table_id t) const noexcept { return s_->tables_[t].range; }
-    clock_value clock() const noexcept { return s_->server_clock_; }
-    clock_value worker_clock(std::uint32_t w) const noexcept { return s_->clocks_[w]; }
+    std::size_t num_tables() const noexcept { return s_->core_.num_tables(); }
+    key_range range(table_id t) const noexcept { return s_->core_.table(t).range; }
+    clock_value clock() const noexcept { return s_->core_.clock(); }
+    clock_value worker_clock(std::uint32_t w) const noexcept { return s_->core_.worker_clock(w); }
     /// Highest push (or clock) sequence number applied per worker.
-    std::uint64_t& last_seq(std::uint32_t w) const noexcept { return s_->last_seq_[w]; }
+    std::uint64_t& last_seq(std::uint32_t w) const noexcept { return s_->core_.last_seq(w); }
     /// Whether the shard holds trained state (a push applied or a state restored).
-    bool has_state() const noexcept { return s_->has_state_; }
+    bool has_state() const noexcept { return s_->core_.has_state(); }
     /// Validates table, width and rows of push/pull `m` against this shard.
     std::error_code check_rows(const message& m, std::string& detail) const {
-      return s_->check_rows(m, detail);
+      return s_->core_.check_rows(m, detail);
     }
-    static bool all_finite(std::span<const float> g) noexcept {
-      return basic_server::all_finite(g);
-    }
+    static bool all_finite(std::span<const float> g) noexcept { return core_type::all_finite(g); }
     /// Applies checked push `m` of worker `m.header.sender` and counts it like a worker's.
     void apply_push(const message& m) const {
       s_->apply(m);
-      s_->has_state_ = true;
-      ++s_->applied_[m.header.sender][m.header.table];
+      s_->core_.count_push(m.header.sender, m.header.table);
       ++s_->stats_.pushes;
     }
     /// Applies checked update `m` without counting it as a worker's push.
-    void apply_update(const message& m) const {
-      s_->apply(m);
-      s_->has_state_ = true;
-    }
+    void apply_update(const message& m) const { s_->apply(m); }
     /// Replaces table `t`'s values with `v` and clears its optimizer state.
     void install_replica(table_id t, std::span<const float> v) const {
-      auto& ts = s_->tables_[t];
-      std::copy(v.begin(), v.end(), ts.values.begin());
-      std::fill(ts.state.begin(), ts.state.end(), 0.0f);
-      changed(ts, ts.range);
-      s_->has_state_ = true;
+      s_->core_.install_replica(t, v);
     }
     /// Moves worker `w`'s clock to `c` (answers pulls, pushes eager rows, ...).
     void advance(std::uint32_t w, clock_value c) const { s_->advance(w, c); }
@@ -483,21 +381,6 @@ class basic_server {
   };
 
  private:
-  void init_table(table_state& t) {
-    if (t.spec.init_scale == 0.0f) {
-      std::fill(t.values.begin(), t.values.end(), 0.0f);
-      return;
-    }
-    for (row_id r = t.range.begin; r < t.range.end; ++r) {
-      std::seed_seq seq{static_cast<std::uint32_t>(opts_.seed),
-                        static_cast<std::uint32_t>(opts_.seed >> 32), t.spec.id, r};
-      std::mt19937 gen(seq);
-      std::uniform_real_distribution<float> dist(-t.spec.init_scale, t.spec.init_scale);
-      float* row = t.values.data() + std::size_t{r - t.range.begin} * t.spec.width;
-      for (std::uint32_t j = 0; j < t.spec.width; ++j) row[j] = dist(gen);
-    }
-  }
-
   static bool transient_accept_error(std::error_code ec) noexcept {
     const auto e = std::errc(ec.value());
     return ec.category() == std::system_category() &&
@@ -587,7 +470,7 @@ class basic_server {
     if constexpr (detail::has_on_session_closed<part_type, context>) {
       recovery_.on_session_closed(ctx(), s);
     }
-    std::erase_if(pending_, [&](const pending_pull& p) { return p.s == &s; });
+    core_.drop(&s);
     sessions_.erase(s.self);
     running_.done();
   }
@@ -682,8 +565,8 @@ class basic_server {
                std::to_string(opts_.num_workers) + ")";
       return errc::bad_sender;
     }
-    if (!layout_matches(m)) {
-      detail = " (" + layout_difference_from(m) + ")";
+    if (!core_.layout_matches(m)) {
+      detail = " (" + core_.layout_difference_from(m) + ")";
       return errc::layout_mismatch;
     }
     if constexpr (detail::has_on_hello<part_type, context>) {
@@ -698,7 +581,7 @@ class basic_server {
     connected_once_[h.sender] = 1;
     s.worker = h.sender;
     s.kind = detail::session_base::kind_type::worker;
-    s.subs.assign(tables_.size(), subscription{});
+    s.subs.assign(core_.num_tables(), detail::subscription{});
     std::uint8_t flags = 0;
     if constexpr (detail::has_welcome_flags<part_type, context>) {
       flags = recovery_.welcome_flags(ctx(), h);  // e.g. ask for replicas
@@ -708,56 +591,26 @@ class basic_server {
     w.header.flags = flags;
     w.header.sender = opts_.shard;
     w.header.table = opts_.num_shards;
-    w.header.clock = server_clock_;
-    w.header.first_row = static_cast<std::uint64_t>(std::max(clocks_[s.worker], h.clock));
-    w.header.row_count = static_cast<std::uint32_t>(tables_.size());
-    w.payload = encode_welcome(s.worker);
+    w.header.clock = core_.clock();
+    w.header.first_row =
+        static_cast<std::uint64_t>(std::max(core_.worker_clock(s.worker), h.clock));
+    w.header.row_count = static_cast<std::uint32_t>(core_.num_tables());
+    w.payload = core_.welcome_payload(s.worker, alloc());
     enqueue(s, std::move(w));
-    if (h.clock > clocks_[s.worker]) {
+    if (h.clock > core_.worker_clock(s.worker)) {
       // The worker kept training while this shard was away (a restart from a checkpoint, or
       // without state): its updates of the clocks in between are lost here, so its clock at
       // this shard moves up to its own.
       log("worker " + std::to_string(s.worker) + " rejoins at clock " + std::to_string(h.clock) +
-          " (this shard had it at " + std::to_string(clocks_[s.worker]) + ")");
+          " (this shard had it at " + std::to_string(core_.worker_clock(s.worker)) + ")");
       ++stats_.rejoins;
       if constexpr (detail::has_on_rejoin<part_type, context>) {
-        recovery_.on_rejoin(ctx(), s.worker, clocks_[s.worker], h.clock);  // e.g. log the jump
+        recovery_.on_rejoin(ctx(), s.worker, core_.worker_clock(s.worker),
+                            h.clock);  // e.g. log the jump
       }
       advance(s.worker, h.clock);
     }
     return {};
-  }
-
-  // Welcome payload: per table (rows u32, width u32, pushes of `worker` applied u64), then
-  // the optimizer's local_step() (f32; the worker's read-my-writes step).
-  buffer encode_welcome(std::uint32_t worker) {
-    buffer b = transport_.allocate(welcome_payload_bytes(tables_.size()));
-    std::byte* p = b.data();
-    for (std::size_t i = 0; i < tables_.size(); ++i) {
-      detail::store_le(p, tables_[i].spec.rows);
-      detail::store_le(p + 4, tables_[i].spec.width);
-      detail::store_le(p + 8, applied_[worker][i]);
-      p += 16;
-    }
-    const float step = static_cast<float>(optimizer_.local_step());
-    std::memcpy(p, &step, sizeof step);  // little-endian IEEE-754 (checked in wire.hpp)
-    return b;
-  }
-
-  // The layout in hello `m` compared with this server's: each differing table with both
-  // sides' rows x width, and the table counts when they differ.
-  std::string layout_difference_from(const message& m) const {
-    std::vector<table_spec> theirs(m.header.row_count);
-    const auto n = std::min<std::size_t>(m.header.row_count, m.payload.size() / 8);
-    for (std::size_t i = 0; i < n; ++i) {
-      theirs[i].id = static_cast<table_id>(i);
-      theirs[i].rows = detail::load_le<std::uint32_t>(m.payload.data() + i * 8);
-      theirs[i].width = detail::load_le<std::uint32_t>(m.payload.data() + i * 8 + 4);
-    }
-    std::vector<table_spec> ours;
-    ours.reserve(tables_.size());
-    for (const auto& t : tables_) ours.push_back(t.spec);
-    return detail::layout_difference(theirs, "worker", ours, "server");
   }
 
   // Fills `o.tables` from a model's layout, or checks that it equals it.
@@ -780,49 +633,6 @@ class basic_server {
     return o;
   }
 
-  bool layout_matches(const message& m) const {
-    if (m.header.row_count != tables_.size()) return false;
-    const auto* p = reinterpret_cast<const std::uint32_t*>(m.payload.data());
-    for (const auto& t : tables_) {
-      if (p[0] != t.spec.rows || p[1] != t.spec.width) return false;
-      p += 2;
-    }
-    return true;
-  }
-
-  // Validates table, width and rows of a push/pull against this shard.
-  std::error_code check_rows(const message& m, std::string& detail) const {
-    const auto& h = m.header;
-    if (h.table >= tables_.size()) {
-      detail = " (got " + std::to_string(h.table) + ")";
-      return errc::bad_table;
-    }
-    const auto& t = tables_[h.table];
-    if (h.type != message_type::pull && h.width != t.spec.width) {
-      detail = " (got " + std::to_string(h.width) + ", table " + std::to_string(h.table) + " has " +
-               std::to_string(t.spec.width) + ")";
-      return errc::bad_width;
-    }
-    if (h.has(frame_flags::range)) {
-      if (h.first_row < t.range.begin || h.first_row > t.range.end ||
-          h.row_count > t.range.end - h.first_row) {
-        detail = " (rows [" + std::to_string(h.first_row) + ", " +
-                 std::to_string(h.first_row + h.row_count) + ") vs shard rows [" +
-                 std::to_string(t.range.begin) + ", " + std::to_string(t.range.end) + "))";
-        return errc::bad_row_range;
-      }
-    } else {
-      for (row_id k : payload_keys(m)) {
-        if (!t.range.contains(k)) {
-          detail = " (row " + std::to_string(k) + " vs shard rows [" +
-                   std::to_string(t.range.begin) + ", " + std::to_string(t.range.end) + "))";
-          return errc::bad_row_range;
-        }
-      }
-    }
-    return {};
-  }
-
   std::error_code dispatch(session& s, message& m, std::string& detail) {
     const auto& h = m.header;
     switch (h.type) {
@@ -832,9 +642,9 @@ class basic_server {
                    std::to_string(s.worker) + ")";
           return errc::bad_sender;
         }
-        if (auto ec = check_rows(m, detail)) return ec;
+        if (auto ec = core_.check_rows(m, detail)) return ec;
         const auto grad = payload_floats(m);
-        if (!all_finite(grad)) return errc::non_finite_value;
+        if (!core_type::all_finite(grad)) return errc::non_finite_value;
         if (h.has(frame_flags::state) || h.has(frame_flags::backlog)) {
           if constexpr (detail::has_on_recovery_push<part_type, context>) {
             return recovery_.on_recovery_push(ctx(), s, m, detail);
@@ -847,15 +657,14 @@ class basic_server {
         if constexpr (detail::has_on_push<part_type, context>) {
           if (recovery_.on_push(ctx(), s, h)) return {};  // e.g. a duplicate after a failover
         }
-        if (h.clock != clocks_[s.worker]) {
+        if (h.clock != core_.worker_clock(s.worker)) {
           detail = " (push for clock " + std::to_string(h.clock) + ", worker is at clock " +
-                   std::to_string(clocks_[s.worker]) + ")";
+                   std::to_string(core_.worker_clock(s.worker)) + ")";
           return errc::unexpected_message;
         }
         apply(m);
-        has_state_ = true;
-        ++applied_[s.worker][h.table];
-        last_seq_[s.worker] = h.seq;
+        core_.count_push(s.worker, h.table);
+        core_.last_seq(s.worker) = h.seq;
         ++stats_.pushes;
         bool part_acks = false;  // the recovery part acknowledges (e.g. once replicated)
         if constexpr (detail::has_on_applied<part_type, context>) {
@@ -882,12 +691,12 @@ class basic_server {
         if constexpr (detail::has_on_push<part_type, context>) {
           if (recovery_.on_push(ctx(), s, h)) return {};  // e.g. a duplicate after a failover
         }
-        if (h.clock != clocks_[s.worker]) {
+        if (h.clock != core_.worker_clock(s.worker)) {
           detail = " (clock " + std::to_string(h.clock) + ", worker is at clock " +
-                   std::to_string(clocks_[s.worker]) + ")";
+                   std::to_string(core_.worker_clock(s.worker)) + ")";
           return errc::unexpected_message;
         }
-        if (h.seq != 0) last_seq_[s.worker] = h.seq;
+        if (h.seq != 0) core_.last_seq(s.worker) = h.seq;
         if constexpr (detail::has_on_applied<part_type, context>) {
           (void)recovery_.on_applied(ctx(), s, m);
         }
@@ -895,13 +704,14 @@ class basic_server {
         return {};
       case message_type::pull: {
         if (h.sender != s.worker) return errc::bad_sender;
-        if (h.clock > clocks_[s.worker]) {  // no reader needs rows fresher than its own clock
+        if (h.clock >
+            core_.worker_clock(s.worker)) {  // no reader needs rows fresher than its own clock
           detail = " (pull wants server clock " + std::to_string(h.clock) + ", worker is at " +
-                   std::to_string(clocks_[s.worker]) + ")";
+                   std::to_string(core_.worker_clock(s.worker)) + ")";
           return errc::unexpected_message;
         }
-        if (auto ec = check_rows(m, detail)) return ec;
-        if (server_clock_ >= h.clock) {
+        if (auto ec = core_.check_rows(m, detail)) return ec;
+        if (core_.clock() >= h.clock) {
           answer(s, m, false);
         } else {
           ++stats_.deferred_pulls;
@@ -909,7 +719,7 @@ class basic_server {
             detail = " (more than " + std::to_string(opts_.max_pending_pulls) + " pulls waiting)";
             return errc::too_many_requests;
           }
-          pending_.push_back(pending_pull{&s, std::move(m), clock_type::now()});
+          core_.defer(&s, std::move(m), clock_type::now());
           if (watchdog_idle_) {  // the watchdog sleeps while nothing waits: wake it
             watchdog_idle_ = false;
             watchdog_.cancel();
@@ -950,92 +760,31 @@ class basic_server {
     enqueue(s, std::move(a));
   }
 
-  // Vectorised (Eigen 3.4's allFinite is a scalar loop): g - g is 0 for finite values and
-  // NaN for NaN or infinity, and NaN survives the sum.
-  static bool all_finite(std::span<const float> g) noexcept {
-    const Eigen::Map<const Eigen::ArrayXf> a(g.data(), static_cast<Eigen::Index>(g.size()));
-    return std::isfinite((a - a).sum());
-  }
-
+  // Applies checked update `m` to the shard, then tells the recovery part (on_update).
   void apply(const message& m) {
+    core_.apply(m);
     const auto& h = m.header;
-    auto& t = tables_[h.table];
-    const auto grad = payload_floats(m);
-    const std::uint32_t w = t.spec.width;
-    ++t.step;
-    if (h.has(frame_flags::range)) {
-      const auto first = static_cast<row_id>(h.first_row);
-      apply_rows(t, std::size_t{first - t.range.begin} * w, std::size_t{h.row_count} * w,
-                 grad.data());
-      changed(t, key_range{first, first + h.row_count});
-    } else {
-      const auto keys = payload_keys(m);
-      ++t.version;
-      for (std::uint32_t i = 0; i < h.row_count; ++i) {
-        apply_rows(t, std::size_t{keys[i] - t.range.begin} * w, w,
-                   grad.data() + std::size_t{i} * w);
-        t.row_version[keys[i] - t.range.begin] = t.version;
-      }
-    }
     if constexpr (requires(part_type& p) {
-                    p.on_update(h.table, h.first_row, h.row_count, grad);
+                    p.on_update(h.table, h.first_row, h.row_count, payload_floats(m));
                   }) {
-      recovery_.on_update(h.table, h.first_row, h.row_count, grad);
+      recovery_.on_update(h.table, h.first_row, h.row_count, payload_floats(m));
     }
   }
 
-  // Rows `r` of table `t` changed (for eager rows: see push_subscribed).
-  static void changed(table_state& t, key_range r) noexcept {
-    ++t.version;
-    if (r == t.range) {
-      t.all_changed = t.version;  // no need to stamp each row: see push_subscribed
-    } else {
-      std::fill_n(t.row_version.begin() + (r.begin - t.range.begin), r.size(), t.version);
-    }
-  }
-
-  void apply_rows(table_state& t, std::size_t off, std::size_t n, const float* g) {
-    optimizer_state<Optimizer::state_per_param> st{};
-    for (std::size_t k = 0; k < Optimizer::state_per_param; ++k)
-      st[k] = std::span<float>(t.state.data() + k * t.values.size() + off, n);
-    optimizer_.apply(std::span<float>(t.values.data() + off, n), std::span<const float>(g, n), st,
-                     t.step);
+  auto alloc() {
+    return [this](std::size_t n) { return transport_.allocate(n); };
   }
 
   // Replies to a pull (or pushes eagerly) with the requested rows as of the server clock.
   void answer(session& s, const message& req, bool eager) {
     const auto& h = req.header;
     send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, eager,
-              rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
-                           payload_keys(req)));
+              core_.rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
+                                 payload_keys(req), alloc()));
     if (!eager) ++stats_.pulls;
     if constexpr (Consistency::eager || is_value_bounded_v<Consistency>) {
-      if (!eager) subscribe(s, req);
+      if (!eager) core_.subscribe(s.subs[h.table], req);
     }
-  }
-
-  // A snapshot of rows of table `tid` (keys first when sparse), in a pooled buffer.
-  buffer rows_payload(table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
-                      std::span<const row_id> keys) {
-    const auto& t = tables_[tid];
-    const std::uint32_t w = t.spec.width;
-    const std::size_t kb = ranged ? 0 : key_bytes(count);
-    buffer b = transport_.allocate(kb + std::size_t{count} * w * sizeof(float));
-    auto* out = reinterpret_cast<float*>(b.data() + kb);
-    if (ranged) {
-      std::memcpy(out,
-                  t.values.data() + std::size_t{static_cast<row_id>(first) - t.range.begin} * w,
-                  std::size_t{count} * w * sizeof(float));
-    } else {
-      if (kb != 0) {
-        std::memset(b.data(), 0, kb);
-        std::memcpy(b.data(), keys.data(), keys.size() * sizeof(row_id));
-      }
-      for (std::uint32_t i = 0; i < count; ++i)
-        std::memcpy(out + std::size_t{i} * w,
-                    t.values.data() + std::size_t{keys[i] - t.range.begin} * w, w * sizeof(float));
-    }
-    return b;
   }
 
   void send_rows(session& s, table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
@@ -1046,72 +795,27 @@ class basic_server {
                                                (eager ? frame_flags::eager : 0));
     r.header.sender = opts_.shard;
     r.header.table = tid;
-    r.header.clock = server_clock_;
-    r.header.seq = s.worker == no_worker ? 0 : applied_[s.worker][tid];
+    r.header.clock = core_.clock();
+    r.header.seq = s.worker == no_worker ? 0 : core_.applied(s.worker, tid);
     r.header.row_count = count;
-    r.header.width = tables_[tid].spec.width;
+    r.header.width = core_.table(tid).spec.width;
     r.header.first_row = ranged ? first : 0;
     r.payload = std::move(payload);
     enqueue(s, std::move(r));
   }
 
-  // Adds the rows of pull `req` to the reader's subscription (each row once; amortized O(1)
-  // per row). Keyed rows that come to cover the whole shard become a range subscription.
-  void subscribe(session& s, const message& req) {
-    auto& sub = s.subs[req.header.table];
-    const key_range all = tables_[req.header.table].range;
-    // The reply just sent has these rows as of now; rows subscribed earlier are current as of
-    // `synced` (older), so a first subscription starts at the table's current version.
-    if (!sub.ranged && sub.keys.empty()) sub.synced = tables_[req.header.table].version;
-    if (req.header.has(frame_flags::range)) {
-      const key_range r{static_cast<row_id>(req.header.first_row),
-                        static_cast<row_id>(req.header.first_row + req.header.row_count)};
-      sub.range =
-          sub.ranged ? key_range{std::min(sub.range.begin, r.begin), std::max(sub.range.end, r.end)}
-                     : r;
-      sub.ranged = true;
-      std::erase_if(sub.keys, [&](row_id k) {
-        if (!sub.range.contains(k)) return false;
-        sub.keyed[k - all.begin] = false;
-        return true;
-      });
-    } else {
-      if (sub.keyed.empty()) sub.keyed.assign(all.size(), false);
-      for (const row_id k : payload_keys(req)) {
-        if ((sub.ranged && sub.range.contains(k)) || sub.keyed[k - all.begin]) continue;
-        sub.keyed[k - all.begin] = true;
-        sub.keys.push_back(k);
-      }
-      if (sub.keys.size() + (sub.ranged ? sub.range.size() : 0) == all.size()) {
-        sub.ranged = true;
-        sub.range = all;
-        sub.keys.clear();
-        std::fill(sub.keyed.begin(), sub.keyed.end(), false);
-      }
-    }
-  }
-
   // Answers the pulls that the server clock now satisfies, in arrival order.
   void answer_ready_pulls() {
-    std::size_t keep = 0;
-    for (std::size_t i = 0; i < pending_.size(); ++i) {
-      auto& p = pending_[i];
-      if (server_clock_ >= p.request.header.clock && p.s->open) {
-        --p.s->pending_pulls;
-        answer(*p.s, p.request, false);
-      } else if (p.s->open) {
-        if (keep != i) pending_[keep] = std::move(p);
-        ++keep;
-      }
-    }
-    pending_.resize(keep);
+    core_.take_ready([](session* p) { return p->open; },
+                     [this](session* p, const message& req) {
+                       --p->pending_pulls;
+                       answer(*p, req, false);
+                     });
   }
 
   void advance(std::uint32_t worker, clock_value c) {
-    clocks_[worker] = c;
-    const clock_value m = *std::min_element(clocks_.begin(), clocks_.end());
-    if (m <= server_clock_) return;
-    server_clock_ = m;
+    if (!core_.advance(worker, c)) return;
+    const clock_value m = core_.clock();
     if constexpr (requires(part_type& p) { p.on_clock(m, *this); }) {
       recovery_.on_clock(m, *this);  // e.g. snapshot at this clock boundary
     } else if constexpr (requires(part_type& p) { p.on_clock(m); }) {
@@ -1129,48 +833,15 @@ class basic_server {
   // When every row of the shard changed and is subscribed (dense models), the whole shard is
   // sent as a range, snapshot once per table and the buffer shared.
   void push_subscribed() {
-    for (table_id t = 0; t < tables_.size(); ++t) {
-      auto& ts = tables_[t];
-      buffer whole;
-      const key_range all = ts.range;
-      const std::uint32_t w = ts.spec.width;
+    for (table_id t = 0; t < core_.num_tables(); ++t) {
+      buffer whole;  // the whole shard, when sent as a range: snapshot once, shared
       for (auto& s : sessions_) {
         if (!s.open || !s.is_worker()) continue;
         auto& sub = s.subs[t];
         if (!sub.ranged && sub.keys.empty()) continue;
-        // Every row changed since `synced` (dense models: always) needs no scan.
-        const bool all_fresh = ts.all_changed > sub.synced;
-        const auto fresh = [&](row_id r) {
-          return all_fresh || ts.row_version[r - all.begin] > sub.synced;
-        };
-        auto n = static_cast<std::uint32_t>(sub.keys.size() + (sub.ranged ? sub.range.size() : 0));
-        if (!all_fresh) {
-          n = 0;
-          if (sub.ranged)
-            for (row_id r = sub.range.begin; r < sub.range.end; ++r) n += fresh(r) ? 1 : 0;
-          for (const row_id k : sub.keys) n += fresh(k) ? 1 : 0;
-        }
-        if (sub.ranged && sub.range == all && n == all.size()) {
-          if (whole.empty()) whole = rows_payload(t, true, all.begin, all.size(), {});
-          send_rows(s, t, true, all.begin, all.size(), true, whole.share());
-        } else {
-          const std::size_t kb = key_bytes(n);
-          buffer b = transport_.allocate(kb + std::size_t{n} * w * sizeof(float));
-          std::memset(b.data(), 0, kb);
-          auto* keys = reinterpret_cast<row_id*>(b.data());
-          auto* rows = reinterpret_cast<float*>(b.data() + kb);
-          const auto add = [&](row_id r) {
-            if (!fresh(r)) return;
-            *keys++ = r;
-            std::memcpy(rows, ts.values.data() + std::size_t{r - all.begin} * w, w * sizeof(float));
-            rows += w;
-          };
-          if (sub.ranged)
-            for (row_id r = sub.range.begin; r < sub.range.end; ++r) add(r);
-          for (const row_id k : sub.keys) add(k);
-          send_rows(s, t, false, 0, n, true, std::move(b));
-        }
-        sub.synced = ts.version;
+        auto e = core_.eager_rows_for(t, sub, whole, alloc());
+        send_rows(s, t, e.ranged, e.ranged ? e.range.begin : 0, e.count, true,
+                  std::move(e.payload));
         ++stats_.eager_messages;
       }
     }
@@ -1197,7 +868,7 @@ class basic_server {
       const bool any_worker = std::any_of(registered_.begin(), registered_.end(),
                                           [](const session* p) { return p != nullptr; });
       const bool watch_pulls =
-          !pending_.empty() || (any_worker && stats_.deferred_pulls != deferred_seen);
+          !core_.pending().empty() || (any_worker && stats_.deferred_pulls != deferred_seen);
       deferred_seen = stats_.deferred_pulls;
       watchdog_idle_ = !(watch_connect || watch_pulls);
       if (watchdog_idle_) {
@@ -1209,7 +880,7 @@ class basic_server {
       if (stopped_) break;
       if (ec) continue;  // woken from sleep by a deferred pull: arm the timer
       if (watch_connect && report_unconnected()) ++connect_reports;
-      if (!pending_.empty()) report_blocked(every);
+      if (!core_.pending().empty()) report_blocked(every);
     }
     watchdog_idle_ = false;
   }
@@ -1236,32 +907,33 @@ class basic_server {
   // When the oldest waiting pull has waited `every` or longer: logs the worker holding the
   // server clock back and sends every worker with a waiting pull a heartbeat report.
   void report_blocked(std::chrono::milliseconds every) {
-    const pending_pull* oldest = nullptr;
-    for (const auto& p : pending_)
-      if (p.s->open) {
+    const typename core_type::pending_type* oldest = nullptr;
+    for (const auto& p : core_.pending())
+      if (p.reader->open) {
         oldest = &p;
         break;
       }
     if (oldest == nullptr) return;
     const auto waited = clock_type::now() - oldest->since;
     if (waited < every) return;
-    const auto slowest = static_cast<std::uint32_t>(
-        std::min_element(clocks_.begin(), clocks_.end()) - clocks_.begin());
+    const auto& clocks = core_.worker_clocks();
+    const auto slowest =
+        static_cast<std::uint32_t>(std::min_element(clocks.begin(), clocks.end()) - clocks.begin());
     const bool connected = worker_session(slowest) != nullptr;
-    log("a pull of " + who(*oldest->s) + " has waited " +
+    log("a pull of " + who(*oldest->reader) + " has waited " +
         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) +
         " ms for server clock " + std::to_string(oldest->request.header.clock) + " (server clock " +
-        std::to_string(server_clock_) + "): worker " + std::to_string(slowest) +
-        " holds it back at clock " + std::to_string(clocks_[slowest]) +
+        std::to_string(core_.clock()) + "): worker " + std::to_string(slowest) +
+        " holds it back at clock " + std::to_string(clocks[slowest]) +
         (connected ? " (connected)" : " (not connected)"));
     for (auto& s : sessions_) {
       if (!s.open || !s.is_worker() || s.pending_pulls == 0) continue;
       message hb;
       hb.header.type = message_type::heartbeat;
       hb.header.sender = opts_.shard;
-      hb.header.clock = server_clock_;
+      hb.header.clock = core_.clock();
       hb.header.table = slowest;
-      hb.header.first_row = static_cast<std::uint64_t>(clocks_[slowest]);
+      hb.header.first_row = static_cast<std::uint64_t>(clocks[slowest]);
       hb.header.seq =
           connected ? heartbeat_report::slowest_connected : heartbeat_report::slowest_disconnected;
       enqueue(s, std::move(hb));
@@ -1270,15 +942,10 @@ class basic_server {
 
   Transport& transport_;
   server_options opts_;
-  [[no_unique_address]] Optimizer optimizer_;
   [[no_unique_address]] typename Recovery::server_part recovery_{};
-  std::vector<table_state> tables_;
-  std::vector<clock_value> clocks_;
-  std::vector<std::vector<std::uint64_t>> applied_;  // [worker][table] pushes applied
+  core_type core_;  // tables, clocks, subscriptions' versions, waiting pulls (sans-io)
   std::vector<session*> registered_;
-  clock_value server_clock_ = 0;
   std::list<session> sessions_;
-  std::vector<pending_pull> pending_;
   timer_type done_;                         // the accept loop's retry pause
   detail::wait_group<timer_type> running_;  // sessions and spawned coroutines (async_serve)
   timer_type watchdog_;                     // the watchdog's timer (see `watchdog`)
@@ -1287,11 +954,6 @@ class basic_server {
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
   server_stats stats_{};
-  // Whether this server holds trained state (a push applied or a state restored).
-  bool has_state_ = false;
-  // Highest push (or clock) sequence number applied per worker (saved with the state; a
-  // recovery part may drop a resent push at or below it).
-  std::vector<std::uint64_t> last_seq_ = std::vector<std::uint64_t>(opts_.num_workers, 0);
 };
 
 /// The TCP parameter server most programs use: `basic_server` over `tcp_transport`, with no
