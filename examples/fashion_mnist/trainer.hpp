@@ -249,7 +249,7 @@ bool start_chain(const config& c, Optimizer opt, const std::vector<asyncps::tabl
       auto& srv = servers.emplace_back(
           std::make_unique<Server>(t, server_opts(c, s, layout), opt,
                                    make_server_part<typename Server::recovery_type>(c, s)));
-      srv->set_chain({master_ep, eps, m});
+      srv->recovery().set_chain(master_ep, eps, m);
       asio::co_spawn(
           t.get_executor(),
           [p = srv.get(), a = std::move(accs[m])]() mutable -> asio::awaitable<void> {
@@ -295,7 +295,7 @@ bool start_chain_server(const config& c, Optimizer opt,
   auto& srv = servers.emplace_back(
       std::make_unique<Server>(*t, server_opts(c, c.shard, layout), opt,
                                make_server_part<typename Server::recovery_type>(c, c.shard)));
-  srv->set_chain({master_ep.value(), eps, c.member});
+  srv->recovery().set_chain(master_ep.value(), eps, c.member);
   const auto bound = acc.value().local_endpoint();
   asio::co_spawn(
       t->get_executor(),
@@ -481,7 +481,7 @@ int run(const config& c, Optimizer opt) {
     // One server per shard: the head (it has every acknowledged push).
     std::vector<std::unique_ptr<server_t>> heads;
     for (auto& s : servers)
-      if (s->is_head()) heads.push_back(std::move(s));
+      if (s->recovery().is_head()) heads.push_back(std::move(s));
     servers = std::move(heads);
   }
   if (!servers.empty() && servers.size() == c.servers) {

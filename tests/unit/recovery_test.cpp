@@ -45,6 +45,7 @@ struct outage_result {
   std::vector<std::int64_t> clocks;
   std::vector<std::int64_t> own_write_violations;
   server_stats first{}, second{};
+  recovery::stateless_stats second_recovery{};  // the replacement server's part
   worker_stats workers{};
   recovery::stateless_worker_stats stateless{};  // summed over the workers' recovery parts
   int errors = 0;
@@ -130,6 +131,7 @@ outage_result run_outage(std::uint32_t workers, std::uint64_t clocks, clock_valu
   compute.join();
   REQUIRE(second);
   r.second = second->stats();
+  r.second_recovery = second->recovery().stats();
   const auto v = second->values(0);
   for (std::uint32_t w = 0; w < workers; ++w) {
     r.rows.push_back(v[std::size_t{w} * 4]);
@@ -154,9 +156,9 @@ TEST_CASE("stateless: a restarted server is rebuilt from replicas, backlogs merg
     const auto r = run_outage(workers, 400, 60, std::chrono::milliseconds(ms));
     REQUIRE(r.errors == 0);
     CHECK(r.workers.reconnects == workers);
-    CHECK(r.second.replicas_installed == 1);  // one table, rebuilt once
-    CHECK(r.stateless.local_clocks > 0);      // they trained on during the outage
-    CHECK(r.first.pushes < 400 * workers);    // the kill happened mid-run
+    CHECK(r.second_recovery.replicas_installed == 1);  // one table, rebuilt once
+    CHECK(r.stateless.local_clocks > 0);               // they trained on during the outage
+    CHECK(r.first.pushes < 400 * workers);             // the kill happened mid-run
     int exact = 0;
     for (std::uint32_t w = 0; w < workers; ++w) {
       CAPTURE(w);
@@ -285,7 +287,7 @@ struct chain_run {
       auto& t = *sts.back();
       generations.push_back(std::make_unique<cserver_t>(t, so, optimizer::sgd{1.0f}, part));
       cserver_t* s = generations.back().get();
-      s->set_chain({"master", names, m});
+      s->recovery().set_chain(std::string("master"), names, m);
       live[m] = s;
       // The killed server's name may not be released yet: listen_and_serve retries.
       asio::co_spawn(t.get_executor(), test::listen_and_serve(t, names[m], *s), asio::detached);
@@ -311,7 +313,8 @@ struct chain_run {
       asio::steady_timer t(mt.get_executor());
       for (int i = 0; i < 5000; ++i) {
         bool same = master.chain(0).size() == members;
-        for (auto* s : live) same = same && s->log_position() == live[0]->log_position();
+        for (auto* s : live)
+          same = same && s->recovery().log_position() == live[0]->recovery().log_position();
         if (same) break;
         t.expires_after(std::chrono::milliseconds(1));
         co_await t.async_wait(detail::use_tuple);
@@ -322,13 +325,13 @@ struct chain_run {
         out.values.emplace_back(v.begin(), v.end());
         for (std::uint32_t w = 0; w < workers; ++w)
           out.rows.back().push_back(v[std::size_t{w} * 4]);
-        out.positions.push_back(s->log_position());
+        out.positions.push_back(s->recovery().log_position());
       }
       for (auto& g : generations) {
         g->stop();
-        out.duplicates += g->stats().chain_duplicates;
-        out.resent += g->stats().chain_resent;
-        out.states += g->stats().states_installed;
+        out.duplicates += g->recovery().stats().duplicates;
+        out.resent += g->recovery().stats().resent;
+        out.states += g->recovery().stats().states_installed;
       }
       master.stop();
     };
@@ -358,7 +361,7 @@ struct chain_run {
             for (;;) {
               const auto chain = master.chain(0);
               bool ready = chain.size() == members;
-              for (auto* s : live) ready = ready && s->log_position() > 0;
+              for (auto* s : live) ready = ready && s->recovery().log_position() > 0;
               if (ready && live[chain[0]]->clock() >= last + every) break;
               if (!training) co_return;
               t.expires_after(std::chrono::microseconds(500));

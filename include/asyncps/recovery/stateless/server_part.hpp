@@ -1,14 +1,38 @@
 // asyncps — recovery::stateless, server part: installs replicas and merges backlogs.
+//
+// A server restarted without state meets a worker that has trained (its hello carries a clock
+// > 0): the welcome asks the workers for their replicas (flag `state`); the first replica of
+// each table rebuilds it, and every worker's backlog (the deltas it accumulated while the
+// server was away, flag `backlog`) is merged by the configured rule. See
+// docs/recovery/stateless.md.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
+#include <system_error>
+#include <vector>
 
+#include <Eigen/Core>
+
+#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/protocol.hpp"
 #include "asyncps/recovery/stateless/options.hpp"
 #include "asyncps/table.hpp"
+#include "asyncps/wire.hpp"
 
 namespace asyncps::recovery {
 
-/// recovery::stateless, server part: the merge rule. Thread safety: on the server's executor.
+/// Counters of a stateless server part (read on the server's executor).
+struct stateless_stats {
+  std::uint64_t replicas_installed = 0;  ///< tables rebuilt from a worker's replica
+  std::uint64_t backlogs_merged = 0;     ///< backlog pushes merged
+  std::uint64_t backlog_clocks = 0;      ///< clocks of worker updates those backlogs held
+};
+
+/// recovery::stateless, server part: the merge rule, which tables wait for a replica, and the
+/// counters. Thread safety: on the server's executor.
 struct stateless_server_part {
   stateless_options options{};
 
@@ -24,6 +48,79 @@ struct stateless_server_part {
     }
     return 1.0f;
   }
+
+  /// The counters.
+  const stateless_stats& stats() const noexcept { return stats_; }
+
+  // ---- hooks (see detail/server_hooks.hpp) ----
+
+  /// A server that holds no trained state (nothing applied or restored) meets a worker that
+  /// has trained: it was restarted without state, so the welcome asks for replicas.
+  template <class Ctx>
+  std::uint8_t welcome_flags(Ctx ctx, const frame_header& hello) {
+    size_for(ctx);
+    if (ctx.has_state() || hello.clock <= 0) return 0;
+    std::fill(needs_state_.begin(), needs_state_.end(), true);
+    return frame_flags::state;
+  }
+
+  /// A replica (flag `state`: the first one of a table rebuilds it, later ones are dropped)
+  /// or a backlog (flag `backlog`: scaled by `backlog_scale` and applied, unless it comes from
+  /// the worker whose replica was installed, which already holds it). Either must cover the
+  /// shard's whole range of its table. Errors: `errc::unexpected_message`.
+  template <class Ctx>
+  std::error_code on_recovery_push(Ctx ctx, detail::session_base& s, message& m,
+                                   std::string& detail) {
+    size_for(ctx);
+    const auto& h = m.header;
+    const key_range range = ctx.range(h.table);
+    if (h.has(frame_flags::state) == h.has(frame_flags::backlog) || !h.has(frame_flags::range) ||
+        h.first_row != range.begin || h.row_count != range.size()) {
+      detail = " (a replica or backlog push must cover the shard's whole range, one flag)";
+      return errc::unexpected_message;
+    }
+    const auto vals = payload_floats(m);
+    if (h.has(frame_flags::state)) {
+      // The first replica of a table rebuilds it; later ones are dropped. Their senders'
+      // backlogs are then merged, while the installed sender's own updates are already in it.
+      if (needs_state_[h.table]) {
+        ctx.install_replica(h.table, vals);
+        needs_state_[h.table] = false;
+        state_source_[h.table] = s.worker;
+        ++stats_.replicas_installed;
+        ctx.log("rebuilt table " + std::to_string(h.table) + " from the replica of worker " +
+                std::to_string(s.worker) + " (clock " + std::to_string(h.clock) + ")");
+      }
+      return {};
+    }
+    if (state_source_[h.table] == s.worker) {
+      state_source_[h.table] = detail::session_base::none;  // already in the installed replica
+      return {};
+    }
+    const clock_value staleness = std::max<clock_value>(ctx.clock() - h.clock, 0);
+    const std::uint64_t clocks = protocol::backlog_clocks(m);  // the backlog's prefix
+    const float scale = backlog_scale(clocks, staleness);
+    // The floats follow the prefix; the payload is this server's own receive buffer.
+    Eigen::Map<Eigen::ArrayXf> g(const_cast<float*>(vals.data()),
+                                 static_cast<Eigen::Index>(vals.size()));
+    if (scale != 1.0f) g *= scale;
+    ctx.apply_update(m);
+    ++stats_.backlogs_merged;
+    stats_.backlog_clocks += clocks;
+    return {};
+  }
+
+ private:
+  template <class Ctx>
+  void size_for(Ctx ctx) {
+    if (needs_state_.size() == ctx.num_tables()) return;
+    needs_state_.assign(ctx.num_tables(), 0);
+    state_source_.assign(ctx.num_tables(), detail::session_base::none);
+  }
+
+  std::vector<char> needs_state_{};            // per table: waits for a replica
+  std::vector<std::uint32_t> state_source_{};  // per table: whose replica was installed
+  stateless_stats stats_{};
 };
 
 }  // namespace asyncps::recovery

@@ -1,0 +1,500 @@
+// asyncps — detail::shard_core: the state of one server shard, sans-io.
+//
+// Tables (values, optimizer state, change versions), the vector clock, pushes applied and the
+// last sequence number per worker, subscriptions for eager rows, and pulls waiting for the
+// server clock. It touches no socket, timer or executor: `basic_server` feeds it messages and
+// sends what it returns; tests/unit/server_core_test.cpp steps it message by message.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "asyncps/buffer.hpp"
+#include "asyncps/detail/endian.hpp"
+#include "asyncps/detail/text.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/optimizer.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/shard_state.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps::detail {
+
+/// One table of a shard: this shard's rows of it, their optimizer state and change versions.
+struct shard_table {
+  table_spec spec;
+  key_range range;
+  std::vector<float> values;  ///< `range.size() x width`, row-major
+  std::vector<float> state;   ///< `state_per_param` planes of `values.size()`
+  std::uint64_t step = 0;     ///< optimizer steps applied
+  // Change tracking for eager rows (only changed rows are pushed): `version` counts changes
+  // of the table, `row_version[r]` is the version of row r's last change, `all_changed` the
+  // last version that changed every row at once (dense pushes, restores).
+  std::uint64_t version = 0;
+  std::vector<std::uint64_t> row_version;
+  std::uint64_t all_changed = 0;
+};
+
+/// The rows a reader subscribed to (by pulling them) in one table: a range (dense reads)
+/// and/or single rows outside it (sparse reads), in order of their first pull.
+struct subscription {
+  bool ranged = false;
+  key_range range{};
+  std::vector<row_id> keys;
+  std::vector<bool> keyed;  ///< per row of the shard: in `keys` (sized on the first keyed pull)
+  /// The table version the reader's subscribed rows are current at (as of the last rows sent
+  /// to it): eager rows carry only rows changed since.
+  std::uint64_t synced = 0;
+};
+
+/// What an eager rows message to one reader holds (see `shard_core::eager_rows`).
+struct eager_rows {
+  bool ranged = false;      ///< the whole shard as a range (payload shared between readers)
+  key_range range{};        ///< ranged: the rows
+  std::uint32_t count = 0;  ///< rows in the payload
+  buffer payload{};
+};
+
+/// A pull waiting for the server clock: its reader, the request, and when it was deferred.
+template <class Reader, class TimePoint>
+struct pending_pull {
+  Reader reader;
+  message request;
+  TimePoint since{};
+};
+
+/// The state of one shard and the rules that change it. `Reader` identifies a connection
+/// (copyable, comparable; e.g. a session pointer), `TimePoint` the transport clock's time.
+/// Thread safety: one thread at a time (the server's executor).
+template <optimizer_policy Optimizer, class Reader, class TimePoint>
+class shard_core {
+ public:
+  using pending_type = pending_pull<Reader, TimePoint>;  ///< a waiting pull
+
+  /// Builds shard `shard` of `num_shards` of `tables` (initial values from `seed`). Throws
+  /// `std::invalid_argument` naming the bad field (shard >= num_shards, no workers, empty
+  /// layout, a table with 0 rows or width, ids out of order).
+  shard_core(std::uint32_t shard, std::uint32_t num_shards, std::uint32_t num_workers,
+             std::span<const table_spec> tables, std::uint64_t seed, Optimizer opt = {})
+      : shard_(shard), num_shards_(num_shards), num_workers_(num_workers), optimizer_(opt),
+        clocks_(num_workers, 0), applied_(num_workers), last_seq_(num_workers, 0) {
+    if (num_shards == 0 || shard >= num_shards)
+      throw std::invalid_argument("asyncps::server_options: shard must be < num_shards");
+    if (num_workers == 0)
+      throw std::invalid_argument("asyncps::server_options: num_workers must be > 0");
+    if (tables.empty())
+      throw std::invalid_argument("asyncps::server_options: tables must not be empty");
+    tables_.reserve(tables.size());
+    for (std::size_t i = 0; i < tables.size(); ++i) {
+      const auto& spec = tables[i];
+      if (spec.id != i || spec.rows == 0 || spec.width == 0)
+        throw std::invalid_argument("asyncps::server_options: tables[" + std::to_string(i) +
+                                    "] needs id == index, rows > 0 and width > 0");
+      shard_table t;
+      t.spec = spec;
+      t.range = shard_range(spec.rows, shard, num_shards);
+      t.values.resize(std::size_t{t.range.size()} * spec.width);
+      t.state.resize(t.values.size() * Optimizer::state_per_param, 0.0f);
+      t.row_version.assign(t.range.size(), 0);
+      init_table(t, seed);
+      tables_.push_back(std::move(t));
+    }
+    for (auto& a : applied_) a.assign(tables_.size(), 0);
+  }
+
+  std::uint32_t shard() const noexcept { return shard_; }
+  std::uint32_t num_workers() const noexcept { return num_workers_; }
+  std::size_t num_tables() const noexcept { return tables_.size(); }
+  const shard_table& table(table_id t) const noexcept { return tables_[t]; }
+  /// The server clock: the minimum over the workers' clocks.
+  clock_value clock() const noexcept { return server_clock_; }
+  clock_value worker_clock(std::uint32_t w) const noexcept { return clocks_[w]; }
+  const std::vector<clock_value>& worker_clocks() const noexcept { return clocks_; }
+  /// Pushes of worker `w` applied to table `t`.
+  std::uint64_t applied(std::uint32_t w, table_id t) const noexcept { return applied_[w][t]; }
+  /// Highest push (or clock) sequence number applied per worker.
+  std::uint64_t& last_seq(std::uint32_t w) noexcept { return last_seq_[w]; }
+  /// Whether the shard holds trained state (a push applied or a state restored).
+  bool has_state() const noexcept { return has_state_; }
+  const Optimizer& optimizer() const noexcept { return optimizer_; }
+
+  // ---- validation ----
+
+  /// Whether a hello's `layout` is this shard's (rows and width per table).
+  bool layout_matches(std::span<const protocol::layout_entry> layout) const {
+    if (layout.size() != tables_.size()) return false;
+    for (std::size_t i = 0; i < tables_.size(); ++i)
+      if (layout[i].rows != tables_[i].spec.rows || layout[i].width != tables_[i].spec.width)
+        return false;
+    return true;
+  }
+  /// A hello's `layout` compared with this shard's: each differing table with both sides'
+  /// rows x width, and the table counts when they differ.
+  std::string layout_difference_from(std::span<const protocol::layout_entry> layout) const {
+    std::vector<table_spec> theirs(layout.size());
+    for (std::size_t i = 0; i < layout.size(); ++i) {
+      theirs[i].id = static_cast<table_id>(i);
+      theirs[i].rows = layout[i].rows;
+      theirs[i].width = layout[i].width;
+    }
+    std::vector<table_spec> ours;
+    ours.reserve(tables_.size());
+    for (const auto& t : tables_) ours.push_back(t.spec);
+    return layout_difference(theirs, "worker", ours, "server");
+  }
+  /// Validates table, width and rows of push/pull `m` against this shard; `detail` says why.
+  std::error_code check_rows(const message& m, std::string& detail) const {
+    const auto& h = m.header;
+    if (h.table >= tables_.size()) {
+      detail = " (got " + std::to_string(h.table) + ")";
+      return errc::bad_table;
+    }
+    const auto& t = tables_[h.table];
+    if (h.type != message_type::pull && h.width != t.spec.width) {
+      detail = " (got " + std::to_string(h.width) + ", table " + std::to_string(h.table) + " has " +
+               std::to_string(t.spec.width) + ")";
+      return errc::bad_width;
+    }
+    if (h.has(frame_flags::range)) {
+      if (h.first_row < t.range.begin || h.first_row > t.range.end ||
+          h.row_count > t.range.end - h.first_row) {
+        detail = " (rows [" + std::to_string(h.first_row) + ", " +
+                 std::to_string(h.first_row + h.row_count) + ") vs shard rows [" +
+                 std::to_string(t.range.begin) + ", " + std::to_string(t.range.end) + "))";
+        return errc::bad_row_range;
+      }
+    } else {
+      for (row_id k : payload_keys(m)) {
+        if (!t.range.contains(k)) {
+          detail = " (row " + std::to_string(k) + " vs shard rows [" +
+                   std::to_string(t.range.begin) + ", " + std::to_string(t.range.end) + "))";
+          return errc::bad_row_range;
+        }
+      }
+    }
+    return {};
+  }
+  /// Vectorised (Eigen 3.4's allFinite is a scalar loop): g - g is 0 for finite values and
+  /// NaN for NaN or infinity, and NaN survives the sum.
+  static bool all_finite(std::span<const float> g) noexcept {
+    const Eigen::Map<const Eigen::ArrayXf> a(g.data(), static_cast<Eigen::Index>(g.size()));
+    return std::isfinite((a - a).sum());
+  }
+
+  // ---- updates ----
+
+  /// Applies checked push `m` to its table through the optimizer (versions updated). Does
+  /// not count it (see `count_push`).
+  void apply(const message& m) {
+    const auto& h = m.header;
+    auto& t = tables_[h.table];
+    const auto grad = payload_floats(m);
+    const std::uint32_t w = t.spec.width;
+    ++t.step;
+    if (h.has(frame_flags::range)) {
+      const auto first = static_cast<row_id>(h.first_row);
+      apply_rows(t, std::size_t{first - t.range.begin} * w, std::size_t{h.row_count} * w,
+                 grad.data());
+      changed(t, key_range{first, first + h.row_count});
+    } else {
+      const auto keys = payload_keys(m);
+      ++t.version;
+      for (std::uint32_t i = 0; i < h.row_count; ++i) {
+        apply_rows(t, std::size_t{keys[i] - t.range.begin} * w, w,
+                   grad.data() + std::size_t{i} * w);
+        t.row_version[keys[i] - t.range.begin] = t.version;
+      }
+    }
+    has_state_ = true;
+  }
+  /// Counts an applied push of worker `w` to table `t`.
+  void count_push(std::uint32_t w, table_id t) noexcept { ++applied_[w][t]; }
+  /// Replaces table `t`'s values (size and finiteness checked by the caller).
+  void set_values(table_id t, std::span<const float> v) {
+    std::copy(v.begin(), v.end(), tables_[t].values.begin());
+    changed(tables_[t], tables_[t].range);
+    has_state_ = true;
+  }
+  /// Replaces table `t`'s values with a replica and clears its optimizer state.
+  void install_replica(table_id t, std::span<const float> v) {
+    auto& ts = tables_[t];
+    std::copy(v.begin(), v.end(), ts.values.begin());
+    std::fill(ts.state.begin(), ts.state.end(), 0.0f);
+    changed(ts, ts.range);
+    has_state_ = true;
+  }
+  /// Moves worker `w`'s clock to `c`. Returns whether the server clock advanced (the caller
+  /// then answers ready pulls and pushes eager rows).
+  bool advance(std::uint32_t w, clock_value c) {
+    clocks_[w] = c;
+    const clock_value m = *std::min_element(clocks_.begin(), clocks_.end());
+    if (m <= server_clock_) return false;
+    server_clock_ = m;
+    return true;
+  }
+
+  // ---- reads ----
+
+  /// Fills a welcome to `worker` with this shard's tables (rows, width, pushes of `worker`
+  /// applied) and the optimizer's `local_step()` (the worker's read-my-writes step).
+  void welcome_tables(std::uint32_t worker, protocol::welcome& w) const {
+    w.tables.clear();
+    w.tables.reserve(tables_.size());
+    for (std::size_t i = 0; i < tables_.size(); ++i)
+      w.tables.push_back({tables_[i].spec.rows, tables_[i].spec.width, applied_[worker][i]});
+    w.local_step = static_cast<float>(optimizer_.local_step());
+  }
+  /// A snapshot of rows of table `tid` (keys first when sparse), in a buffer from `alloc`.
+  template <class Alloc>
+  buffer rows_payload(table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
+                      std::span<const row_id> keys, Alloc&& alloc) const {
+    const auto& t = tables_[tid];
+    const std::uint32_t w = t.spec.width;
+    const std::size_t kb = ranged ? 0 : key_bytes(count);
+    buffer b = alloc(kb + std::size_t{count} * w * sizeof(float));
+    auto* out = reinterpret_cast<float*>(b.data() + kb);
+    if (ranged) {
+      std::memcpy(out,
+                  t.values.data() + std::size_t{static_cast<row_id>(first) - t.range.begin} * w,
+                  std::size_t{count} * w * sizeof(float));
+    } else {
+      if (kb != 0) {
+        std::memset(b.data(), 0, kb);
+        std::memcpy(b.data(), keys.data(), keys.size() * sizeof(row_id));
+      }
+      for (std::uint32_t i = 0; i < count; ++i)
+        std::memcpy(out + std::size_t{i} * w,
+                    t.values.data() + std::size_t{keys[i] - t.range.begin} * w, w * sizeof(float));
+    }
+    return b;
+  }
+  /// Adds the rows of pull `req` to subscription `sub` (each row once; amortized O(1) per
+  /// row). Keyed rows that come to cover the whole shard become a range subscription.
+  void subscribe(subscription& sub, const message& req) const {
+    const key_range all = tables_[req.header.table].range;
+    // The reply just sent has these rows as of now; rows subscribed earlier are current as of
+    // `synced` (older), so a first subscription starts at the table's current version.
+    if (!sub.ranged && sub.keys.empty()) sub.synced = tables_[req.header.table].version;
+    if (req.header.has(frame_flags::range)) {
+      const key_range r{static_cast<row_id>(req.header.first_row),
+                        static_cast<row_id>(req.header.first_row + req.header.row_count)};
+      sub.range =
+          sub.ranged ? key_range{std::min(sub.range.begin, r.begin), std::max(sub.range.end, r.end)}
+                     : r;
+      sub.ranged = true;
+      std::erase_if(sub.keys, [&](row_id k) {
+        if (!sub.range.contains(k)) return false;
+        sub.keyed[k - all.begin] = false;
+        return true;
+      });
+    } else {
+      if (sub.keyed.empty()) sub.keyed.assign(all.size(), false);
+      for (const row_id k : payload_keys(req)) {
+        if ((sub.ranged && sub.range.contains(k)) || sub.keyed[k - all.begin]) continue;
+        sub.keyed[k - all.begin] = true;
+        sub.keys.push_back(k);
+      }
+      if (sub.keys.size() + (sub.ranged ? sub.range.size() : 0) == all.size()) {
+        sub.ranged = true;
+        sub.range = all;
+        sub.keys.clear();
+        std::fill(sub.keyed.begin(), sub.keyed.end(), false);
+      }
+    }
+  }
+  /// The eager rows of table `t` for a reader subscribed by `sub` (non-empty): the subscribed
+  /// rows changed since `sub.synced`, possibly none; marks `sub` synced. When every row of the
+  /// shard changed and is subscribed, the whole shard as a range, snapshot once into `whole`
+  /// (shared between the readers of one round).
+  template <class Alloc>
+  eager_rows eager_rows_for(table_id t, subscription& sub, buffer& whole, Alloc&& alloc) const {
+    const auto& ts = tables_[t];
+    const key_range all = ts.range;
+    const std::uint32_t w = ts.spec.width;
+    eager_rows out;
+    // Every row changed since `synced` (dense models: always) needs no scan.
+    const bool all_fresh = ts.all_changed > sub.synced;
+    const auto fresh = [&](row_id r) {
+      return all_fresh || ts.row_version[r - all.begin] > sub.synced;
+    };
+    auto n = static_cast<std::uint32_t>(sub.keys.size() + (sub.ranged ? sub.range.size() : 0));
+    if (!all_fresh) {
+      n = 0;
+      if (sub.ranged)
+        for (row_id r = sub.range.begin; r < sub.range.end; ++r) n += fresh(r) ? 1 : 0;
+      for (const row_id k : sub.keys) n += fresh(k) ? 1 : 0;
+    }
+    if (sub.ranged && sub.range == all && n == all.size()) {
+      if (whole.empty()) whole = rows_payload(t, true, all.begin, all.size(), {}, alloc);
+      out.ranged = true;
+      out.range = all;
+      out.count = all.size();
+      out.payload = whole.share();
+    } else {
+      const std::size_t kb = key_bytes(n);
+      buffer b = alloc(kb + std::size_t{n} * w * sizeof(float));
+      std::memset(b.data(), 0, kb);
+      auto* keys = reinterpret_cast<row_id*>(b.data());
+      auto* rows = reinterpret_cast<float*>(b.data() + kb);
+      const auto add = [&](row_id r) {
+        if (!fresh(r)) return;
+        *keys++ = r;
+        std::memcpy(rows, ts.values.data() + std::size_t{r - all.begin} * w, w * sizeof(float));
+        rows += w;
+      };
+      if (sub.ranged)
+        for (row_id r = sub.range.begin; r < sub.range.end; ++r) add(r);
+      for (const row_id k : sub.keys) add(k);
+      out.count = n;
+      out.payload = std::move(b);
+    }
+    sub.synced = ts.version;
+    return out;
+  }
+
+  // ---- pulls waiting for the server clock ----
+
+  /// Keeps pull `req` of `reader` until the server clock reaches `req.header.clock`.
+  void defer(Reader reader, message req, TimePoint now) {
+    pending_.push_back(pending_pull<Reader, TimePoint>{reader, std::move(req), now});
+  }
+  /// The waiting pulls, oldest first.
+  const std::vector<pending_pull<Reader, TimePoint>>& pending() const noexcept { return pending_; }
+  /// Forgets the pulls of `reader`.
+  void drop(Reader reader) {
+    std::erase_if(pending_, [&](const auto& p) { return p.reader == reader; });
+  }
+  /// Calls `answer(reader, request)` for each pull the server clock now satisfies, in arrival
+  /// order, and forgets it; pulls whose reader is not `alive(reader)` are dropped.
+  template <class Alive, class Answer>
+  void take_ready(Alive&& alive, Answer&& answer) {
+    std::size_t keep = 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i) {
+      auto& p = pending_[i];
+      if (server_clock_ >= p.request.header.clock && alive(p.reader)) {
+        answer(p.reader, p.request);
+      } else if (alive(p.reader)) {
+        if (keep != i) pending_[keep] = std::move(p);
+        ++keep;
+      }
+    }
+    pending_.resize(keep);
+  }
+
+  // ---- whole state ----
+
+  /// Copies the shard's whole state into `out`, reusing its capacity (allocation-free after
+  /// the first call with the same `out`).
+  void save_state(shard_state& out) const {
+    out.shard = shard_;
+    out.num_shards = num_shards_;
+    out.num_workers = num_workers_;
+    out.state_per_param = Optimizer::state_per_param;
+    out.server_clock = server_clock_;
+    out.worker_clocks.assign(clocks_.begin(), clocks_.end());
+    out.last_seq.assign(last_seq_.begin(), last_seq_.end());
+    out.applied.resize(std::size_t{num_workers_} * tables_.size());
+    for (std::uint32_t w = 0; w < num_workers_; ++w)
+      std::copy(applied_[w].begin(), applied_[w].end(), out.applied.begin() + w * tables_.size());
+    out.tables.resize(tables_.size());
+    for (std::size_t i = 0; i < tables_.size(); ++i) {
+      auto& o = out.tables[i];
+      o.spec = tables_[i].spec;
+      o.range = tables_[i].range;
+      o.step = tables_[i].step;
+      o.values.assign(tables_[i].values.begin(), tables_[i].values.end());
+      o.optimizer_state.assign(tables_[i].state.begin(), tables_[i].state.end());
+    }
+  }
+  /// Installs `st`. Errors: `errc::layout_mismatch` when it was taken from another shard,
+  /// shard count, worker count, optimizer or layout (nothing is changed then). The caller
+  /// answers the pulls it satisfies.
+  std::error_code restore_state(const shard_state& st) {
+    if (st.shard != shard_ || st.num_shards != num_shards_ || st.num_workers != num_workers_ ||
+        st.state_per_param != Optimizer::state_per_param || st.tables.size() != tables_.size() ||
+        st.worker_clocks.size() != clocks_.size() ||
+        st.applied.size() != std::size_t{num_workers_} * tables_.size())
+      return errc::layout_mismatch;
+    for (std::size_t i = 0; i < tables_.size(); ++i) {
+      const auto& t = st.tables[i];
+      if (!(t.spec == tables_[i].spec) || !(t.range == tables_[i].range) ||
+          t.values.size() != tables_[i].values.size() ||
+          t.optimizer_state.size() != tables_[i].state.size())
+        return errc::layout_mismatch;
+    }
+    for (std::size_t i = 0; i < tables_.size(); ++i) {
+      tables_[i].step = st.tables[i].step;
+      std::copy(st.tables[i].values.begin(), st.tables[i].values.end(), tables_[i].values.begin());
+      std::copy(st.tables[i].optimizer_state.begin(), st.tables[i].optimizer_state.end(),
+                tables_[i].state.begin());
+      changed(tables_[i], tables_[i].range);
+    }
+    for (std::uint32_t w = 0; w < num_workers_; ++w) {
+      clocks_[w] = st.worker_clocks[w];
+      std::copy_n(st.applied.begin() + w * tables_.size(), tables_.size(), applied_[w].begin());
+    }
+    if (st.last_seq.size() == last_seq_.size())
+      std::copy(st.last_seq.begin(), st.last_seq.end(), last_seq_.begin());
+    server_clock_ = *std::min_element(clocks_.begin(), clocks_.end());
+    has_state_ = true;
+    return {};
+  }
+
+ private:
+  void init_table(shard_table& t, std::uint64_t seed) {
+    if (t.spec.init_scale == 0.0f) {
+      std::fill(t.values.begin(), t.values.end(), 0.0f);
+      return;
+    }
+    for (row_id r = t.range.begin; r < t.range.end; ++r) {
+      std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
+                        t.spec.id, r};
+      std::mt19937 gen(seq);
+      std::uniform_real_distribution<float> dist(-t.spec.init_scale, t.spec.init_scale);
+      float* row = t.values.data() + std::size_t{r - t.range.begin} * t.spec.width;
+      for (std::uint32_t j = 0; j < t.spec.width; ++j) row[j] = dist(gen);
+    }
+  }
+  // Rows `r` of table `t` changed (for eager rows: see eager_rows_for).
+  static void changed(shard_table& t, key_range r) noexcept {
+    ++t.version;
+    if (r == t.range) {
+      t.all_changed = t.version;  // no need to stamp each row: see eager_rows_for
+    } else {
+      std::fill_n(t.row_version.begin() + (r.begin - t.range.begin), r.size(), t.version);
+    }
+  }
+  void apply_rows(shard_table& t, std::size_t off, std::size_t n, const float* g) {
+    optimizer_state<Optimizer::state_per_param> st{};
+    for (std::size_t k = 0; k < Optimizer::state_per_param; ++k)
+      st[k] = std::span<float>(t.state.data() + k * t.values.size() + off, n);
+    optimizer_.apply(std::span<float>(t.values.data() + off, n), std::span<const float>(g, n), st,
+                     t.step);
+  }
+
+  std::uint32_t shard_;
+  std::uint32_t num_shards_;
+  std::uint32_t num_workers_;
+  [[no_unique_address]] Optimizer optimizer_;
+  std::vector<shard_table> tables_;
+  std::vector<clock_value> clocks_;
+  std::vector<std::vector<std::uint64_t>> applied_;  // [worker][table] pushes applied
+  std::vector<std::uint64_t> last_seq_;
+  clock_value server_clock_ = 0;
+  bool has_state_ = false;
+  std::vector<pending_pull<Reader, TimePoint>> pending_;
+};
+
+}  // namespace asyncps::detail
