@@ -27,6 +27,7 @@
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
+#include "asyncps/transport/simulated.hpp"
 #include "asyncps/worker.hpp"
 #include "counter_model.hpp"
 #include "listen_and_serve.hpp"
@@ -642,4 +643,150 @@ TEST_CASE("local_cluster: an exception in compute_gradient stops the cluster and
   }
   CHECK_THROWS_AS((local_cluster<grid_model, consistency::bsp>({.workers = 0}, nullptr).run(1)),
                   std::invalid_argument);
+}
+
+namespace {
+
+// A recovery policy whose server part implements every server hook with the default's
+// behaviour and records the calls (consecutive repeats once): the order below is the order
+// basic_server calls them in. `refuse` makes on_hello refuse workers (a policy-made error).
+struct counting_server_hooks {
+  static constexpr std::string_view name = "counting-server-hooks";
+  struct server_part {
+    std::vector<std::string>* calls = nullptr;
+    bool refuse = false;
+    void note(const char* hook) const {
+      if (calls->empty() || calls->back() != hook) calls->push_back(hook);
+    }
+    template <class Server>
+    void on_start(Server&) {
+      note("on_start");
+    }
+    template <class Ctx>
+    std::error_code on_serve(Ctx) {
+      note("on_serve");
+      return {};
+    }
+    template <class Ctx>
+    std::error_code on_hello(Ctx, const frame_header&, std::string& detail) {
+      note("on_hello");
+      if (!refuse) return {};
+      detail = " (refused by the test policy)";
+      return errc::not_head;
+    }
+    template <class Ctx>
+    std::uint8_t welcome_flags(Ctx, const frame_header&) {
+      note("welcome_flags");
+      return 0;
+    }
+    template <class Ctx>
+    void on_rejoin(Ctx, std::uint32_t, clock_value, clock_value) {
+      note("on_rejoin");
+    }
+    template <class Ctx>
+    std::optional<std::error_code> on_unknown_peer(Ctx, detail::session_base&, const message&,
+                                                   std::string&) {
+      note("on_unknown_peer");
+      return std::nullopt;
+    }
+    template <class Ctx>
+    std::error_code on_peer_message(Ctx, detail::session_base&, message&, std::string&) {
+      note("on_peer_message");
+      return {};
+    }
+    template <class Ctx>
+    void on_session_closed(Ctx, detail::session_base&) {
+      note("on_session_closed");
+    }
+    template <class Ctx>
+    std::error_code on_recovery_push(Ctx, detail::session_base&, message&, std::string&) {
+      note("on_recovery_push");
+      return errc::unexpected_message;
+    }
+    template <class Ctx>
+    bool on_push(Ctx, detail::session_base&, const frame_header&) {
+      note("on_push");
+      return false;
+    }
+    void on_update(table_id, std::uint64_t, std::uint32_t, std::span<const float>) {
+      note("on_update");
+    }
+    template <class Ctx>
+    bool on_applied(Ctx, detail::session_base&, const message&) {
+      note("on_applied");
+      return false;
+    }
+    template <class Server>
+    void on_clock(clock_value, const Server&) {
+      note("on_clock");
+    }
+    void on_stop() { note("on_stop"); }
+  };
+  using worker_part = recovery::none::worker_part;
+};
+static_assert(recovery_policy<counting_server_hooks>);
+
+// Serves one simulated shard with `part`, runs one worker for `clocks` clocks; returns the
+// worker's result.
+std::error_code run_counting(counting_server_hooks::server_part part, int clocks) {
+  simulated_network net;
+  test::counter_model model(0, 1, 0, 2, 1, 0);
+  simulated_transport st(net, "server0"), wt(net, "worker0");
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {model.spec[0]};
+  so.log = [](std::string_view) {};
+  basic_server<simulated_transport, consistency::bsp, counting_server_hooks> server(st, so, {},
+                                                                                    part);
+  auto acc = st.listen("shard0");
+  REQUIRE(acc.has_value());
+  asio::co_spawn(
+      net.get_executor(),
+      [&server, a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
+        (void)co_await server.async_serve(std::move(a));
+      },
+      asio::detached);
+  worker_options<std::string> o;
+  o.servers = {"shard0"};
+  o.connect_timeout = std::chrono::milliseconds(50);
+  o.log = [](std::string_view) {};
+  basic_worker<test::counter_model, simulated_transport, consistency::bsp, counting_server_hooks> w(
+      wt, model, o);
+  std::error_code ec = errc::timeout;
+  asio::co_spawn(
+      net.get_executor(),
+      [&]() -> asio::awaitable<void> {
+        ec = co_await w.async_run(static_cast<std::uint64_t>(clocks));
+      },
+      asio::detached);
+  net.run();
+  asio::post(net.get_executor(), [&] { server.stop(); });
+  net.run();
+  return ec;
+}
+
+}  // namespace
+
+TEST_CASE("server hooks: the order a server calls them in (2 clocks, no failure)") {
+  std::vector<std::string> calls;
+  counting_server_hooks::server_part part;
+  part.calls = &calls;
+  CHECK(!run_counting(part, 2));
+  // Start, serve, the worker's hello and welcome; per clock its push is checked, applied
+  // (on_update, on_applied) and advances the server clock (on_clock); its session closes
+  // after its bye, and the server stops.
+  CHECK(calls == std::vector<std::string>{"on_start", "on_serve", "on_hello", "welcome_flags",
+                                          "on_push", "on_update", "on_applied", "on_clock",
+                                          "on_push", "on_update", "on_applied", "on_clock",
+                                          "on_session_closed", "on_stop"});
+}
+
+TEST_CASE("server hooks: a hook's refusal reaches the worker with its code") {
+  std::vector<std::string> calls;
+  counting_server_hooks::server_part part;
+  part.calls = &calls;
+  part.refuse = true;  // not_head: the worker keeps trying until connect_timeout
+  CHECK(run_counting(part, 2) == errc::not_head);
+  CHECK(std::count(calls.begin(), calls.end(), "welcome_flags") == 0);
+  CHECK(std::count(calls.begin(), calls.end(), "on_push") == 0);
 }

@@ -60,9 +60,9 @@ struct sim_result {
   std::vector<simulated_clock::time_point> done;  // when each worker's run completed
   std::vector<double> compute_seconds;            // per worker (virtual)
   std::vector<worker_stats> workers;
-  std::vector<recovery::stateless_worker_stats> stateless;  // per worker, recovery::stateless
+  std::vector<recovery::stateless_worker_stats> stateless_workers;  // recovery::stateless
   std::vector<server_stats> servers;
-  std::vector<recovery::stateless_stats> stateless;  // per server, under recovery::stateless
+  std::vector<recovery::stateless_stats> stateless_servers;  // recovery::stateless
   simulated_clock::time_point end{};  // virtual time when the workers' run was quiescent
   std::int64_t bound_violations = 0;
   std::int64_t own_write_violations = 0;
@@ -169,7 +169,7 @@ sim_result simulate(const sim_config& cfg, typename Recovery::server_part server
     r.server_clocks.push_back(servers[s]->clock());
     r.servers.push_back(servers[s]->stats());
     if constexpr (std::is_same_v<Recovery, recovery::stateless>)
-      r.stateless.push_back(servers[s]->recovery().stats());
+      r.stateless_servers.push_back(servers[s]->recovery().stats());
   }
   for (std::uint32_t w = 0; w < cfg.workers; ++w) {
     r.model_clocks.push_back(models[w].clock);
@@ -180,7 +180,7 @@ sim_result simulate(const sim_config& cfg, typename Recovery::server_part server
     r.staleness += ws[w]->staleness();
     r.workers.push_back(ws[w]->stats());
     if constexpr (std::is_same_v<Recovery, recovery::stateless>)
-      r.stateless.push_back(ws[w]->recovery().stats());
+      r.stateless_workers.push_back(ws[w]->recovery().stats());
     r.compute_seconds.push_back(ws[w]->stats().compute_seconds);
   }
   r.stats = net.stats();
@@ -570,14 +570,14 @@ TEST_CASE("simulation: workers train through a partitioned server (recovery::sta
       CHECK(!r.errors[w]);
       CHECK(r.model_clocks[w] == 40);
       CHECK(r.workers[w].reconnects == 1);
-      CHECK(r.stateless[w].backlogs_sent == 1);
-      local += r.stateless[w].local_clocks;
+      CHECK(r.stateless_workers[w].backlogs_sent == 1);
+      local += r.stateless_workers[w].local_clocks;
       // Reconnected after the partition healed (virtual time), not before.
       CHECK(r.done[w].time_since_epoch() >= 300ms);
     }
     CHECK(local > 0);
-    CHECK(r.stateless[0].backlogs_merged == c.workers);
-    CHECK(r.stateless[0].replicas_installed == 0);  // it kept its state: nothing to rebuild
+    CHECK(r.stateless_servers[0].backlogs_merged == c.workers);
+    CHECK(r.stateless_servers[0].replicas_installed == 0);  // it kept its state: nothing to rebuild
     CHECK(r.server_clocks[0] == 40);
     // Shard 0's rows count their workers' deltas exactly: a push on the wire when the
     // partition began is not applied by the server, so at the reconnect its gradient joins
@@ -590,8 +590,8 @@ TEST_CASE("simulation: workers train through a partitioned server (recovery::sta
     }
     CHECK(r.own_write_violations == 0);  // read-my-writes held through the outage
     // Backlog clocks beyond the clocks trained locally are such recovered pushes.
-    CHECK(r.stateless[0].backlog_clocks >= local);
-    recovered_in_flight += r.stateless[0].backlog_clocks - local;
+    CHECK(r.stateless_servers[0].backlog_clocks >= local);
+    recovered_in_flight += r.stateless_servers[0].backlog_clocks - local;
     // Shard 1 was never down: exact.
     const auto r1 = shard_range(c.workers, 1, c.shards);
     for (row_id row = r1.begin; row < r1.end; ++row)
