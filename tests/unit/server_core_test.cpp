@@ -1,16 +1,26 @@
-// Tests of detail::shard_core, the sans-io state of one server shard, stepped message by
+// Tests of detail::shard_core, the sans-io state of one server shard, and of
+// detail::server_protocol, what the server does with each message, stepped message by
 // message: no transport, no executor, no timer.
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <list>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <doctest/doctest.h>
 
 #include "asyncps/buffer.hpp"
+#include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/server_protocol.hpp"
+#include "asyncps/detail/server_session.hpp"
 #include "asyncps/detail/shard_core.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/recovery/none.hpp"
+#include "asyncps/server_options.hpp"
 #include "asyncps/wire.hpp"
 
 namespace {
@@ -180,4 +190,245 @@ TEST_CASE("shard_core: the constructor names the bad field") {
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(core_t(0, 1, 0, layout, 1), doctest::Contains("num_workers"),
                        std::invalid_argument);
+}
+
+// ---- detail::server_protocol, stepped through a recording shell ----
+
+namespace {
+
+using test_time = std::chrono::steady_clock::time_point;
+
+// A session without a connection: the protocol only reads and writes its sans-io state.
+struct test_session : detail::server_session_state {
+  explicit test_session(int tag_) : tag(tag_) {}
+  int tag;
+  std::list<test_session>::iterator self;
+};
+
+// The shell: records what the protocol asks it to do.
+struct test_io {
+  struct ctx_type {};  // recovery::none declares no hooks: the context is never used
+  ctx_type ctx() { return {}; }
+  void wake(test_session& s) { woken.push_back(s.tag); }
+  void close(test_session& s) { closed.push_back(s.tag); }
+  buffer allocate(std::size_t n) { return pool.allocate(n); }
+  test_time now() const { return time; }
+  void wake_watchdog() { ++watchdog_wakes; }
+  test_io& server() { return *this; }  // what a part's on_clock(clock, server) would receive
+
+  std::vector<int> woken;
+  std::vector<int> closed;
+  test_time time{};
+  int watchdog_wakes = 0;
+};
+
+using proto_t = detail::server_protocol<consistency::ssp<0>, recovery::none, optimizer::sgd,
+                                        test_session, test_time, test_io>;
+
+server_options proto_options() {
+  server_options o;
+  o.shard = 0;
+  o.num_shards = 2;
+  o.num_workers = 2;
+  o.tables = {table_spec{0, 8, 2, 0.0f}};
+  o.log = [](std::string_view) {};  // refusals are expected here
+  return o;
+}
+
+message
+hello_from(std::uint32_t w, clock_value c = 0, std::uint32_t width = 2,
+           std::uint32_t fingerprint = policy_fingerprint<consistency::ssp<0>, recovery::none>()) {
+  return protocol::encode(
+      protocol::hello{.worker = w, .clock = c, .fingerprint = fingerprint, .layout = {{8, width}}},
+      alloc);
+}
+
+// The message queued to `s` at `i`, and the error code of a queued error.
+std::optional<errc> error_code_of(const test_session& s) {
+  REQUIRE(!s.outbox.empty());
+  protocol::error e;
+  std::string detail;
+  REQUIRE(!protocol::decode(s.outbox.back(), e, detail));
+  return e.code;
+}
+
+struct stepped {
+  test_io io;
+  proto_t proto{io, proto_options(), optimizer::sgd{1.0f}, {}};
+  test_session& connect(int tag) { return proto.add_session(tag); }
+  // A registered worker session `w`, its welcome taken out of the outbox.
+  test_session& worker(std::uint32_t w) {
+    auto& s = connect(static_cast<int>(w));
+    auto h = hello_from(w);
+    REQUIRE(proto.receive(s, h));
+    REQUIRE(s.outbox.size() == 1);
+    s.outbox.clear();
+    s.queued_bytes = 0;
+    return s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("server_protocol: a good hello registers the worker and queues its welcome") {
+  stepped t;
+  auto& s = t.connect(0);
+  auto h = hello_from(1);
+  CHECK(t.proto.receive(s, h));
+  CHECK(s.is_worker());
+  CHECK(s.worker == 1);
+  CHECK(t.proto.worker_session(1) == &s);
+  REQUIRE(s.outbox.size() == 1);
+  CHECK(t.io.woken == std::vector<int>{0});
+  protocol::welcome w;
+  std::string detail;
+  REQUIRE(!protocol::decode(s.outbox[0], w, detail));
+  CHECK(w.shard == 0);
+  CHECK(w.num_shards == 2);
+  CHECK(w.server_clock == 0);
+  REQUIRE(w.tables.size() == 1);
+  CHECK(w.tables[0].rows == 8);
+  CHECK(w.tables[0].width == 2);
+  CHECK(w.local_step == 1.0f);  // sgd's rate: the worker's read-my-writes step
+  CHECK(t.proto.stats().rejected == 0);
+}
+
+TEST_CASE("server_protocol: a bad hello is refused with its code, then the session closes") {
+  stepped t;
+  SUBCASE("wrong fingerprint") {
+    auto& s = t.connect(0);
+    auto h = hello_from(0, 0, 2, 12345);
+    CHECK(!t.proto.receive(s, h));
+    CHECK(error_code_of(s) == errc::policy_mismatch);
+    CHECK(!s.open);  // closes after flushing the error
+    CHECK(!s.is_worker());
+  }
+  SUBCASE("bad layout") {
+    auto& s = t.connect(0);
+    auto h = hello_from(0, 0, 3);
+    CHECK(!t.proto.receive(s, h));
+    CHECK(error_code_of(s) == errc::layout_mismatch);
+  }
+  SUBCASE("worker id out of range") {
+    auto& s = t.connect(0);
+    auto h = hello_from(2);
+    CHECK(!t.proto.receive(s, h));
+    CHECK(error_code_of(s) == errc::bad_sender);
+  }
+  SUBCASE("duplicate worker") {
+    auto& first = t.worker(0);
+    auto& s = t.connect(7);
+    auto h = hello_from(0);
+    CHECK(!t.proto.receive(s, h));
+    CHECK(error_code_of(s) == errc::duplicate_worker);
+    CHECK(t.proto.worker_session(0) == &first);  // the first connection keeps serving
+    CHECK(first.open);
+  }
+  SUBCASE("not a hello first") {
+    auto& s = t.connect(0);
+    auto m = pull(0, 0, 0, 4);
+    CHECK(!t.proto.receive(s, m));
+    CHECK(error_code_of(s) == errc::unexpected_message);
+  }
+  CHECK(t.proto.stats().rejected == 1);
+  CHECK(t.io.closed.empty());  // refused sessions are flushed, not cut
+}
+
+TEST_CASE("server_protocol: a push then a pull; a deferred pull is answered when the clock "
+          "advances") {
+  stepped t;
+  auto& w0 = t.worker(0);
+  auto& w1 = t.worker(1);
+  auto p = range_push(0, 0, 0, 4, 0.5f);
+  p.header.flags |= frame_flags::want_ack;
+  p.header.seq = 1;
+  CHECK(t.proto.receive(w0, p));
+  CHECK(t.proto.stats().pushes == 1);
+  REQUIRE(w0.outbox.size() == 1);
+  CHECK(w0.outbox[0].header.type == message_type::ack);
+  CHECK(w0.outbox[0].header.seq == 1);
+  w0.outbox.clear();
+
+  auto now = pull(0, 0, 0, 4);  // wants server clock 0: answered at once
+  CHECK(t.proto.receive(w0, now));
+  REQUIRE(w0.outbox.size() == 1);
+  const auto& rows = w0.outbox[0];
+  CHECK(rows.header.type == message_type::rows);
+  CHECK(rows.header.clock == 0);
+  CHECK(rows.header.seq == 1);  // pushes of worker 0 applied to table 0
+  CHECK(payload_floats(rows)[0] == -0.5f);
+  w0.outbox.clear();
+
+  // Worker 0 ends clock 0 and asks for server clock 1: it waits for worker 1.
+  auto c = range_push(0, 0, 0, 1, 0.0f);
+  c.header.flags |= frame_flags::end_of_clock;
+  CHECK(t.proto.receive(w0, c));
+  CHECK(t.proto.core().worker_clock(0) == 1);
+  auto later = pull(0, 1, 0, 4);
+  t.proto.watchdog_idle = true;
+  CHECK(t.proto.receive(w0, later));
+  CHECK(w0.outbox.empty());
+  CHECK(t.proto.stats().deferred_pulls == 1);
+  CHECK(w0.pending_pulls == 1);
+  CHECK(t.io.watchdog_wakes == 1);  // a pull waits: the sleeping watchdog is woken
+  CHECK(!t.proto.watchdog_idle);
+
+  message clk;
+  clk.header.type = message_type::clock;
+  clk.header.sender = 1;
+  clk.header.clock = 0;
+  CHECK(t.proto.receive(w1, clk));  // the server clock advances to 1
+  CHECK(t.proto.core().clock() == 1);
+  REQUIRE(w0.outbox.size() == 1);
+  CHECK(w0.outbox[0].header.type == message_type::rows);
+  CHECK(w0.outbox[0].header.clock == 1);
+  CHECK(w0.pending_pulls == 0);
+  CHECK(t.proto.core().pending().empty());
+  CHECK(t.proto.stats().pulls == 2);
+}
+
+TEST_CASE("server_protocol: a push with a bad row range is refused with its code") {
+  stepped t;
+  auto& w0 = t.worker(0);
+  auto p = range_push(0, 0, 3, 2, 1.0f);  // rows [3, 5): past this shard's rows [0, 4)
+  CHECK(!t.proto.receive(w0, p));
+  CHECK(error_code_of(w0) == errc::bad_row_range);
+  CHECK(!w0.open);
+  CHECK(t.proto.stats().pushes == 0);
+  CHECK(t.proto.stats().rejected == 1);
+  CHECK(t.proto.core().table(0).values[6] == 0.0f);  // nothing applied
+}
+
+TEST_CASE("server_protocol: a worker that does not read its messages is closed") {
+  auto o = proto_options();
+  o.max_queued_messages = 2;
+  test_io io;
+  proto_t proto{io, o, optimizer::sgd{1.0f}, {}};
+  auto& s = proto.add_session(0);
+  auto h = hello_from(0);
+  REQUIRE(proto.receive(s, h));  // the welcome: 1 queued
+  auto a = pull(0, 0, 0, 4);
+  REQUIRE(proto.receive(s, a));  // rows: 2 queued
+  auto b = pull(0, 0, 0, 4);
+  CHECK(proto.receive(s, b));  // a third: over the limit, the connection is cut
+  CHECK(io.closed == std::vector<int>{0});
+  CHECK(!s.open);
+  CHECK(s.outbox.size() == 2);
+}
+
+TEST_CASE("server_protocol: a finished session is forgotten with its waiting pulls") {
+  stepped t;
+  auto& w0 = t.worker(0);
+  auto later = pull(0, 0, 0, 4);
+  auto c = range_push(0, 0, 0, 1, 0.0f);
+  c.header.flags |= frame_flags::end_of_clock;
+  REQUIRE(t.proto.receive(w0, c));
+  later.header.clock = 1;
+  REQUIRE(t.proto.receive(w0, later));
+  REQUIRE(t.proto.core().pending().size() == 1);
+  t.proto.session_finished(w0);
+  CHECK(t.proto.core().pending().empty());
+  CHECK(t.proto.worker_session(0) == nullptr);
+  CHECK(t.proto.sessions().empty());
+  CHECK(t.io.watchdog_wakes == 1);  // the last worker left: the watchdog goes to sleep
 }

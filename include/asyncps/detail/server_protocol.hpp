@@ -1,0 +1,562 @@
+// asyncps — detail::server_protocol: what a server does with each message, sans-io.
+//
+// It owns the shard core (detail/shard_core.hpp), the recovery policy's server part, the
+// sessions (their sans-io state: outbox, subscriptions, waiting pulls), the worker registry
+// and the counters. A message in (`receive`) greets a hello, validates and dispatches a
+// worker's push, clock, pull, bye or error, or hands a peer's message to the recovery part;
+// its effects are recorded as data (messages queued in a session's outbox, sessions marked
+// closing) plus a few calls on the shell `Io`, which owns every socket, timer and executor:
+//
+//   io.ctx()             the recovery hooks' context (basic_server::context)
+//   io.wake(s)           session `s` has a message to send or is closing: wake its write loop
+//   io.close(s)          close `s`'s connection now (its loops then finish)
+//   io.allocate(n)       a payload buffer of n bytes
+//   io.now()             the transport clock's time
+//   io.wake_watchdog()   a pull now waits, or nothing can wait any more: re-arm the watchdog
+//   io.server()          what the recovery part's `on_clock(clock, server)` receives
+//
+// `basic_server` (server.hpp) is the shell; tests/unit/server_core_test.cpp steps it with a
+// shell that records. Thread safety: one thread at a time (the server's executor).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "asyncps/consistency.hpp"
+#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/server_session.hpp"
+#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/log.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/server_options.hpp"
+#include "asyncps/shard_state.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps::detail {
+
+/// The protocol of one server shard (see the file comment). `Session` derives from
+/// `server_session_state` and has `typename std::list<Session>::iterator self`; `TimePoint`
+/// is the transport clock's time; `Io` is the shell (pointer kept; it outlives this object).
+template <class Consistency, class Recovery, class Optimizer, class Session, class TimePoint,
+          class Io>
+class server_protocol {
+ public:
+  using core_type = shard_core<Optimizer, Session*, TimePoint>;
+  using part_type = typename Recovery::server_part;
+  static constexpr std::uint32_t no_worker = session_base::none;
+
+  /// Builds the shard of `opts` (throws `std::invalid_argument` naming a bad field).
+  server_protocol(Io& io, server_options opts, Optimizer opt, part_type part)
+      : io_(&io), opts_(std::move(opts)), part_(std::move(part)),
+        core_(opts_.shard, opts_.num_shards, opts_.num_workers, opts_.tables, opts_.seed, opt),
+        connected_once_(opts_.num_workers, 0) {}
+
+  const server_options& options() const noexcept { return opts_; }
+  server_stats& stats() noexcept { return stats_; }
+  const server_stats& stats() const noexcept { return stats_; }
+  part_type& part() noexcept { return part_; }
+  const part_type& part() const noexcept { return part_; }
+  core_type& core() noexcept { return core_; }
+  const core_type& core() const noexcept { return core_; }
+  std::list<Session>& sessions() noexcept { return sessions_; }
+  const std::list<Session>& sessions() const noexcept { return sessions_; }
+  /// The session of worker `w`, or null when it is not connected.
+  Session* worker_session(std::uint32_t w) const {
+    return w < registered_.size() ? registered_[w] : nullptr;
+  }
+  /// Whether the watchdog sleeps until a pull is deferred (read and set by the shell).
+  bool watchdog_idle = false;
+
+  // ---- sessions ----
+
+  /// A new connection: a session built from `args` (unknown until its first message).
+  template <class... Args>
+  Session& add_session(Args&&... args) {
+    auto& s = sessions_.emplace_back(std::forward<Args>(args)...);
+    s.self = std::prev(sessions_.end());
+    return s;
+  }
+  /// Both loops of `s` finished: forgets it (worker registry, waiting pulls, recovery part).
+  void session_finished(Session& s) {
+    if (s.is_worker() && worker_session(s.worker) == &s) {
+      registered_[s.worker] = nullptr;
+      // The last worker left: nothing can wait any more, so the watchdog stops ticking now
+      // (a simulation becomes quiescent when its workers are done, not a tick later).
+      if (!watchdog_idle && std::none_of(registered_.begin(), registered_.end(),
+                                         [](const Session* p) { return p != nullptr; }))
+        io_->wake_watchdog();
+    }
+    if constexpr (has_on_session_closed<part_type, ctx_t<Io>>) {
+      part_.on_session_closed(io_->ctx(), s);
+    }
+    core_.drop(&s);
+    sessions_.erase(s.self);
+  }
+  /// Queues `m` to `s` (nothing when `s` is closing). A worker session over the queue limits
+  /// is closed instead (logged); `peer`: a recovery link, bounded by its own protocol.
+  void enqueue(Session& s, message m, bool peer = false) {
+    if (!s.open) return;
+    if (!peer &&
+        s.over(queue_limits{opts_.max_queued_messages, opts_.max_queued_bytes}, m.payload.size())) {
+      log("closing connection of " + who(s) + ": it does not read its messages (" +
+          std::to_string(s.queued()) + " messages, " + std::to_string(s.queued_bytes) +
+          " bytes queued)");
+      close(s);
+      return;
+    }
+    stats_.bytes_out += m.payload.size();
+    s.queue(std::move(m));
+    io_->wake(s);
+  }
+  /// Closes `s` now (even while it flushes its last messages).
+  void close(Session& s) {
+    s.open = false;
+    io_->close(s);
+  }
+  /// Closes `s` once its queued messages are sent.
+  void close_after_flush(Session& s) {
+    s.open = false;
+    io_->wake(s);
+  }
+  /// Refuses `s`: queues an error{code, reason} and closes after flushing it (logged and
+  /// counted in `stats().rejected`, except the routine `errc::not_head`).
+  void reject(Session& s, std::error_code ec, const std::string& detail) {
+    const std::string reason = ec.message() + detail;
+    if (ec != errc::not_head) {  // a not-head refusal is routine: the worker tries the next
+      ++stats_.rejected;
+      log("closing connection of " + who(s) + ": " + reason);
+    }
+    enqueue(s, protocol::encode(
+                   protocol::error{.sender = opts_.shard,
+                                   .code = ec.category() == error_category()
+                                               ? std::optional<errc>(static_cast<errc>(ec.value()))
+                                               : std::nullopt,
+                                   .reason = reason},
+                   alloc()));
+    close_after_flush(s);  // the write loop flushes the error, then closes
+  }
+
+  // ---- messages in ----
+
+  /// Message `m` arrived on `s`: greets, dispatches, or hands it to the recovery part.
+  /// Returns false when `s` was refused (an error is queued; read no more from it).
+  bool receive(Session& s, message& m) {
+    stats_.bytes_in += m.payload.size();
+    std::string detail;
+    std::error_code err;
+    if (s.is_worker()) {
+      err = dispatch(s, m, detail);
+    } else if (!s.is_peer()) {
+      err = greet(s, m, detail);
+    } else if constexpr (has_on_peer_message<part_type, ctx_t<Io>>) {
+      err = part_.on_peer_message(io_->ctx(), s, m, detail);
+    }
+    if (err) reject(s, err, detail);
+    return !err;
+  }
+
+  /// The first message of an unknown session: a worker's hello (or, through
+  /// `on_unknown_peer`, a recovery peer's). Registers the worker and queues its welcome.
+  std::error_code greet(Session& s, const message& m, std::string& detail) {
+    const auto& h = m.header;
+    if constexpr (has_on_unknown_peer<part_type, ctx_t<Io>>) {
+      if (h.type != message_type::hello) {
+        if (auto r = part_.on_unknown_peer(io_->ctx(), s, m, detail)) return *r;
+      }
+    }
+    if (h.type != message_type::hello) {
+      detail = " (expected hello first)";
+      return errc::unexpected_message;
+    }
+    protocol::hello& hello = hello_;  // reused: a hello decodes into the same vector
+    if (auto ec = protocol::decode(m, hello, detail)) return ec;
+    if (hello.fingerprint != policy_fingerprint<Consistency, Recovery>()) {
+      detail = std::string(" (this server runs ") + (Consistency::eager ? "eager" : "lazy") +
+               " consistency and recovery '" + std::string(Recovery::name) + "')";
+      return errc::policy_mismatch;
+    }
+    if (h.clock < 0) {
+      detail = " (hello clock " + std::to_string(h.clock) + ")";
+      return errc::unexpected_message;
+    }
+    if (h.sender >= opts_.num_workers) {
+      detail = " (got " + std::to_string(h.sender) + ", num_workers " +
+               std::to_string(opts_.num_workers) + ")";
+      return errc::bad_sender;
+    }
+    if (!core_.layout_matches(hello.layout)) {
+      detail = " (" + core_.layout_difference_from(hello.layout) + ")";
+      return errc::layout_mismatch;
+    }
+    if constexpr (has_on_hello<part_type, ctx_t<Io>>) {
+      if (auto ec = part_.on_hello(io_->ctx(), h, detail)) return ec;  // e.g. not the head
+    }
+    if (registered_.empty()) registered_.assign(opts_.num_workers, nullptr);
+    if (registered_[h.sender] != nullptr) {
+      detail = " (worker " + std::to_string(h.sender) + ")";
+      return errc::duplicate_worker;
+    }
+    registered_[h.sender] = &s;
+    connected_once_[h.sender] = 1;
+    s.worker = h.sender;
+    s.kind = session_base::kind_type::worker;
+    s.subs.assign(core_.num_tables(), subscription{});
+    std::uint8_t flags = 0;
+    if constexpr (has_welcome_flags<part_type, ctx_t<Io>>) {
+      flags = part_.welcome_flags(io_->ctx(), h);  // e.g. ask for replicas
+    }
+    protocol::welcome w{.shard = opts_.shard,
+                        .num_shards = opts_.num_shards,
+                        .server_clock = core_.clock(),
+                        .worker_clock = std::max(core_.worker_clock(s.worker), h.clock),
+                        .wants_state = (flags & frame_flags::state) != 0,
+                        .tables = {},
+                        .local_step = 0};
+    core_.welcome_tables(s.worker, w);
+    enqueue(s, protocol::encode(w, alloc()));
+    if (h.clock > core_.worker_clock(s.worker)) {
+      // The worker kept training while this shard was away (a restart from a checkpoint, or
+      // without state): its updates of the clocks in between are lost here, so its clock at
+      // this shard moves up to its own.
+      log("worker " + std::to_string(s.worker) + " rejoins at clock " + std::to_string(h.clock) +
+          " (this shard had it at " + std::to_string(core_.worker_clock(s.worker)) + ")");
+      ++stats_.rejoins;
+      if constexpr (has_on_rejoin<part_type, ctx_t<Io>>) {
+        part_.on_rejoin(io_->ctx(), s.worker, core_.worker_clock(s.worker),
+                        h.clock);  // e.g. log the jump
+      }
+      advance(s.worker, h.clock);
+    }
+    return {};
+  }
+
+  /// A message of registered worker session `s`: push, clock, pull, heartbeat, bye, error.
+  std::error_code dispatch(Session& s, message& m, std::string& detail) {
+    const auto& h = m.header;
+    switch (h.type) {
+      case message_type::push: return on_push(s, m, detail);
+      case message_type::clock:
+        if (h.sender != s.worker) return errc::bad_sender;
+        if constexpr (has_on_push<part_type, ctx_t<Io>>) {
+          if (part_.on_push(io_->ctx(), s, h)) return {};  // e.g. a duplicate after a failover
+        }
+        if (h.clock != core_.worker_clock(s.worker)) {
+          detail = " (clock " + std::to_string(h.clock) + ", worker is at clock " +
+                   std::to_string(core_.worker_clock(s.worker)) + ")";
+          return errc::unexpected_message;
+        }
+        if (h.seq != 0) core_.last_seq(s.worker) = h.seq;
+        if constexpr (has_on_applied<part_type, ctx_t<Io>>) {
+          (void)part_.on_applied(io_->ctx(), s, m);
+        }
+        advance(s.worker, h.clock + 1);
+        return {};
+      case message_type::pull: return on_pull(s, m, detail);
+      case message_type::heartbeat: return {};
+      case message_type::bye: close_after_flush(s); return {};
+      case message_type::error: {
+        protocol::error e;
+        if (auto ec = protocol::decode(m, e, detail)) return ec;
+        log(who(s) + " reported an error: " + std::string(e.reason));
+        close_after_flush(s);
+        return {};
+      }
+      default:
+        detail = " (type " + std::to_string(static_cast<int>(h.type)) + " from a worker)";
+        return errc::unexpected_message;
+    }
+  }
+
+  // ---- effects on the shard ----
+
+  /// Acknowledges push `seq` to `s`.
+  void send_ack(Session& s, std::uint64_t seq) {
+    message a;
+    a.header.type = message_type::ack;
+    a.header.sender = opts_.shard;
+    a.header.seq = seq;
+    enqueue(s, std::move(a));
+  }
+  /// Applies checked update `m` to the shard, then tells the recovery part (on_update).
+  void apply(const message& m) {
+    core_.apply(m);
+    const auto& h = m.header;
+    if constexpr (requires(part_type& p) {
+                    p.on_update(h.table, h.first_row, h.row_count, payload_floats(m));
+                  }) {
+      part_.on_update(h.table, h.first_row, h.row_count, payload_floats(m));
+    }
+  }
+  /// Moves worker `worker`'s clock to `c`; when the server clock advances: the recovery
+  /// part's on_clock, ready pulls answered, eager rows pushed, `options().on_clock`.
+  void advance(std::uint32_t worker, clock_value c) {
+    if (!core_.advance(worker, c)) return;
+    const clock_value m = core_.clock();
+    if constexpr (requires(part_type& p) { p.on_clock(m, io_->server()); }) {
+      part_.on_clock(m, io_->server());  // e.g. snapshot at this clock boundary
+    } else if constexpr (requires(part_type& p) { p.on_clock(m); }) {
+      part_.on_clock(m);
+    }
+    answer_ready_pulls();
+    if constexpr (Consistency::eager) push_subscribed();
+    if (opts_.on_clock) opts_.on_clock(m);
+  }
+  /// Answers the pulls that the server clock now satisfies, in arrival order.
+  void answer_ready_pulls() {
+    core_.take_ready([](Session* p) { return p->open; },
+                     [this](Session* p, const message& req) {
+                       --p->pending_pulls;
+                       answer(*p, req, false);
+                     });
+  }
+  /// Copies the shard's whole state into `out` (see `shard_core::save_state`).
+  void save_state(shard_state& out) const { core_.save_state(out); }
+  /// Installs `st` and answers the pulls it satisfies; `errc::layout_mismatch` when foreign.
+  std::error_code restore_state(const shard_state& st) {
+    if (auto ec = core_.restore_state(st)) return ec;
+    answer_ready_pulls();
+    return {};
+  }
+
+  // ---- the watchdog's reports ----
+
+  /// Whether the watchdog has something to watch: workers never connected (`watch_connect`)
+  /// or pulls waiting / deferred since `deferred_seen` (updated). Sets `watchdog_idle`.
+  bool watchdog_has_work(bool& watch_connect, std::uint64_t& deferred_seen) {
+    if constexpr (has_serves_workers<part_type>) {
+      watch_connect = watch_connect && part_.serves_workers();  // e.g. a chain's head
+    }
+    const bool any_worker = std::any_of(registered_.begin(), registered_.end(),
+                                        [](const Session* p) { return p != nullptr; });
+    const bool watch_pulls =
+        !core_.pending().empty() || (any_worker && stats_.deferred_pulls != deferred_seen);
+    deferred_seen = stats_.deferred_pulls;
+    watchdog_idle = !(watch_connect || watch_pulls);
+    return !watchdog_idle;
+  }
+  /// Whether some worker has never connected.
+  bool some_never_connected() const {
+    return std::any_of(connected_once_.begin(), connected_once_.end(),
+                       [](char c) { return c == 0; });
+  }
+  /// Logs the workers not connected now. Returns whether it logged (someone is missing).
+  bool report_unconnected() {
+    std::string missing;
+    std::uint32_t connected = 0;
+    for (std::uint32_t w = 0; w < opts_.num_workers; ++w) {
+      if (worker_session(w) != nullptr) {
+        ++connected;
+      } else {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(w);
+      }
+    }
+    if (missing.empty()) return false;
+    log("waiting for worker" + std::string(opts_.num_workers - connected > 1 ? "s " : " ") +
+        missing + " to connect (" + std::to_string(connected) + " of " +
+        std::to_string(opts_.num_workers) + " connected)");
+    return true;
+  }
+  /// When the oldest waiting pull has waited `every` or longer: logs the worker holding the
+  /// server clock back and queues a heartbeat report to every worker with a waiting pull.
+  void report_blocked(std::chrono::milliseconds every) {
+    const typename core_type::pending_type* oldest = nullptr;
+    for (const auto& p : core_.pending())
+      if (p.reader->open) {
+        oldest = &p;
+        break;
+      }
+    if (oldest == nullptr) return;
+    const auto waited = io_->now() - oldest->since;
+    if (waited < every) return;
+    const auto& clocks = core_.worker_clocks();
+    const auto slowest =
+        static_cast<std::uint32_t>(std::min_element(clocks.begin(), clocks.end()) - clocks.begin());
+    const bool connected = worker_session(slowest) != nullptr;
+    log("a pull of " + who(*oldest->reader) + " has waited " +
+        std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) +
+        " ms for server clock " + std::to_string(oldest->request.header.clock) + " (server clock " +
+        std::to_string(core_.clock()) + "): worker " + std::to_string(slowest) +
+        " holds it back at clock " + std::to_string(clocks[slowest]) +
+        (connected ? " (connected)" : " (not connected)"));
+    for (auto& s : sessions_) {
+      if (!s.open || !s.is_worker() || s.pending_pulls == 0) continue;
+      enqueue(s, protocol::encode(protocol::report{.shard = opts_.shard,
+                                                   .server_clock = core_.clock(),
+                                                   .slowest = slowest,
+                                                   .slowest_clock = clocks[slowest],
+                                                   .slowest_connected = connected},
+                                  alloc()));
+    }
+  }
+
+  /// Logs one line as this server ("asyncps server <shard><part's suffix>: line").
+  void log(const std::string& line) const {
+    std::string who = "asyncps server " + std::to_string(opts_.shard);
+    if constexpr (has_log_suffix<part_type>) who += part_.log_suffix();
+    emit(opts_.log, who + ": " + line);
+  }
+  /// Names `s` in log lines.
+  std::string who(const Session& s) const {
+    if (s.is_worker()) return "worker " + std::to_string(s.worker);
+    if constexpr (has_peer_name<part_type>) {
+      if (s.is_peer()) return part_.peer_name(s);
+    }
+    return s.is_peer() ? "peer" : "unidentified peer";
+  }
+
+ private:
+  template <class I>
+  using ctx_t = decltype(std::declval<I&>().ctx());
+
+  auto alloc() {
+    return [this](std::size_t n) { return io_->allocate(n); };
+  }
+
+  std::error_code on_push(Session& s, message& m, std::string& detail) {
+    const auto& h = m.header;
+    if (h.sender != s.worker) {
+      detail = " (got " + std::to_string(h.sender) + " on the connection of worker " +
+               std::to_string(s.worker) + ")";
+      return errc::bad_sender;
+    }
+    if (auto ec = core_.check_rows(m, detail)) return ec;
+    const auto grad = payload_floats(m);
+    if (!core_type::all_finite(grad)) return errc::non_finite_value;
+    if (h.has(frame_flags::state) || h.has(frame_flags::backlog)) {
+      if constexpr (has_on_recovery_push<part_type, ctx_t<Io>>) {
+        return part_.on_recovery_push(io_->ctx(), s, m, detail);
+      } else {
+        detail = std::string(" (replica or backlog push, but recovery policy '") +
+                 std::string(Recovery::name) + "' does not take them)";
+        return errc::unexpected_message;
+      }
+    }
+    if constexpr (has_on_push<part_type, ctx_t<Io>>) {
+      if (part_.on_push(io_->ctx(), s, h)) return {};  // e.g. a duplicate after a failover
+    }
+    if (h.clock != core_.worker_clock(s.worker)) {
+      detail = " (push for clock " + std::to_string(h.clock) + ", worker is at clock " +
+               std::to_string(core_.worker_clock(s.worker)) + ")";
+      return errc::unexpected_message;
+    }
+    apply(m);
+    core_.count_push(s.worker, h.table);
+    core_.last_seq(s.worker) = h.seq;
+    ++stats_.pushes;
+    bool part_acks = false;  // the recovery part acknowledges (e.g. once replicated)
+    if constexpr (has_on_applied<part_type, ctx_t<Io>>) {
+      part_acks = part_.on_applied(io_->ctx(), s, m);
+    }
+    // VAP: the writer's clock is acknowledged once its rows are on their way to every
+    // reader (below), not when applied.
+    const bool visibility_ack = is_value_bounded_v<Consistency> && !part_acks &&
+                                h.has(frame_flags::want_ack) && h.has(frame_flags::end_of_clock);
+    if (!part_acks && h.has(frame_flags::want_ack) && !visibility_ack) send_ack(s, h.seq);
+    if (h.has(frame_flags::end_of_clock)) {
+      advance(s.worker, h.clock + 1);
+      if constexpr (is_value_bounded_v<Consistency>) {
+        push_subscribed();
+        if (visibility_ack) send_ack(s, h.seq);
+      }
+    }
+    return {};
+  }
+
+  std::error_code on_pull(Session& s, message& m, std::string& detail) {
+    const auto& h = m.header;
+    if (h.sender != s.worker) return errc::bad_sender;
+    if (h.clock > core_.worker_clock(s.worker)) {  // no reader needs rows fresher than its own
+      detail = " (pull wants server clock " + std::to_string(h.clock) + ", worker is at " +
+               std::to_string(core_.worker_clock(s.worker)) + ")";
+      return errc::unexpected_message;
+    }
+    if (auto ec = core_.check_rows(m, detail)) return ec;
+    if (core_.clock() >= h.clock) {
+      answer(s, m, false);
+    } else {
+      ++stats_.deferred_pulls;
+      if (++s.pending_pulls > opts_.max_pending_pulls) {
+        detail = " (more than " + std::to_string(opts_.max_pending_pulls) + " pulls waiting)";
+        return errc::too_many_requests;
+      }
+      core_.defer(&s, std::move(m), io_->now());
+      if (watchdog_idle) {  // the watchdog sleeps while nothing waits: wake it
+        watchdog_idle = false;
+        io_->wake_watchdog();
+      }
+    }
+    return {};
+  }
+
+  // Replies to a pull (or pushes eagerly) with the requested rows as of the server clock.
+  void answer(Session& s, const message& req, bool eager) {
+    const auto& h = req.header;
+    send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, eager,
+              core_.rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
+                                 payload_keys(req), alloc()));
+    if (!eager) ++stats_.pulls;
+    if constexpr (Consistency::eager || is_value_bounded_v<Consistency>) {
+      if (!eager) core_.subscribe(s.subs[h.table], req);
+    }
+  }
+
+  void send_rows(Session& s, table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
+                 bool eager, buffer payload) {
+    message r;
+    r.header.type = message_type::rows;
+    r.header.flags = static_cast<std::uint8_t>((ranged ? frame_flags::range : 0) |
+                                               (eager ? frame_flags::eager : 0));
+    r.header.sender = opts_.shard;
+    r.header.table = tid;
+    r.header.clock = core_.clock();
+    r.header.seq = s.worker == no_worker ? 0 : core_.applied(s.worker, tid);
+    r.header.row_count = count;
+    r.header.width = core_.table(tid).spec.width;
+    r.header.first_row = ranged ? first : 0;
+    r.payload = std::move(payload);
+    enqueue(s, std::move(r));
+  }
+
+  // Brings every reader's subscribed rows up to date (ESSP: when the server clock advances;
+  // VAP: after each writer clock): one eager rows message per reader and table, holding the
+  // subscribed rows that changed since the last rows this session sent, possibly none; every
+  // other subscribed row is unchanged as of the message's clock (the worker re-stamps them).
+  // When every row of the shard changed and is subscribed (dense models), the whole shard is
+  // sent as a range, snapshot once per table and the buffer shared.
+  void push_subscribed() {
+    for (table_id t = 0; t < core_.num_tables(); ++t) {
+      buffer whole;  // the whole shard, when sent as a range: snapshot once, shared
+      for (auto& s : sessions_) {
+        if (!s.open || !s.is_worker()) continue;
+        auto& sub = s.subs[t];
+        if (!sub.ranged && sub.keys.empty()) continue;
+        auto e = core_.eager_rows_for(t, sub, whole, alloc());
+        send_rows(s, t, e.ranged, e.ranged ? e.range.begin : 0, e.count, true,
+                  std::move(e.payload));
+        ++stats_.eager_messages;
+      }
+    }
+  }
+
+  Io* io_;
+  server_options opts_;
+  server_stats stats_{};
+  [[no_unique_address]] part_type part_{};
+  core_type core_;           // tables, clocks, subscriptions' versions, waiting pulls
+  protocol::hello hello_{};  // the last hello decoded (reused)
+  std::vector<Session*> registered_;
+  std::vector<char> connected_once_;  // per worker: has connected at least once
+  std::list<Session> sessions_;
+};
+
+}  // namespace asyncps::detail

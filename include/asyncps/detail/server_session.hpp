@@ -1,0 +1,63 @@
+// asyncps — detail::server_session: one connection of a server, its outbox and its queue
+// limits.
+//
+// `server_session_state` is the sans-io part (what `server_protocol` reads and writes: the
+// recovery part's view `session_base`, the queued messages, the reader's subscriptions, its
+// waiting pulls); `server_session` adds the connection and the timer that wakes its write
+// loop (`basic_server` runs the loops). Thread safety: the server's executor.
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <utility>
+#include <vector>
+
+#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps::detail {
+
+/// How much one worker connection may have queued and not yet read (see
+/// `server_options::max_queued_messages` and `max_queued_bytes`).
+struct queue_limits {
+  std::uint32_t messages = 4096;                   ///< messages queued
+  std::uint64_t bytes = std::uint64_t{256} << 20;  ///< payload bytes queued
+};
+
+/// The sans-io state of one server connection (see the file comment).
+struct server_session_state : session_base {
+  std::vector<message> outbox;      ///< queued, not yet taken by the write loop
+  std::vector<message> sending;     ///< taken by the write loop, being sent
+  std::vector<subscription> subs;   ///< worker sessions: per table, rows for eager pushes
+  std::uint32_t pending_pulls = 0;  ///< pulls of this session waiting in the shard core
+  std::uint64_t queued_bytes = 0;   ///< payload bytes in outbox + sending
+  int running = 2;                  ///< loops still running (read_loop + write_loop)
+
+  /// Messages queued in all (outbox and being sent).
+  std::size_t queued() const noexcept { return outbox.size() + sending.size(); }
+  /// Whether one more message of `payload_bytes` would exceed `lim`.
+  bool over(const queue_limits& lim, std::size_t payload_bytes) const noexcept {
+    return queued() >= lim.messages || queued_bytes + payload_bytes > lim.bytes;
+  }
+  /// Queues `m` (no limit check; amortized allocation-free once the outbox has grown).
+  void queue(message m) {
+    queued_bytes += m.payload.size();
+    outbox.push_back(std::move(m));
+  }
+};
+
+/// One server connection: the sans-io state, the transport's connection `Connection` and the
+/// timer `Timer` its write loop sleeps on (expires at `time_point::max()`, set once; queuing
+/// a message cancels the wait). `self` is its position in the server's session list.
+template <class Connection, class Timer>
+struct server_session : server_session_state {
+  template <class Executor, class TimePoint>
+  server_session(Connection c, const Executor& ex, TimePoint never)
+      : conn(std::move(c)), wake(ex, never) {}
+  Connection conn;
+  Timer wake;
+  typename std::list<server_session>::iterator self;
+};
+
+}  // namespace asyncps::detail

@@ -1,0 +1,85 @@
+// asyncps — the configuration and the counters of one parameter-server shard
+// (`basic_server`, server.hpp), and the layout check of its options against a model.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "asyncps/detail/text.hpp"
+#include "asyncps/log.hpp"
+#include "asyncps/table.hpp"
+
+namespace asyncps {
+
+/// Configuration of one server shard.
+struct server_options {
+  std::uint32_t shard = 0;           ///< this shard's index, < num_shards
+  std::uint32_t num_shards = 1;      ///< servers sharing the tables
+  std::uint32_t num_workers = 1;     ///< workers in the vector clock (ids 0..num_workers-1)
+  std::vector<table_spec> tables{};  ///< the model layout (every shard and worker has the same)
+  std::uint64_t seed = 42;           ///< initial-value seed (see table_spec::init_scale)
+  /// Pulls one connection may have waiting for the server clock; one more is a protocol
+  /// violation (`errc::too_many_requests`) that closes that connection.
+  std::uint32_t max_pending_pulls = 256;
+  /// Messages queued to one connection that it has not read yet; beyond this the peer is too
+  /// slow (or not reading) and its connection is closed, so it cannot grow server memory.
+  std::uint32_t max_queued_messages = 4096;
+  std::uint64_t max_queued_bytes = std::uint64_t{256} << 20;  ///< same, in payload bytes
+  log_function log{};  ///< connection events and rejected frames
+  /// Called on the server's executor each time the server clock advances, with the new
+  /// clock (progress, evaluation, a group server's central link). May be empty.
+  std::function<void(clock_value)> on_clock{};
+  /// How often the server's watchdog reports what blocks progress (0: never): workers that
+  /// have not connected yet ("waiting for workers 2, 3 to connect (2 of 4 connected)"), and,
+  /// when a pull has waited this long for the server clock, the worker that holds the clock
+  /// back (logged, and sent to every waiting worker as a heartbeat report, see
+  /// `protocol::report`). One timer per server, none per pull; it stops ticking while nothing
+  /// waits (so a simulation still becomes quiescent).
+  std::chrono::milliseconds watchdog_interval{std::chrono::seconds(5)};
+};
+
+/// Counters of a server (read on its executor).
+struct server_stats {
+  std::uint64_t connections = 0;     ///< connections accepted
+  std::uint64_t rejected = 0;        ///< connections closed for a protocol violation
+  std::uint64_t pushes = 0;          ///< push messages applied
+  std::uint64_t pulls = 0;           ///< pull requests answered
+  std::uint64_t deferred_pulls = 0;  ///< pulls that had to wait for the clock
+  std::uint64_t eager_messages = 0;  ///< rows messages pushed unrequested (ESSP)
+  std::uint64_t bytes_in = 0;        ///< payload bytes received
+  std::uint64_t bytes_out = 0;       ///< payload bytes sent
+  std::uint64_t rejoins = 0;         ///< hellos from workers ahead of their clock here
+  // The recovery policy's counters are in its server part: `basic_server::recovery().stats()`.
+};
+
+namespace detail {
+
+/// Fills `o.tables` from a model's `layout` when it is empty, or checks that it equals it.
+/// Throws `std::invalid_argument` naming each differing table (both sides' rows x width).
+inline server_options with_layout(std::span<const table_spec> layout, server_options o) {
+  if (o.tables.empty()) {
+    o.tables.assign(layout.begin(), layout.end());
+    return o;
+  }
+  std::string diff = layout_difference(o.tables, "server_options", layout, "model");
+  if (diff.empty()) {
+    for (std::size_t i = 0; i < layout.size(); ++i)
+      if (!(o.tables[i] == layout[i]))
+        diff += (diff.empty() ? "" : "; ") + std::string("table ") + std::to_string(i) +
+                ": id or init_scale differ";
+  }
+  if (!diff.empty())
+    throw std::invalid_argument(
+        "asyncps::basic_server: server_options::tables differs from the model's layout (" + diff +
+        ")");
+  return o;
+}
+
+}  // namespace detail
+}  // namespace asyncps
