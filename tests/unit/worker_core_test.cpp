@@ -66,7 +66,7 @@ message keyed_rows(buffer_pool& pool, table_id t, std::vector<row_id> keys, std:
   const auto kb = key_bytes(m.header.row_count);
   m.payload = pool.allocate(kb + keys.size() * width * sizeof(float));
   std::memset(m.payload.data(), 0, kb);
-  std::memcpy(m.payload.data(), keys.data(), keys.size() * sizeof(row_id));
+  if (!keys.empty()) std::memcpy(m.payload.data(), keys.data(), keys.size() * sizeof(row_id));
   auto* vals = reinterpret_cast<float*>(m.payload.data() + kb);
   for (std::size_t i = 0; i < keys.size() * width; ++i) vals[i] = v;
   return m;
