@@ -34,6 +34,7 @@
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/transport_time.hpp"
+#include "asyncps/detail/wait_group.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/server.hpp"
@@ -301,22 +302,20 @@ class basic_group_server {
   /// server. The group's workers must run exactly `group_clocks` clocks. Completes with the
   /// central link's error (`errc::server_lost`, `errc::timeout`, a connect error) or success.
   asio::awaitable<std::error_code> async_run(typename Transport::acceptor_type acceptor) {
-    bool served = false;
+    detail::wait_group<detail::transport_timer_t<Transport>> serving(
+        server_.transport().get_executor());
+    serving.add();
     asio::co_spawn(
         server_.transport().get_executor(),
         [&]() -> asio::awaitable<void> {
           (void)co_await server_.async_serve(std::move(acceptor));
-          served = true;
           model_.stop();
+          serving.done();
         },
         asio::detached);
     const std::error_code ec = co_await link_.async_run(model_.pushes());
     server_.stop();
-    while (!served) {
-      detail::transport_timer_t<Transport> t(server_.transport().get_executor());
-      t.expires_after(std::chrono::milliseconds(10));
-      co_await t.async_wait(detail::use_tuple);
-    }
+    co_await serving.async_wait();
     co_return ec;
   }
 
