@@ -113,8 +113,8 @@ class rejoin_context {
     out_.push_back(rejoin_message{std::move(m), 0});
   }
   /// Queues a range push of all of part `t`'s rows, flagged `flag` (`frame_flags::state`,
-  /// `backlog`), with `clock = since`, `seq = count` and a copy of `values` (`range.size() *
-  /// width` floats) as payload.
+  /// `backlog`), with `clock = since` and a copy of `values` (`range.size() * width` floats) as
+  /// payload; a backlog's payload starts with `count`, the clocks it sums (wire.hpp).
   void send_rows(table_id t, std::uint8_t flag, const float* values, std::uint64_t count,
                  clock_value since) {
     const rejoin_part& p = parts[t];
