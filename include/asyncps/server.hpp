@@ -271,6 +271,30 @@ class basic_server {
     void ack_worker(std::uint32_t w, std::uint64_t seq) const {
       if (session* ws = p().worker_session(w)) p().send_ack(*ws, seq);
     }
+    /// Queues `m` to worker `w` when it is connected (not bounded by the queue limits).
+    void send_worker(std::uint32_t w, message m) const {
+      if (session* ws = p().worker_session(w)) p().enqueue(*ws, std::move(m), true);
+    }
+    /// Whether worker `w` is connected now.
+    bool worker_connected(std::uint32_t w) const { return p().worker_session(w) != nullptr; }
+    /// Dispatches `m`, a message of worker session `s` that the part held (hook
+    /// `on_worker_message`), as if it arrived now; an error refuses `s` and is returned.
+    std::error_code dispatch(detail::session_base& s, message& m) const {
+      std::string detail;
+      auto ec = p().dispatch(as_session(s), m, detail);
+      if (ec) p().reject(as_session(s), ec, detail);
+      return ec;
+    }
+    /// Dispatches `m`, a push or clock message of worker `w` that the part held, on the
+    /// worker's session now, or without one when it is not connected (applied, not
+    /// acknowledged); an error refuses the session and is returned.
+    std::error_code dispatch_of(std::uint32_t w, message& m) const {
+      std::string detail;
+      session* ws = p().worker_session(w);
+      auto ec = p().dispatch_held(w, ws, m, detail);
+      if (ec && ws != nullptr) p().reject(*ws, ec, detail);
+      return ec;
+    }
     /// Closes `s` now / after its queued messages.
     void close(detail::session_base& s) const { p().close(as_session(s)); }
     void close_after_flush(detail::session_base& s) const { p().close_after_flush(as_session(s)); }

@@ -81,8 +81,16 @@ enum class message_type : std::uint8_t {
                  ///< of log position `seq`; clock = server clock
   report,        ///< server -> worker with a pull waiting for the server clock: what holds it
                  ///< back (`protocol::report`)
+  // --- replica log (recovery::replica_log, SWIFT) ---
+  order,   ///< server -> worker: the apply position of its push/clock message `seq`, and the
+           ///< stable position (`protocol::order`)
+  commit,  ///< worker -> server: position `seq` is logged (flag `state`: the state replica of
+           ///< position `seq` is stored)
+  replay,  ///< worker -> server: the next message is its logged entry of position `seq` (flag
+           ///< `state`: no entry follows, its replay is complete; `seq` = the newest stable
+           ///< position it knows)
 };
-inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::report);
+inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::replay);
 
 /// Bytes before the floats of a backlog push (flag `backlog`): the number of clocks it sums
 /// (u64), then 8 zero bytes (so the floats stay 16-byte aligned).
@@ -150,6 +158,7 @@ constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
     case message_type::rows: return static_cast<std::int64_t>(keys + floats);
     case message_type::pull: return static_cast<std::int64_t>(keys);
     case message_type::report:
+    case message_type::order:
     case message_type::chain_hello: return 16;
     case message_type::chain_config: return 24;
     case message_type::hello:

@@ -31,6 +31,7 @@
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/detail/wait_group.hpp"
 #include "asyncps/detail/worker_fsm.hpp"
@@ -72,7 +73,8 @@ class basic_worker {
       : transport_(transport), model_(model), opts_(checked(std::move(opts))),
         compute_(std::move(compute)), wake_(transport.get_executor()),
         tasks_(transport.get_executor()), core_(model, opts_, transport, std::move(recovery)),
-        conns_(opts_.servers.size()) {}
+        conns_(opts_.servers.size()), sending_(opts_.servers.size(), 0),
+        send_queue_(opts_.servers.size()) {}
 
   basic_worker(const basic_worker&) = delete;
   basic_worker& operator=(const basic_worker&) = delete;
@@ -99,8 +101,22 @@ class basic_worker {
       switch (a.kind) {
         case step::join: co_await join_links(); break;
         case step::send:
-          if (auto ec = co_await conns_[a.shard].async_send(std::move(a.msg)))
+          if constexpr (replies) {
+            // A read loop may be sending the recovery part's replies on this link.
+            if (sending_[a.shard]) {
+              send_queue_[a.shard].push_back(std::move(a.msg));
+              break;
+            }
+            sending_[a.shard] = 1;
+          }
+          if (auto ec = co_await conns_[a.shard].async_send(std::move(a.msg))) {
+            if constexpr (replies) send_queue_[a.shard].clear();
             fail(a.shard, ec, "");
+          }
+          if constexpr (replies) {
+            if (auto ec = co_await drain(a.shard)) fail(a.shard, ec, "");
+            sending_[a.shard] = 0;
+          }
           break;
         case step::reconnect:
           tasks_.add();
@@ -250,12 +266,45 @@ class basic_worker {
         fail(s, out.error, "");
         break;
       }
+      if constexpr (replies) {
+        if (auto ec = co_await send_replies(s)) {
+          fail(s, ec, "");
+          break;
+        }
+      }
       if (out.closed) conns_[s].close();
       if (out.wake) wake_.cancel();
     }
     core_.link_of(s).reading = false;
     wake_.cancel();
     tasks_.done();
+  }
+
+  // The recovery part's replies to link `s` (e.g. recovery::replica_log's commits), sent now,
+  // or queued when the clock loop is sending on the link (it sends them after its message):
+  // a connection takes one send at a time.
+  asio::awaitable<std::error_code> send_replies(std::uint32_t s) {
+    auto& r = core_.replies(s);
+    if (r.empty()) co_return std::error_code{};
+    for (auto& m : r) send_queue_[s].push_back(std::move(m));
+    r.clear();
+    if (sending_[s]) co_return std::error_code{};
+    sending_[s] = 1;
+    auto ec = co_await drain(s);
+    sending_[s] = 0;
+    co_return ec;
+  }
+  // Sends link `s`'s queued replies in order (the caller holds `sending_[s]`).
+  asio::awaitable<std::error_code> drain(std::uint32_t s) {
+    auto& q = send_queue_[s];
+    std::error_code ec;
+    while (!ec && !q.empty()) {
+      message m = std::move(q.front());
+      q.pop_front();
+      ec = co_await conns_[s].async_send(std::move(m));
+    }
+    if (ec) q.clear();
+    co_return ec;
   }
 
   // Reconnects link `s` with exponential backoff until it is connected and greeted (then the
@@ -341,7 +390,16 @@ class basic_worker {
         message bye;
         bye.header.type = message_type::bye;
         bye.header.sender = opts_.id;
-        (void)co_await conns_[l.shard].async_send(std::move(bye));
+        if constexpr (replies) {
+          // A read loop may be sending replies: the bye goes after them.
+          send_queue_[l.shard].push_back(std::move(bye));
+          if (sending_[l.shard]) continue;
+          sending_[l.shard] = 1;
+          (void)co_await drain(l.shard);
+          sending_[l.shard] = 0;
+        } else {
+          (void)co_await conns_[l.shard].async_send(std::move(bye));
+        }
       }
     }
     // Graceful close: a server answers `bye` by closing once it has sent what it queued.
@@ -372,6 +430,12 @@ class basic_worker {
   core_type core_;
   std::vector<typename Transport::connection_type> conns_;  // per shard
   std::vector<rejoin_message> rejoin_out_;                  // scratch of join_links
+  // Recovery parts that take server messages (`on_server_message`) reply from the read loops:
+  // per shard, whether a send is in progress and what waits for it.
+  static constexpr bool replies =
+      detail::worker_hooks::takes_server_messages<typename Recovery::worker_part>;
+  std::vector<char> sending_;
+  std::vector<detail::ring<message>> send_queue_;
   bool stopping_ = false;
 };
 

@@ -110,6 +110,14 @@ template <class P, class Ctx>
 concept has_on_recovery_push = requires(P& p, Ctx c, session_base& s, message& m, std::string& d) {
   { p.on_recovery_push(c, s, m, d) } -> std::same_as<std::error_code>;
 };
+/// `std::optional<std::error_code> p.on_worker_message(ctx, session, message, detail)`: every
+/// message of a registered worker, before the server dispatches it; a value means the part
+/// took it (moved it, e.g. to hold it until it may be applied, and hands it back later with
+/// `ctx.dispatch`) with that result, `std::nullopt` lets the server dispatch it now.
+template <class P, class Ctx>
+concept has_on_worker_message = requires(P& p, Ctx c, session_base& s, message& m, std::string& d) {
+  { p.on_worker_message(c, s, m, d) } -> std::same_as<std::optional<std::error_code>>;
+};
 /// `bool p.on_push(ctx, session, header)`: a worker's push or clock message, checked, before
 /// its clock is checked and before it is applied; `true` drops it (e.g. a duplicate resent
 /// after a failover).
@@ -180,6 +188,11 @@ consteval bool check_server_part() {
       !requires { &Part::template on_recovery_push<Ctx>; } || has_on_recovery_push<Part, Ctx>,
       "recovery server part: on_recovery_push must be `template <class Ctx> "
       "std::error_code on_recovery_push(Ctx, detail::session_base&, message&, "
+      "std::string& detail)`");
+  static_assert(
+      !requires { &Part::template on_worker_message<Ctx>; } || has_on_worker_message<Part, Ctx>,
+      "recovery server part: on_worker_message must be `template <class Ctx> "
+      "std::optional<std::error_code> on_worker_message(Ctx, detail::session_base&, message&, "
       "std::string& detail)`");
   static_assert(
       !requires { &Part::template on_push<Ctx>; } || has_on_push<Part, Ctx>,

@@ -155,7 +155,15 @@ class server_protocol {
     std::string detail;
     std::error_code err;
     if (s.is_worker()) {
-      err = dispatch(s, m, detail);
+      if constexpr (has_on_worker_message<part_type, ctx_t<Io>>) {
+        // e.g. held until the message's apply position is logged (recovery::replica_log)
+        if (auto r = part_.on_worker_message(io_->ctx(), s, m, detail))
+          err = *r;
+        else
+          err = dispatch(s, m, detail);
+      } else {
+        err = dispatch(s, m, detail);
+      }
     } else if (!s.is_peer()) {
       err = greet(s, m, detail);
     } else if constexpr (has_on_peer_message<part_type, ctx_t<Io>>) {
@@ -250,17 +258,7 @@ class server_protocol {
         if constexpr (has_on_push<part_type, ctx_t<Io>>) {
           if (part_.on_push(io_->ctx(), s, h)) return {};  // e.g. a duplicate after a failover
         }
-        if (h.clock != core_.worker_clock(s.worker)) {
-          detail = " (clock " + std::to_string(h.clock) + ", worker is at clock " +
-                   std::to_string(core_.worker_clock(s.worker)) + ")";
-          return errc::unexpected_message;
-        }
-        if (h.seq != 0) core_.last_seq(s.worker) = h.seq;
-        if constexpr (has_on_applied<part_type, ctx_t<Io>>) {
-          (void)part_.on_applied(io_->ctx(), s, m);
-        }
-        advance(s.worker, h.clock + 1);
-        return {};
+        return clock_of(&s, s.worker, m, detail);
       case message_type::pull: return on_pull(s, m, detail);
       case message_type::heartbeat: return {};
       case message_type::bye: close_after_flush(s); return {};
@@ -275,6 +273,18 @@ class server_protocol {
         detail = " (type " + std::to_string(static_cast<int>(h.type)) + " from a worker)";
         return errc::unexpected_message;
     }
+  }
+
+  /// Dispatches `m`, a message of worker `w` that the recovery part held (`on_worker_message`)
+  /// and now releases: on `s`, the worker's session, like any message of it; when `s` is null
+  /// (the worker's connection has closed), a push or clock message is applied without a
+  /// session (nothing is acknowledged) and any other message is dropped. `m` was checked
+  /// when it arrived (sender, rows, finite values).
+  std::error_code dispatch_held(std::uint32_t w, Session* s, message& m, std::string& detail) {
+    if (s != nullptr) return dispatch(*s, m, detail);
+    if (m.header.type == message_type::push) return push_of(nullptr, w, m, detail);
+    if (m.header.type == message_type::clock) return clock_of(nullptr, w, m, detail);
+    return {};
   }
 
   // ---- effects on the shard ----
@@ -444,29 +454,52 @@ class server_protocol {
     if constexpr (has_on_push<part_type, ctx_t<Io>>) {
       if (part_.on_push(io_->ctx(), s, h)) return {};  // e.g. a duplicate after a failover
     }
-    if (h.clock != core_.worker_clock(s.worker)) {
+    return push_of(&s, s.worker, m, detail);
+  }
+
+  // A checked clock message of worker `w` (on session `s`, or null: see dispatch_held).
+  std::error_code clock_of(Session* s, std::uint32_t w, message& m, std::string& detail) {
+    const auto& h = m.header;
+    if (h.clock != core_.worker_clock(w)) {
+      detail = " (clock " + std::to_string(h.clock) + ", worker is at clock " +
+               std::to_string(core_.worker_clock(w)) + ")";
+      return errc::unexpected_message;
+    }
+    if (h.seq != 0) core_.last_seq(w) = h.seq;
+    if constexpr (has_on_applied<part_type, ctx_t<Io>>) {
+      if (s != nullptr) (void)part_.on_applied(io_->ctx(), *s, m);
+    }
+    advance(w, h.clock + 1);
+    return {};
+  }
+
+  // A checked push of worker `w` (on session `s`, or null: see dispatch_held): applied,
+  // counted, acknowledged, and the worker's clock advanced at the end of its clock.
+  std::error_code push_of(Session* s, std::uint32_t w, message& m, std::string& detail) {
+    const auto& h = m.header;
+    if (h.clock != core_.worker_clock(w)) {
       detail = " (push for clock " + std::to_string(h.clock) + ", worker is at clock " +
-               std::to_string(core_.worker_clock(s.worker)) + ")";
+               std::to_string(core_.worker_clock(w)) + ")";
       return errc::unexpected_message;
     }
     apply(m);
-    core_.count_push(s.worker, h.table);
-    core_.last_seq(s.worker) = h.seq;
+    core_.count_push(w, h.table);
+    core_.last_seq(w) = h.seq;
     ++stats_.pushes;
-    bool part_acks = false;  // the recovery part acknowledges (e.g. once replicated)
+    bool part_acks = s == nullptr;  // the recovery part acknowledges (e.g. once replicated)
     if constexpr (has_on_applied<part_type, ctx_t<Io>>) {
-      part_acks = part_.on_applied(io_->ctx(), s, m);
+      if (s != nullptr) part_acks = part_.on_applied(io_->ctx(), *s, m);
     }
     // VAP: the writer's clock is acknowledged once its rows are on their way to every
     // reader (below), not when applied.
     const bool visibility_ack = is_value_bounded_v<Consistency> && !part_acks &&
                                 h.has(frame_flags::want_ack) && h.has(frame_flags::end_of_clock);
-    if (!part_acks && h.has(frame_flags::want_ack) && !visibility_ack) send_ack(s, h.seq);
+    if (!part_acks && h.has(frame_flags::want_ack) && !visibility_ack) send_ack(*s, h.seq);
     if (h.has(frame_flags::end_of_clock)) {
-      advance(s.worker, h.clock + 1);
+      advance(w, h.clock + 1);
       if constexpr (is_value_bounded_v<Consistency>) {
         push_subscribed();
-        if (visibility_ack) send_ack(s, h.seq);
+        if (visibility_ack) send_ack(*s, h.seq);
       }
     }
     return {};

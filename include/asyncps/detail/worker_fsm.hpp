@@ -226,7 +226,12 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
           for (; li_ < links_.size(); ++li_, ti_ = 0) {
             link& l = links_[li_];
             if (ti_ == 0 && !l.up) {
-              if (l.trains_away) keep_local(l);
+              if (l.trains_away) {
+                keep_local(l);
+              } else if constexpr (worker_hooks::keeps_pushes<typename base::part_type>) {
+                // The part keeps the pushes (e.g. a log) and delivers them after the rejoin.
+                for (table_id t = 0; t <= cache_.tables().size(); ++t) (void)make_push(l, t);
+              }
               continue;
             }
             while (ti_ <= cache_.tables().size() && l.up) {

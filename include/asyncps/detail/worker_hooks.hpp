@@ -13,10 +13,12 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 #include "asyncps/buffer.hpp"
+#include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/wire.hpp"
@@ -164,6 +166,42 @@ clock_value hello_clock(const P& p, std::uint32_t shard, clock_value clock) {
     return clock;
 }
 
+/// `std::uint8_t hello_flags(std::uint32_t shard)`: `frame_flags` a (re)connect's hello
+/// carries (e.g. `frame_flags::state`: this worker holds a log for the shard). Default: none.
+template <class P>
+std::uint8_t hello_flags(const P& p, std::uint32_t shard) noexcept {
+  if constexpr (requires { p.hello_flags(shard); })
+    return p.hello_flags(shard);
+  else
+    return 0;
+}
+
+/// Whether `P` takes messages of types the worker does not know (`on_server_message`).
+template <class P>
+concept takes_server_messages =
+    requires(P& p, std::uint32_t s, message& m, std::vector<message>& out) {
+      { p.on_server_message(s, m, out) } -> std::same_as<std::error_code>;
+    };
+
+/// `std::error_code on_server_message(std::uint32_t shard, message& m, std::vector<message>&
+/// replies)`: a message from `shard` of a type the worker does not handle itself (e.g.
+/// `order`, `state`); the part may keep `m`'s payload and queue replies (sent on the link, in
+/// order, right away). An error fails the link. Default: `errc::unexpected_message`.
+template <class P>
+std::error_code on_server_message(P& p, std::uint32_t shard, message& m,
+                                  std::vector<message>& replies) {
+  if constexpr (takes_server_messages<P>)
+    return p.on_server_message(shard, m, replies);
+  else
+    return errc::unexpected_message;
+}
+
+/// `static constexpr bool keeps_pushes = true`: a clock's pushes to a shard that is down are
+/// still built and passed to `on_push` (not sent): the part keeps them and delivers them once
+/// the link is back (`on_rejoin`). Default: false (they are not built).
+template <class P>
+concept keeps_pushes = requires { requires P::keeps_pushes; };
+
 /// `welcome_action on_welcome(const welcome_part&)`: per part of a welcome. Default:
 /// `count_lost`.
 template <class P>
@@ -263,6 +301,17 @@ consteval bool check_worker_part() {
           { p.hello_clock(s, c) } -> std::convertible_to<clock_value>;
         }, "recovery worker part: declare hello_clock as "
            "`clock_value hello_clock(std::uint32_t shard, clock_value clock) const`");
+  if constexpr (requires { &P::hello_flags; })
+    static_assert(
+        requires(const P& p, s_t s) {
+          { p.hello_flags(s) } -> std::convertible_to<std::uint8_t>;
+        }, "recovery worker part: declare hello_flags as "
+           "`std::uint8_t hello_flags(std::uint32_t shard) const`");
+  if constexpr (requires { &P::on_server_message; })
+    static_assert(detail::worker_hooks::takes_server_messages<P>,
+                  "recovery worker part: declare on_server_message as `std::error_code "
+                  "on_server_message(std::uint32_t shard, asyncps::message&, "
+                  "std::vector<asyncps::message>& replies)`");
   if constexpr (requires { &P::on_welcome; })
     static_assert(
         requires(P& p, const welcome_part& w) {

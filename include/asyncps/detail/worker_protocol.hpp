@@ -178,6 +178,7 @@ class worker_protocol {
     snapshot_.assign(cache_.values().size(), 0.0f);
     links_.reserve(shards);
     for (std::uint32_t s = 0; s < shards; ++s) links_.emplace_back().shard = s;
+    replies_.resize(shards);
     rejoin_parts_.reserve(tables);
     worker_hooks::on_start(recovery_, worker_setup{shards, tables, opts_.max_unacked});
   }
@@ -230,7 +231,9 @@ class worker_protocol {
                       .layout = {}};
     h.layout.reserve(tables.size());
     for (const auto& t : tables) h.layout.push_back({t.rows, t.width});
-    return protocol::encode(h, [this](std::size_t n) { return alloc_.allocate(n); });
+    message m = protocol::encode(h, [this](std::size_t n) { return alloc_.allocate(n); });
+    m.header.flags = worker_hooks::hello_flags(recovery_, s);
+    return m;
   }
 
   /// The reply to link `s`'s hello. A welcome sets the read-my-writes step, moves the clock
@@ -304,7 +307,7 @@ class worker_protocol {
 
   /// A message received on link `s` (rows, ack, heartbeat, error, bye). An `error` frame or
   /// `bye` fails the link here; a malformed message returns the error to fail it with.
-  message_outcome on_message(std::uint32_t s, const message& m) {
+  message_outcome on_message(std::uint32_t s, message& m) {
     link& l = links_[s];
     const auto& h = m.header;
     switch (h.type) {
@@ -357,9 +360,17 @@ class worker_protocol {
         const bool was_up = fail(s, errc::connection_closed, "");
         return {{}, was_up, was_up};
       }
-      default: return {errc::unexpected_message, false};
+      default:
+        // e.g. recovery::replica_log's order and state messages; replies go to `replies(s)`
+        if (auto err = worker_hooks::on_server_message(recovery_, s, m, replies_[s]))
+          return {err, false};
+        return {{}, true};
     }
   }
+  message_outcome on_message(std::uint32_t s, message&& m) { return on_message(s, m); }
+  /// Messages the recovery part queued in reply to link `s`'s messages (the shell sends them
+  /// in order and clears the vector).
+  std::vector<message>& replies(std::uint32_t s) noexcept { return replies_[s]; }
 
   /// Queues what link `s` sends before it is up again (the recovery policy's `on_rejoin`).
   void queue_rejoin(std::uint32_t s, std::vector<rejoin_message>& out) {
@@ -397,8 +408,9 @@ class worker_protocol {
   worker_cache<sparse_reads> cache_;
   std::vector<float> snapshot_;
   std::vector<link> links_;
-  std::vector<rejoin_part> rejoin_parts_;  // scratch (no allocation once warm)
-  protocol::welcome welcome_{};            // the last welcome decoded (reused)
+  std::vector<rejoin_part> rejoin_parts_;      // scratch (no allocation once warm)
+  std::vector<std::vector<message>> replies_;  // per link: the recovery part's replies
+  protocol::welcome welcome_{};                // the last welcome decoded (reused)
   clock_value clock_ = 0;
   staleness_histogram staleness_{};
   worker_stats stats_{};

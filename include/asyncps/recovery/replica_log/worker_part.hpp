@@ -1,0 +1,209 @@
+// asyncps — recovery::replica_log (SWIFT), worker part: logs its own pushes with the apply
+// positions the server gives them, stores the state replicas it is sent, and replays its log
+// to a restarted shard. See recovery/replica_log.hpp and docs/recovery/swift.md.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "asyncps/detail/ring.hpp"
+#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/recovery.hpp"
+#include "asyncps/recovery/replica_log/options.hpp"
+
+namespace asyncps::recovery {
+
+/// Counters of a `replica_log` worker part (`basic_worker::recovery().stats()`, read on the
+/// worker's executor).
+struct replica_log_worker_stats {
+  std::uint64_t log_entries = 0;    ///< entries held now (all shards)
+  std::uint64_t log_bytes = 0;      ///< payload bytes they hold now
+  std::uint64_t max_log_bytes = 0;  ///< the most payload bytes held at once
+  std::uint64_t replica_bytes = 0;  ///< bytes of the state replicas held now
+  std::uint64_t max_replica_bytes = 0;
+  std::uint64_t replicas_stored = 0;  ///< state replicas received
+  std::uint64_t replayed = 0;         ///< entries resent to a rebuilding shard
+  std::uint64_t orders = 0;           ///< orders received (and confirmed)
+};
+
+/// recovery::replica_log, worker part (see recovery/replica_log.hpp). Thread safety: the
+/// worker's executor.
+struct replica_log_worker_part {
+  replica_log_options options{};
+  /// A clock's pushes to a shard that is down are logged and sent after the rejoin.
+  static constexpr bool keeps_pushes = true;
+
+  recovery_action on_server_lost(std::error_code) const noexcept {
+    return recovery_action::reconnect;
+  }
+  std::chrono::milliseconds reconnect_timeout() const noexcept { return options.reconnect_timeout; }
+  /// The counters.
+  const replica_log_worker_stats& stats() const noexcept { return stats_; }
+
+  // ---- hooks (detail/worker_hooks.hpp) ----
+
+  /// One log per shard.
+  void on_start(const worker_setup& s) {
+    shards_.resize(s.shards);
+    max_unacked_ = std::max<std::uint32_t>(s.max_unacked, 1);
+  }
+  /// A reconnect says that this worker holds a log for the shard (flag `state`).
+  std::uint8_t hello_flags(std::uint32_t shard) const noexcept {
+    return shards_[shard].met ? frame_flags::state : std::uint8_t{0};
+  }
+  /// The server holds everything before the oldest unapplied entry.
+  clock_value hello_clock(std::uint32_t shard, clock_value clock) const {
+    const auto& sh = shards_[shard];
+    return sh.unapplied < sh.log.size() ? sh.log[sh.unapplied].header.clock : clock;
+  }
+  /// Whether the shard rebuilds (it asks for replicas); every entry is delivered by this part.
+  welcome_action on_welcome(const welcome_part& w) {
+    auto& sh = shards_[w.shard];
+    sh.met = true;
+    sh.rebuilding = w.server_lost_state;
+    return welcome_action::resend;
+  }
+  /// Every push and clock message is numbered and acknowledged.
+  std::uint8_t push_flags() const noexcept { return frame_flags::want_ack; }
+  /// Logs `m` (its payload shared with the send, not copied), without a position yet.
+  void on_push(std::uint32_t shard, const message& m) {
+    shards_[shard].log.push_back(entry{m.header, m.payload.share(), 0});
+    ++stats_.log_entries;
+    stats_.log_bytes += m.payload.size();
+    stats_.max_log_bytes = std::max(stats_.max_log_bytes, stats_.log_bytes);
+  }
+  /// Entries up to `seq` are applied; wakes the worker when flow control opens or nothing is
+  /// left unapplied.
+  bool on_ack(std::uint32_t shard, std::uint64_t seq) {
+    auto& sh = shards_[shard];
+    const bool full = sh.log.size() - sh.unapplied >= max_unacked_;
+    while (sh.unapplied < sh.log.size() && sh.log[sh.unapplied].header.seq <= seq) ++sh.unapplied;
+    truncate(sh);
+    const std::size_t left = sh.log.size() - sh.unapplied;
+    return left == 0 || (full && left < max_unacked_);
+  }
+  /// Waits before the next gradient while `max_unacked` entries are unapplied.
+  bool flow_blocked(std::uint32_t shard) const noexcept {
+    const auto& sh = shards_[shard];
+    return sh.log.size() - sh.unapplied >= max_unacked_;
+  }
+  /// `order`: logs the position and confirms it (`commit`); `state`: stores the replica and
+  /// confirms it (`commit` with flag `state`). Errors: `errc::unexpected_message`.
+  std::error_code on_server_message(std::uint32_t shard, message& m,
+                                    std::vector<message>& replies) {
+    auto& sh = shards_[shard];
+    if (m.header.type == message_type::order) {
+      protocol::order o;
+      std::string why;
+      if (auto ec = protocol::decode(m, o, why)) return ec;
+      ++stats_.orders;
+      for (std::size_t i = sh.log.size(); i-- > sh.unapplied;) {
+        if (sh.log[i].header.seq != o.seq) continue;
+        sh.log[i].position = o.position;
+        replies.push_back(header_message(message_type::commit, 0, o.position));
+        break;
+      }
+      if (o.stable > sh.stable) {
+        sh.stable = o.stable;
+        if (sh.replica && sh.replica->header.seq < sh.stable) drop_replica(sh);
+        truncate(sh);
+      }
+      return {};
+    }
+    if (m.header.type == message_type::state) {
+      const std::uint64_t p = m.header.seq;
+      drop_replica(sh);
+      stats_.replica_bytes += m.payload.size();
+      stats_.max_replica_bytes = std::max(stats_.max_replica_bytes, stats_.replica_bytes);
+      sh.replica = message{m.header, std::move(m.payload)};
+      ++stats_.replicas_stored;
+      replies.push_back(header_message(message_type::commit, frame_flags::state, p));
+      return {};
+    }
+    return errc::unexpected_message;
+  }
+  /// A rebuilding shard gets this worker's replica, its logged entries in position order
+  /// (each announced by a `replay`), the end of its replay, then the entries the lost server
+  /// never ordered (as new pushes). A shard that kept its state gets the confirmations it may
+  /// have missed, the end of the rejoin, and the entries it never ordered.
+  void on_rejoin(rejoin_context& r) {
+    auto& sh = shards_[r.shard];
+    if (sh.rebuilding) {
+      if (sh.replica) r.send(message{sh.replica->header, sh.replica->payload.share()});
+      for (std::size_t i = 0; i < sh.log.size(); ++i) {
+        const entry& e = sh.log[i];
+        if (e.position == 0) continue;
+        r.send(header_message(message_type::replay, 0, e.position));
+        r.send(message{e.header, e.payload.share()});
+        ++stats_.replayed;
+      }
+    } else {
+      for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i)
+        if (sh.log[i].position != 0)
+          r.send(header_message(message_type::commit, 0, sh.log[i].position));
+    }
+    r.send(header_message(message_type::replay, frame_flags::state, sh.stable));
+    for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i) {
+      const entry& e = sh.log[i];
+      if (e.position == 0) r.send(message{e.header, e.payload.share()});
+    }
+  }
+  /// Unapplied entries keep the worker running.
+  bool has_pending(std::uint32_t shard, bool) const noexcept {
+    const auto& sh = shards_[shard];
+    return sh.unapplied < sh.log.size();
+  }
+
+ private:
+  struct entry {
+    frame_header header;
+    buffer payload;
+    std::uint64_t position = 0;  // 0: not ordered yet
+  };
+  struct shard_log {
+    detail::ring<entry> log;    // oldest first, in seq order
+    std::size_t unapplied = 0;  // entries before it are applied
+    std::uint64_t stable = 0;   // positions up to it are in a stored replica
+    std::optional<message> replica;
+    bool met = false;         // welcomed by the shard at least once
+    bool rebuilding = false;  // the last welcome asked for replicas
+  };
+
+  static message header_message(message_type t, std::uint8_t flags, std::uint64_t seq) {
+    message m;
+    m.header.type = t;
+    m.header.flags = flags;
+    m.header.seq = seq;
+    return m;
+  }
+  // Drops applied entries a stored replica holds.
+  void truncate(shard_log& sh) {
+    while (sh.unapplied > 0 && sh.log.front().position != 0 &&
+           sh.log.front().position <= sh.stable) {
+      stats_.log_bytes -= sh.log.front().payload.size();
+      --stats_.log_entries;
+      sh.log.pop_front();
+      --sh.unapplied;
+    }
+  }
+  void drop_replica(shard_log& sh) {
+    if (!sh.replica) return;
+    stats_.replica_bytes -= sh.replica->payload.size();
+    sh.replica.reset();
+  }
+
+  std::vector<shard_log> shards_;
+  std::uint32_t max_unacked_ = 64;
+  replica_log_worker_stats stats_{};
+};
+
+static_assert(check_worker_part<replica_log_worker_part>());
+
+}  // namespace asyncps::recovery
