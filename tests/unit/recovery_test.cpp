@@ -704,6 +704,14 @@ struct counting_server_hooks {
       return errc::unexpected_message;
     }
     template <class Ctx>
+    std::optional<std::error_code> on_worker_message(Ctx, detail::session_base&, message& m,
+                                                     std::string&) {
+      note(m.header.type == message_type::push   ? "on_worker_message(push)"
+           : m.header.type == message_type::pull ? "on_worker_message(pull)"
+                                                 : "on_worker_message");
+      return std::nullopt;
+    }
+    template <class Ctx>
     bool on_push(Ctx, detail::session_base&, const frame_header&) {
       note("on_push");
       return false;
@@ -775,10 +783,13 @@ TEST_CASE("server hooks: the order a server calls them in (2 clocks, no failure)
   // Start, serve, the worker's hello and welcome; per clock its push is checked, applied
   // (on_update, on_applied) and advances the server clock (on_clock); its session closes
   // after its bye, and the server stops.
+  // Every message of the registered worker passes on_worker_message first (pull, push, bye).
   CHECK(calls == std::vector<std::string>{"on_start", "on_serve", "on_hello", "welcome_flags",
+                                          "on_worker_message(pull)", "on_worker_message(push)",
                                           "on_push", "on_update", "on_applied", "on_clock",
+                                          "on_worker_message(pull)", "on_worker_message(push)",
                                           "on_push", "on_update", "on_applied", "on_clock",
-                                          "on_session_closed", "on_stop"});
+                                          "on_worker_message", "on_session_closed", "on_stop"});
 }
 
 TEST_CASE("server hooks: a hook's refusal reaches the worker with its code") {

@@ -514,6 +514,15 @@ struct counting_hooks {
       note("hello_clock");
       return c;
     }
+    std::uint8_t hello_flags(std::uint32_t) const {
+      note("hello_flags");
+      return 0;
+    }
+    // Never called here: the server sends no message the worker does not know.
+    std::error_code on_server_message(std::uint32_t, message&, std::vector<message>&) {
+      note("on_server_message");
+      return errc::unexpected_message;
+    }
     welcome_action on_welcome(const welcome_part&) {
       note("on_welcome");
       return welcome_action::count_lost;
@@ -580,7 +589,7 @@ TEST_CASE("worker hooks: the order a worker calls them in (2 clocks, no failure)
   CHECK(!ec);
   // One table, one shard: per clock the consistency check (flow control once the rows are
   // fresh), then the push's flags and the push; at the end whether anything is pending.
-  CHECK(calls == std::vector<std::string>{"on_start", "hello_clock", "on_welcome", "flow_blocked",
-                                          "push_flags", "on_push", "flow_blocked", "push_flags",
-                                          "on_push", "has_pending"});
+  CHECK(calls == std::vector<std::string>{"on_start", "hello_clock", "hello_flags", "on_welcome",
+                                          "flow_blocked", "push_flags", "on_push", "flow_blocked",
+                                          "push_flags", "on_push", "has_pending"});
 }
