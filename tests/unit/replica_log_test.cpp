@@ -276,6 +276,7 @@ void check_schedules(std::string name, std::uint64_t first, std::uint64_t n, Opt
     // A position whose order never reached its worker (lost with the connection) has no log
     // entry; it was not applied either (the push is resent), so it only counts as missing.
     CHECK(r.missing <= std::uint64_t{workers} * static_cast<std::uint64_t>(r.kills));
+    CHECK(r.incomplete == 0);  // every worker's log arrived: every rebuild is exact
     missing += r.missing;
     CHECK(r.final_clock == static_cast<clock_value>(clocks));
     // No update lost or applied twice: the shard counts every worker's every push.

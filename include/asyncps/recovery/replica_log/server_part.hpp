@@ -38,9 +38,10 @@ struct replica_log_stats {
   std::uint64_t recoveries = 0;       ///< rebuilds of this shard after a restart
   std::uint64_t replayed = 0;         ///< logged entries applied by rebuilds
   /// Positions a rebuild found no log entry for, between the replica it installed and the
-  /// newest position replayed: each is an update the dead server may have applied that is
-  /// now lost (an upper bound: an ordered message whose order never reached its worker was
-  /// not applied either, and is resent).
+  /// newest position replayed. In an exact rebuild (every worker's log arrived) each is a
+  /// message whose order was lost with the connection: the dead server could not apply it
+  /// (nor anything after it), and its worker resends it. In an incomplete rebuild each may be
+  /// an update the dead server applied that is now lost (an upper bound).
   std::uint64_t missing_positions = 0;
   /// Rebuilds that could not be exact: a worker's log or the newest replica did not arrive
   /// within `recovery_timeout` (logged with what was missing).
@@ -414,7 +415,11 @@ struct replica_log_server_part {
     if (rt_.value.newest_stable_ > base)
       missing += rt_.value.newest_stable_ - base;  // truncated from the logs
     rt_.value.stats_.missing_positions += missing;
-    const bool exact = !timed_out && missing == 0 && rt_.value.newest_stable_ <= base;
+    // Every worker's log arrived and the newest stable replica was installed: every position
+    // the dead server applied was committed, hence logged, hence replayed. A position without
+    // an entry then had its order lost on the way (the server could apply nothing after it):
+    // not applied, and its push is resent.
+    const bool exact = !timed_out && rt_.value.newest_stable_ <= base;
     if (!exact) ++rt_.value.stats_.incomplete_recoveries;
     rt_.value.stable_ = base;
     rt_.value.stats_.stable = rt_.value.stable_;
@@ -429,16 +434,20 @@ struct replica_log_server_part {
     for (std::uint32_t w = 0; w < rt_.value.done_.size(); ++w)
       if (!rt_.value.done_[w])
         missing_workers += (missing_workers.empty() ? "" : ", ") + std::to_string(w);
-    ctx.log("rebuilt from " +
-            (installed ? "the replica of position " + std::to_string(base)
-                       : std::string("the initial state")) +
-            " and " + std::to_string(rt_.value.stats_.replayed) + " logged entries to position " +
-            std::to_string(rt_.value.position_) +
-            (exact ? " (exact)"
-                   : " (NOT exact: " + std::to_string(missing) + " positions missing" +
-                         (missing_workers.empty() ? std::string()
-                                                  : ", no log from worker(s) " + missing_workers) +
-                         ")"));
+    ctx.log(
+        "rebuilt from " +
+        (installed ? "the replica of position " + std::to_string(base)
+                   : std::string("the initial state")) +
+        " and " + std::to_string(rt_.value.stats_.replayed) + " logged entries to position " +
+        std::to_string(rt_.value.position_) +
+        (exact ? " (exact" + (missing == 0 ? std::string(")")
+                                           : "; " + std::to_string(missing) +
+                                                 " positions whose orders were lost: not applied, "
+                                                 "resent)")
+               : " (NOT exact: " + std::to_string(missing) + " positions missing" +
+                     (missing_workers.empty() ? std::string()
+                                              : ", no log from worker(s) " + missing_workers) +
+                     ")"));
     rt_.value.entries_.clear();
     rt_.value.best_replica_.reset();
     rt_.value.mode_ = mode::serving;
