@@ -309,7 +309,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_option("--server-report", c.server_report,
                  "--recovery replica-log, --role server: file to append a JSON line to after "
-                 "each rebuild (role all with --kill-at sets it for its server processes)");
+                 "each rebuild and at the end (role all with --kill-at sets it for its server "
+                 "processes)");
   app.add_option("--member", c.member, "--role server, chain: this server's place in --chain");
   app.add_option("--chain", c.chain, "--role server, chain: host:port of every server of the shard")
       ->delimiter(',');
