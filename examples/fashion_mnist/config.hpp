@@ -49,6 +49,11 @@ struct config {
   std::uint32_t member = 0;             // --role server under chain: this server's member id
   std::vector<std::string> chain;       // --role server under chain: the shard's members
   std::string master;                   // --role server under chain: the chain master
+  std::uint64_t replica_interval = 10;  // replica-log: server clocks between state replicas
+  // replica-log: a file of rebuild reports, one JSON line per rebuild. A server process
+  // (--role server) appends to it after each rebuild; role all with --kill-at (main.cpp sets it
+  // and passes it to its server processes) sums it into the summary. Empty: none.
+  std::string server_report;
   // Fault injection (main.cpp runs the servers as child processes when kills are scheduled).
   std::vector<double> kill_at;  // seconds after start
   double downtime = 5;          // seconds a killed server stays down
@@ -70,7 +75,8 @@ struct config {
 };
 
 // Defined in train_none.cpp, train_checkpoint.cpp, train_stateless.cpp, train_chain*.cpp,
-// train_vap.cpp and train_groups.cpp; each returns the process exit status.
+// train_replica_log.cpp, train_vap.cpp and train_groups.cpp; each returns the process exit
+// status.
 int train_none(const config& c);             // --recovery none, --optimizer sgd
 int train_none_optimizers(const config& c);  // --recovery none, --optimizer momentum|adagrad|adam
 int train_vap(const config& c);              // --consistency vap (recovery none)
@@ -79,6 +85,7 @@ int train_checkpoint(const config& c);
 int train_stateless(const config& c);
 int train_chain(const config& c);          // --recovery chain (strict)
 int train_chain_relaxed(const config& c);  // --recovery chain-relaxed
+int train_replica_log(const config& c);    // --recovery replica-log
 int run_master(const config& c);           // --role master (train_chain.cpp)
 
 }  // namespace fashion

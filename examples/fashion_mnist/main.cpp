@@ -7,6 +7,7 @@
 //   fashion_mnist --role worker --worker-id 0 --workers 2 --connect 127.0.0.1:7000,127.0.0.1:7001
 //   fashion_mnist --recovery stateless --kill-at 3,8 --downtime 2   # kill -9 server 0 twice
 //   fashion_mnist --recovery chain --replicas 2 --kill-at 3,8         # kill the head of shard 0
+//   fashion_mnist --recovery replica-log --replica-interval 10 --kill-at 3,8  # SWIFT-style
 //   fashion_mnist --consistency vap --vap-magnitude 0.2 --vap-shrink  # value-bounded (VAP)
 //   fashion_mnist --groups 2 --slow-worker 3 --slow-factor 4          # group servers (BSP
 //                                                                     # inside, ASP between)
@@ -26,8 +27,10 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <mutex>
+#include <optional>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <system_error>
@@ -209,6 +212,26 @@ class server_supervisor {
   bool started_ = false;
 };
 
+// A new empty temporary file, removed with this object. Throws std::system_error.
+class report_file {
+ public:
+  report_file() {
+    const char* dir = std::getenv("TMPDIR");
+    path_ = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") +
+            "/fashion_mnist-rebuilds-XXXXXX";
+    const int fd = ::mkstemp(path_.data());
+    if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + path_);
+    ::close(fd);
+  }
+  ~report_file() { ::unlink(path_.c_str()); }
+  report_file(const report_file&) = delete;
+  report_file& operator=(const report_file&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 int train(const config& c) {
   if (c.role == "master") return fashion::run_master(c);
   if (c.groups >= 2) return fashion::train_groups(c);
@@ -217,6 +240,7 @@ int train(const config& c) {
   if (c.recovery == "chain-relaxed") return fashion::train_chain_relaxed(c);
   if (c.recovery == "checkpoint") return fashion::train_checkpoint(c);
   if (c.recovery == "stateless") return fashion::train_stateless(c);
+  if (c.recovery == "replica-log") return fashion::train_replica_log(c);
   if (c.optimizer != "sgd") return fashion::train_none_optimizers(c);
   return fashion::train_none(c);
 }
@@ -270,7 +294,8 @@ int main(int argc, char** argv) {
   app.add_option("--compute-threads", c.compute_threads, "gradient threads (default 2)");
   app.add_flag("--quiet", c.quiet, "no progress line");
   app.add_option("--recovery", c.recovery, "what happens when a server fails")
-      ->check(CLI::IsMember({"none", "checkpoint", "stateless", "chain", "chain-relaxed"}));
+      ->check(CLI::IsMember(
+          {"none", "checkpoint", "stateless", "chain", "chain-relaxed", "replica-log"}));
   app.add_option("--replicas", c.replicas,
                  "--recovery chain*: servers per shard (chain length); under chain --connect "
                  "lists them all, shard-major")
@@ -278,6 +303,14 @@ int main(int argc, char** argv) {
   app.add_option("--replicate-every", c.replicate_every,
                  "--recovery chain-relaxed: pushes between state copies down the chain")
       ->check(CLI::Range(1, 1000000));
+  app.add_option("--replica-interval", c.replica_interval,
+                 "--recovery replica-log: server clocks between the state replicas a shard sends "
+                 "to its workers (a longer interval: more log on the workers, more to replay)")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--server-report", c.server_report,
+                 "--recovery replica-log, --role server: file to append a JSON line to after "
+                 "each rebuild and at the end (role all with --kill-at sets it for its server "
+                 "processes)");
   app.add_option("--member", c.member, "--role server, chain: this server's place in --chain");
   app.add_option("--chain", c.chain, "--role server, chain: host:port of every server of the shard")
       ->delimiter(',');
@@ -393,6 +426,17 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (c.recovery != "replica-log" &&
+      (app.count("--replica-interval") > 0 || app.count("--server-report") > 0)) {
+    std::cerr << "fashion_mnist: --replica-interval and --server-report need --recovery "
+                 "replica-log\n";
+    return 2;
+  }
+  if (app.count("--server-report") > 0 && c.role != "server") {
+    std::cerr << "fashion_mnist: --server-report needs --role server (role all with --kill-at "
+                 "sets it for its server processes)\n";
+    return 2;
+  }
   if (c.recovery != "none" && c.optimizer != "sgd") {
     std::cerr << "fashion_mnist: --recovery " << c.recovery
               << " is compiled with --optimizer sgd only in this example\n";
@@ -415,14 +459,22 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--kill-at" || a == "--downtime" || a == "--kill-shard" || a == "--metrics" ||
-          a == "--role" || a == "--listen" || a == "--shard") {
+          a == "--role" || a == "--listen" || a == "--shard" || a == "--server-report") {
         ++i;  // drop the flag and its value
         continue;
       }
       if (a.rfind("--kill-at=", 0) == 0 || a.rfind("--downtime=", 0) == 0 ||
-          a.rfind("--kill-shard=", 0) == 0 || a.rfind("--metrics=", 0) == 0 || a == "--quiet")
+          a.rfind("--kill-shard=", 0) == 0 || a.rfind("--metrics=", 0) == 0 ||
+          a.rfind("--server-report=", 0) == 0 || a == "--quiet")
         continue;
       base.push_back(a);
+    }
+    // replica-log: the server processes report each rebuild to a file this process sums at
+    // the end (a process killed with SIGKILL cannot report at its end).
+    std::optional<report_file> report;
+    if (c.recovery == "replica-log") {
+      c.server_report = report.emplace().path();
+      base.insert(base.end(), {"--server-report", c.server_report});
     }
     server_supervisor supervisor(c, base);
     c.connect = supervisor.start();

@@ -16,22 +16,26 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unistd.h>
 #include <vector>
 
 #include "any_model.hpp"
 #include "asyncps/asyncps.hpp"
+#include "asyncps/recovery/replica_log.hpp"  // not in the umbrella header (yet)
 #include "config.hpp"
 #include "dataset.hpp"
 
@@ -64,6 +68,11 @@ typename Recovery::server_part make_server_part(const config& c, std::uint32_t s
     typename Recovery::server_part p;
     p.options.replicate_every = c.replicate_every;
     return p;
+  } else if constexpr (std::is_same_v<Recovery, asyncps::recovery::replica_log>) {
+    (void)shard;
+    typename Recovery::server_part p;
+    p.options.replica_interval = static_cast<asyncps::clock_value>(c.replica_interval);
+    return p;
   } else {
     (void)c;
     (void)shard;
@@ -79,6 +88,7 @@ typename Recovery::worker_part make_worker_part(const config& c) {
   if constexpr (std::is_same_v<Recovery, asyncps::recovery::checkpoint>) {
     return typename Recovery::worker_part(timeout);
   } else if constexpr (std::is_same_v<Recovery, asyncps::recovery::stateless> ||
+                       std::is_same_v<Recovery, asyncps::recovery::replica_log> ||
                        asyncps::recovery::is_chain_replication_v<Recovery>) {
     typename Recovery::worker_part p;
     p.options.reconnect_timeout = timeout;
@@ -176,10 +186,12 @@ inline asyncps::server_options server_opts(const config& c, std::uint32_t shard,
   return o;
 }
 
-// Serves until every worker has connected and disconnected again.
+// Serves until every worker has connected and disconnected again. `tick`, if set, is called
+// on the server's executor every 50 ms while it serves (with false), and once after (true).
 template <class Server>
 asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor,
-                                       std::uint32_t workers) {
+                                       std::uint32_t workers,
+                                       std::function<void(bool ended)> tick = {}) {
   auto ex = co_await asio::this_coro::executor;
   asio::steady_timer poll(ex);
   asio::co_spawn(
@@ -188,6 +200,7 @@ asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::accept
         for (;;) {
           poll.expires_after(std::chrono::milliseconds(50));
           co_await poll.async_wait(asyncps::detail::use_tuple);
+          if (tick) tick(false);
           if (s.stats().connections >= workers && s.connections() == 0) {
             s.stop();
             co_return;
@@ -198,6 +211,142 @@ asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::accept
   if (auto ec = co_await s.async_serve(std::move(acceptor)))
     std::cerr << "server " << s.options().shard << ": " << ec.message() << '\n';
   poll.cancel();
+  if (tick) tick(true);
+}
+
+/// What the `recovery::replica_log` shards did: their rebuilds, summed over servers (or over
+/// the incarnations of a restarted server process), and the pushes their final states hold.
+struct replica_log_totals {
+  std::uint64_t rebuilds = 0;        ///< replica_log_stats::recoveries
+  std::uint64_t replayed = 0;        ///< logged entries applied by the rebuilds
+  std::uint64_t missing = 0;         ///< replica_log_stats::missing_positions
+  std::uint64_t incomplete = 0;      ///< replica_log_stats::incomplete_recoveries
+  std::uint64_t skipped_clocks = 0;  ///< replica_log_stats::skipped_clocks
+  double max_seconds = 0;            ///< the longest rebuild (first hello to serving again)
+  bool known = false;                ///< false: the servers are processes that did not report
+  /// Per shard that reported its end: pushes applied per (worker, table), `shard_state::applied`
+  /// (`applied[w * tables + t]`).
+  std::map<std::uint32_t, std::vector<std::uint64_t>> applied;
+
+  /// Adds the rebuild counters of one server part.
+  void add(const asyncps::recovery::replica_log_stats& s) {
+    rebuilds += s.recoveries;
+    replayed += s.replayed;
+    missing += s.missing_positions;
+    incomplete += s.incomplete_recoveries;
+    skipped_clocks += s.skipped_clocks;
+    max_seconds = std::max(max_seconds, s.last_recovery_seconds);
+    known = true;
+  }
+};
+
+/// replica-log, --role server --server-report FILE: appends one JSON line to FILE for each
+/// rebuild of `server`, and one when it stops serving with the pushes its state holds per
+/// (worker, table) (role all with --kill-at reads them, `read_replica_log_reports`). A server
+/// process reports each rebuild when it ends, as a process killed with SIGKILL cannot report
+/// at its end. The part has no hook for the end of a rebuild, so the server's log sink (`log`)
+/// reports when the part logs "rebuilt from ..." (its counters are final by then), and
+/// `serve_until_done`'s poll (`tick`) reports a rebuild that line did not. On the server's
+/// executor.
+template <class Server>
+class replica_log_reporter {
+ public:
+  explicit replica_log_reporter(std::string path) : path_(std::move(path)) {}
+  replica_log_reporter(const replica_log_reporter&) = delete;
+  replica_log_reporter& operator=(const replica_log_reporter&) = delete;
+
+  /// The server to report on (set once it is constructed).
+  void attach(const Server& s) { server_ = &s; }
+  /// A log sink for `server_options::log`: writes `line` to stderr (as the default sink does)
+  /// and reports the rebuild it ends, if it ends one.
+  asyncps::log_function log() {
+    return [this](std::string_view line) {
+      std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
+      if (line.find(": rebuilt from ") != std::string_view::npos) report_rebuild(true);
+    };
+  }
+  /// A tick for `serve_until_done`: reports a rebuild that ended unreported, and the end.
+  std::function<void(bool)> tick() {
+    return [this](bool ended) {
+      report_rebuild(false);
+      if (ended) report_end();
+    };
+  }
+
+ private:
+  // Appends the counters the rebuilds since the last report added (a server process rebuilds
+  // at most once, at its start); `ended`: a rebuild has just ended (the part does not serve
+  // yet), else only once it serves.
+  void report_rebuild(bool ended) {
+    if (server_ == nullptr) return;
+    const auto& part = server_->recovery();
+    const auto& st = part.stats();
+    if (st.recoveries == last_.recoveries || !(ended || part.serving())) return;
+    append({{"shard", server_->options().shard},
+            {"pid", ::getpid()},
+            {"recoveries", st.recoveries - last_.recoveries},
+            {"replayed", st.replayed - last_.replayed},
+            {"missing_positions", st.missing_positions - last_.missing_positions},
+            {"incomplete_recoveries", st.incomplete_recoveries - last_.incomplete_recoveries},
+            {"skipped_clocks", st.skipped_clocks - last_.skipped_clocks},
+            {"seconds", st.last_recovery_seconds},
+            {"position", st.position},
+            {"stable", st.stable}});
+    last_ = st;
+  }
+  void report_end() {
+    if (server_ == nullptr) return;
+    asyncps::shard_state state;
+    server_->save_state(state);
+    append({{"end", true},
+            {"shard", server_->options().shard},
+            {"pid", ::getpid()},
+            {"tables", state.tables.size()},
+            {"applied", state.applied}});
+  }
+  void append(const nlohmann::json& j) {
+    std::ofstream out(path_, std::ios::app);
+    out << j.dump() << std::endl;
+    if (!out)
+      std::fprintf(stderr, "server %u: --server-report: cannot write %s\n",
+                   static_cast<unsigned>(server_->options().shard), path_.c_str());
+  }
+
+  std::string path_;
+  const Server* server_ = nullptr;
+  asyncps::recovery::replica_log_stats last_{};
+};
+
+/// Reads the reports the server processes appended to `path` (`replica_log_reporter`): sums
+/// the rebuilds, and takes each shard's end record. Waits up to `wait` for an end record of
+/// each of `shards` shards (a server process reports its end once its workers are gone).
+inline replica_log_totals read_replica_log_reports(const std::string& path, std::uint32_t shards,
+                                                   std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    replica_log_totals t;
+    t.known = true;
+    std::ifstream in(path);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) {
+        std::cerr << "fashion_mnist: " << path << ": not a server report: " << line << '\n';
+        continue;
+      }
+      if (j.value("end", false)) {
+        t.applied[j.value("shard", 0u)] = j.value("applied", std::vector<std::uint64_t>{});
+        continue;
+      }
+      t.rebuilds += j.value("recoveries", std::uint64_t{0});
+      t.replayed += j.value("replayed", std::uint64_t{0});
+      t.missing += j.value("missing_positions", std::uint64_t{0});
+      t.incomplete += j.value("incomplete_recoveries", std::uint64_t{0});
+      t.skipped_clocks += j.value("skipped_clocks", std::uint64_t{0});
+      t.max_seconds = std::max(t.max_seconds, j.value("seconds", 0.0));
+    }
+    if (t.applied.size() >= shards || std::chrono::steady_clock::now() >= deadline) return t;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
 }
 
 using transports = std::vector<std::unique_ptr<asyncps::tcp_transport>>;
@@ -333,6 +482,7 @@ int run(const config& c, Optimizer opt) {
   // Servers of this process.
   constexpr bool chain = asyncps::recovery::is_chain_replication_v<Recovery>;
   std::vector<std::unique_ptr<asyncps::tcp_transport>> server_transports;
+  std::unique_ptr<replica_log_reporter<server_t>> reporter;  // replica-log, --role server
   std::vector<std::unique_ptr<server_t>> servers;
   std::vector<asyncps::tcp_transport::endpoint_type> endpoints;
   std::vector<std::vector<asyncps::tcp_transport::endpoint_type>> replicas;
@@ -365,9 +515,20 @@ int run(const config& c, Optimizer opt) {
         return 2;
       }
       endpoints.push_back(acc.value().local_endpoint());
-      auto& srv = servers.emplace_back(std::make_unique<server_t>(
-          *t, server_opts(c, s, layout), opt, make_server_part<Recovery>(c, s)));
-      asio::co_spawn(t->get_executor(), serve_until_done(*srv, std::move(acc).value(), c.workers),
+      auto so = server_opts(c, s, layout);
+      std::function<void(bool)> tick;
+      if constexpr (std::is_same_v<Recovery, asyncps::recovery::replica_log>) {
+        if (c.role == "server" && !c.server_report.empty()) {
+          reporter = std::make_unique<replica_log_reporter<server_t>>(c.server_report);
+          so.log = reporter->log();
+          tick = reporter->tick();
+        }
+      }
+      auto& srv = servers.emplace_back(
+          std::make_unique<server_t>(*t, so, opt, make_server_part<Recovery>(c, s)));
+      if (reporter) reporter->attach(*srv);
+      asio::co_spawn(t->get_executor(),
+                     serve_until_done(*srv, std::move(acc).value(), c.workers, std::move(tick)),
                      asio::detached);
       if (c.role == "server")
         std::cout << "server " << s << " of " << c.servers << " listening on " << endpoints.back()
@@ -542,28 +703,106 @@ int run(const config& c, Optimizer opt) {
       ws.wait_seconds += s.wait_seconds;
       ws.compute_seconds += s.compute_seconds;
     }
-    std::printf("recovery %s: %llu reconnects, %llu pushes lost, %llu shard-clocks trained "
-                "locally, %llu backlogs and %llu replicas sent; %llu gradients, workers busy "
-                "%.0f%%\n",
-                std::string(Recovery::name).c_str(), static_cast<unsigned long long>(ws.reconnects),
-                static_cast<unsigned long long>(ws.lost_pushes),
-                static_cast<unsigned long long>(rs_sum.local_clocks),
-                static_cast<unsigned long long>(rs_sum.backlogs_sent),
-                static_cast<unsigned long long>(rs_sum.replicas_sent),
-                static_cast<unsigned long long>(ws.clocks),
-                100.0 * ws.compute_seconds /
-                    (secs * static_cast<double>(workers.empty() ? 1 : workers.size())));
-    mon.metrics << nlohmann::json{{"summary", true},
-                                  {"time_s", secs},
-                                  {"gradients", ws.clocks},
-                                  {"reconnects", ws.reconnects},
-                                  {"lost_pushes", ws.lost_pushes},
-                                  {"local_clocks", rs_sum.local_clocks},
-                                  {"compute_s", ws.compute_seconds},
-                                  {"wait_s", ws.wait_seconds},
-                                  {"workers", workers.size()}}
-                       .dump()
-                << '\n';
+    const double busy = 100.0 * ws.compute_seconds /
+                        (secs * static_cast<double>(workers.empty() ? 1 : workers.size()));
+    nlohmann::json summary{{"summary", true},
+                           {"time_s", secs},
+                           {"gradients", ws.clocks},
+                           {"reconnects", ws.reconnects},
+                           {"lost_pushes", ws.lost_pushes},
+                           {"local_clocks", rs_sum.local_clocks},
+                           {"compute_s", ws.compute_seconds},
+                           {"wait_s", ws.wait_seconds},
+                           {"workers", workers.size()}};
+    if constexpr (std::is_same_v<Recovery, asyncps::recovery::replica_log>) {
+      // The rebuilds are counted by the servers: read them here when they run in this
+      // process, else from the reports of the server processes (role all with --kill-at).
+      replica_log_totals rb;
+      if (!servers.empty()) {
+        for (auto& s : servers) {
+          rb.add(s->recovery().stats());
+          asyncps::shard_state state;
+          s->save_state(state);
+          rb.applied[s->options().shard] = state.applied;
+        }
+      } else if (!c.server_report.empty()) {
+        rb = read_replica_log_reports(c.server_report, c.servers, std::chrono::seconds(10));
+      }
+      // Pushes lost or applied twice, from the final shard states (replica-log resends what a
+      // rebuilt shard lacks, so worker_stats::lost_pushes counts nothing under it). Both models
+      // are dense: each clock of worker w pushes once to every (shard, table), so a final state
+      // holds as many pushes of w per table as w completed clocks. Needs every shard's final
+      // state and every worker in this process.
+      std::uint64_t lost = 0, twice = 0;
+      const bool counted = rb.applied.size() == c.servers && workers.size() == c.workers;
+      for (const auto& [shard, applied] : rb.applied) {
+        if (!counted) break;
+        const std::size_t tables = applied.size() / c.workers;
+        for (std::size_t i = 0; i < applied.size(); ++i) {
+          const std::uint64_t pushed = workers[i / tables]->stats().clocks;
+          lost += pushed > applied[i] ? pushed - applied[i] : 0;
+          twice += applied[i] > pushed ? applied[i] - pushed : 0;
+        }
+      }
+      asyncps::recovery::replica_log_worker_stats wl;  // max_* fields: the most of one worker
+      for (auto& w : workers) {
+        const auto& rs = w->recovery().stats();
+        wl.max_log_bytes = std::max(wl.max_log_bytes, rs.max_log_bytes);
+        wl.max_replica_bytes = std::max(wl.max_replica_bytes, rs.max_replica_bytes);
+        wl.replicas_stored += rs.replicas_stored;
+        wl.replayed += rs.replayed;
+        wl.orders += rs.orders;
+      }
+      const auto u = [](std::uint64_t v) { return static_cast<unsigned long long>(v); };
+      const std::string name(Recovery::name);
+      if (rb.known)
+        std::printf("recovery %s: %llu rebuilds, %llu entries replayed, %llu positions missing, "
+                    "%llu incomplete, ",
+                    name.c_str(), u(rb.rebuilds), u(rb.replayed), u(rb.missing), u(rb.incomplete));
+      else
+        std::printf("recovery %s: rebuilds counted by the server processes (--server-report), ",
+                    name.c_str());
+      std::printf("%llu bytes max log per worker, %llu bytes max replica per worker, %llu replicas "
+                  "stored, %llu reconnects, ",
+                  u(wl.max_log_bytes), u(wl.max_replica_bytes), u(wl.replicas_stored),
+                  u(ws.reconnects));
+      if (counted)
+        std::printf("%llu pushes lost, %llu applied twice", u(lost), u(twice));
+      else
+        std::printf("pushes lost not counted (no final state of every shard here)");
+      std::printf("; %llu gradients, workers busy %.0f%%\n", u(ws.clocks), busy);
+      if (rb.known) {
+        summary["rebuilds"] = rb.rebuilds;
+        summary["replayed"] = rb.replayed;
+        summary["missing_positions"] = rb.missing;
+        summary["incomplete_rebuilds"] = rb.incomplete;
+        summary["skipped_clocks"] = rb.skipped_clocks;
+        summary["max_rebuild_s"] = rb.max_seconds;
+      }
+      if (counted) {
+        summary["lost_pushes"] = lost;
+        summary["pushes_applied_twice"] = twice;
+      } else {
+        summary.erase("lost_pushes");
+      }
+      summary["max_log_bytes"] = wl.max_log_bytes;
+      summary["max_replica_bytes"] = wl.max_replica_bytes;
+      summary["replicas_stored"] = wl.replicas_stored;
+      summary["entries_resent"] = wl.replayed;
+      summary["orders"] = wl.orders;
+    } else {
+      std::printf("recovery %s: %llu reconnects, %llu pushes lost, %llu shard-clocks trained "
+                  "locally, %llu backlogs and %llu replicas sent; %llu gradients, workers busy "
+                  "%.0f%%\n",
+                  std::string(Recovery::name).c_str(),
+                  static_cast<unsigned long long>(ws.reconnects),
+                  static_cast<unsigned long long>(ws.lost_pushes),
+                  static_cast<unsigned long long>(rs_sum.local_clocks),
+                  static_cast<unsigned long long>(rs_sum.backlogs_sent),
+                  static_cast<unsigned long long>(rs_sum.replicas_sent),
+                  static_cast<unsigned long long>(ws.clocks), busy);
+    }
+    mon.metrics << summary.dump() << '\n';
   }
   if constexpr (asyncps::is_value_bounded_v<Consistency>) {
     std::uint64_t waits = 0, grads = 0;
