@@ -241,13 +241,10 @@ struct replica_log_totals {
 };
 
 /// replica-log, --role server --server-report FILE: appends one JSON line to FILE for each
-/// rebuild of `server`, and one when it stops serving with the pushes its state holds per
-/// (worker, table) (role all with --kill-at reads them, `read_replica_log_reports`). A server
-/// process reports each rebuild when it ends, as a process killed with SIGKILL cannot report
-/// at its end. The part has no hook for the end of a rebuild, so the server's log sink (`log`)
-/// reports when the part logs "rebuilt from ..." (its counters are final by then), and
-/// `serve_until_done`'s poll (`tick`) reports a rebuild that line did not. On the server's
-/// executor.
+/// rebuild of `server` (from the part's `on_rebuilt`, as it ends: a process killed with
+/// SIGKILL cannot report at its end), and one when it stops serving with the pushes its state
+/// holds per (worker, table) (role all with --kill-at reads them, `read_replica_log_reports`).
+/// On the server's executor.
 template <class Server>
 class replica_log_reporter {
  public:
@@ -257,31 +254,24 @@ class replica_log_reporter {
 
   /// The server to report on (set once it is constructed).
   void attach(const Server& s) { server_ = &s; }
-  /// A log sink for `server_options::log`: writes `line` to stderr (as the default sink does)
-  /// and reports the rebuild it ends, if it ends one.
-  asyncps::log_function log() {
-    return [this](std::string_view line) {
-      std::fprintf(stderr, "%.*s\n", static_cast<int>(line.size()), line.data());
-      if (line.find(": rebuilt from ") != std::string_view::npos) report_rebuild(true);
-    };
+  /// For the server part's `on_rebuilt`: reports the rebuild that just ended.
+  std::function<void()> rebuilt() {
+    return [this] { report_rebuild(); };
   }
-  /// A tick for `serve_until_done`: reports a rebuild that ended unreported, and the end.
+  /// A tick for `serve_until_done`: reports the end.
   std::function<void(bool)> tick() {
     return [this](bool ended) {
-      report_rebuild(false);
       if (ended) report_end();
     };
   }
 
  private:
   // Appends the counters the rebuilds since the last report added (a server process rebuilds
-  // at most once, at its start); `ended`: a rebuild has just ended (the part does not serve
-  // yet), else only once it serves.
-  void report_rebuild(bool ended) {
+  // at most once, at its start).
+  void report_rebuild() {
     if (server_ == nullptr) return;
-    const auto& part = server_->recovery();
-    const auto& st = part.stats();
-    if (st.recoveries == last_.recoveries || !(ended || part.serving())) return;
+    const auto& st = server_->recovery().stats();
+    if (st.recoveries == last_.recoveries) return;
     append({{"shard", server_->options().shard},
             {"pid", ::getpid()},
             {"recoveries", st.recoveries - last_.recoveries},
@@ -520,12 +510,14 @@ int run(const config& c, Optimizer opt) {
       if constexpr (std::is_same_v<Recovery, asyncps::recovery::replica_log>) {
         if (c.role == "server" && !c.server_report.empty()) {
           reporter = std::make_unique<replica_log_reporter<server_t>>(c.server_report);
-          so.log = reporter->log();
           tick = reporter->tick();
         }
       }
-      auto& srv = servers.emplace_back(
-          std::make_unique<server_t>(*t, so, opt, make_server_part<Recovery>(c, s)));
+      auto part = make_server_part<Recovery>(c, s);
+      if constexpr (std::is_same_v<Recovery, asyncps::recovery::replica_log>) {
+        if (reporter) part.on_rebuilt = reporter->rebuilt();
+      }
+      auto& srv = servers.emplace_back(std::make_unique<server_t>(*t, so, opt, std::move(part)));
       if (reporter) reporter->attach(*srv);
       asio::co_spawn(t->get_executor(),
                      serve_until_done(*srv, std::move(acc).value(), c.workers, std::move(tick)),

@@ -71,6 +71,10 @@ struct replica_log_server_part {
   /// position of the installed replica before them (for tests and tracing; on the server's
   /// executor, which may call `basic_server::save_state`).
   std::function<void(std::uint64_t position)> on_replayed{};
+  /// Called when a rebuild has ended, its counters in `stats()` final, just before the shard
+  /// serves what it held (e.g. to report the rebuild at once: a process killed later cannot
+  /// report at its end). On the server's executor.
+  std::function<void()> on_rebuilt{};
 
   // ---- hooks (detail/server_hooks.hpp) ----
 
@@ -451,6 +455,7 @@ struct replica_log_server_part {
     rt_.value.entries_.clear();
     rt_.value.best_replica_.reset();
     rt_.value.mode_ = mode::serving;
+    if (on_rebuilt) on_rebuilt();
     rt_.value.replica_clock_ = ctx.clock();
     // What the workers sent meanwhile arrives now, in its order: pushes get positions.
     detail::ring<held> waiting = std::move(rt_.value.held_);
