@@ -734,6 +734,11 @@ int run(const config& c, Optimizer opt) {
           const std::uint64_t pushed = workers[i / tables]->stats().clocks;
           lost += pushed > applied[i] ? pushed - applied[i] : 0;
           twice += applied[i] > pushed ? applied[i] - pushed : 0;
+          if (pushed != applied[i])
+            std::fprintf(stderr, "shard %u, worker %zu, table %zu: %llu pushes, %llu applied\n",
+                         static_cast<unsigned>(shard), i / tables, i % tables,
+                         static_cast<unsigned long long>(pushed),
+                         static_cast<unsigned long long>(applied[i]));
         }
       }
       asyncps::recovery::replica_log_worker_stats wl;  // max_* fields: the most of one worker
