@@ -186,7 +186,8 @@ inline asyncps::server_options server_opts(const config& c, std::uint32_t shard,
   return o;
 }
 
-// Serves until every worker has connected and disconnected again. `tick`, if set, is called
+// Serves until each of the `workers` worker ids has said hello and every worker session has
+// ended again (a bare connection, e.g. a port scan, counts as no worker). `tick`, if set, is called
 // on the server's executor every 50 ms while it serves (with false), and once after (true).
 template <class Server>
 asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor,
@@ -201,7 +202,9 @@ asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::accept
           poll.expires_after(std::chrono::milliseconds(50));
           co_await poll.async_wait(asyncps::detail::use_tuple);
           if (tick) tick(false);
-          if (s.stats().connections >= workers && s.connections() == 0) {
+          if (s.workers_seen() >= workers && s.workers_connected() == 0) {
+            std::cerr << "server " << s.options().shard << ": all " << workers
+                      << " workers have connected and left; stopping\n";
             s.stop();
             co_return;
           }
