@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 namespace asyncps {
@@ -86,6 +87,19 @@ enum class condition {
 };
 
 namespace detail {
+
+/// The POSIX error number `code` carries, when its category carries them: std::system_category,
+/// std::generic_category, or Asio's "asio.system" — what a real Asio socket operation reports
+/// on POSIX. Asio's category does not map its codes to the generic category, so
+/// `code == std::errc::too_many_files_open` is false for Asio's EMFILE: compare this instead.
+/// `std::nullopt` for any other category. Complexity: O(1). Thread safety: pure.
+inline std::optional<std::errc> posix_errc(const std::error_code& code) noexcept {
+  const auto& c = code.category();
+  if (c == std::system_category() || c == std::generic_category() ||
+      std::string_view(c.name()) == "asio.system")
+    return static_cast<std::errc>(code.value());
+  return std::nullopt;
+}
 
 class error_category_impl final : public std::error_category {
  public:
@@ -199,12 +213,11 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
     return false;
   }
   if (c == condition::transient) {
-    // Compared through each category's `default_error_condition`, so that codes of any
-    // category that maps to the generic one match: std::system_category, and Asio's own
-    // "asio.system" category, which is what a real socket operation reports.
-    return code == std::errc::connection_refused || code == std::errc::connection_reset ||
-           code == std::errc::broken_pipe || code == std::errc::timed_out ||
-           code == std::errc::network_unreachable || code == std::errc::connection_aborted;
+    // Asio's socket errors come in its own "asio.system" category (see posix_errc).
+    const auto v = posix_errc(code);
+    return v && (*v == std::errc::connection_refused || *v == std::errc::connection_reset ||
+                 *v == std::errc::broken_pipe || *v == std::errc::timed_out ||
+                 *v == std::errc::network_unreachable || *v == std::errc::connection_aborted);
   }
   return false;
 }

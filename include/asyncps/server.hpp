@@ -363,12 +363,14 @@ class basic_server {
   };
 
  private:
-  // Compared as conditions: Asio reports these in its own "asio.system" category, which maps
-  // them to the generic category (a comparison of categories would never match).
+  // Asio reports these in its own "asio.system" category (see detail::posix_errc): comparing
+  // with std::system_category() or std::errc directly never matches a real accept error.
   static bool transient_accept_error(std::error_code ec) noexcept {
-    return ec == std::errc::too_many_files_open || ec == std::errc::too_many_files_open_in_system ||
-           ec == std::errc::no_buffer_space || ec == std::errc::not_enough_memory ||
-           ec == std::errc::connection_aborted;
+    const auto e = detail::posix_errc(ec);
+    return e &&
+           (*e == std::errc::too_many_files_open ||
+            *e == std::errc::too_many_files_open_in_system || *e == std::errc::no_buffer_space ||
+            *e == std::errc::not_enough_memory || *e == std::errc::connection_aborted);
   }
 
   const core_type& core() const noexcept { return proto_.core(); }
