@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -198,12 +199,12 @@ class shard_core {
     return {};
   }
   /// Whether checked push `m` can be applied without making a value or the optimizer's state
-  /// of its rows NaN or infinity: the optimizer computes every candidate value into a small
-  /// fixed scratch (chunks of `check_chunk` floats, no allocation, nothing written to the
-  /// table). Errors: `errc::non_finite_update` (`detail` names the table and row), and then
-  /// the push must not be applied. Deterministic: the same state and push give the same
-  /// answer on every replica (chain backups, replica-log replays). Cost: the optimizer's
-  /// arithmetic once more, in L1-resident scratch.
+  /// of its rows NaN or infinity, computed before anything is written, in chunks of
+  /// `check_chunk` floats: by the optimizer's read-only `stays_finite` (the shipped
+  /// optimizers: one pass over the rows, nothing written) or else by `apply` on a copy in a
+  /// small fixed scratch. No allocation. Errors: `errc::non_finite_update` (`detail` names the
+  /// table and row), and then the push must not be applied. Deterministic: the same state and
+  /// push give the same answer on every replica (chain backups, replica-log replays).
   std::error_code check_update(const message& m, std::string& detail) {
     const auto& h = m.header;
     auto& t = tables_[h.table];
@@ -532,10 +533,18 @@ class shard_core {
     }
   }
   // Whether the optimizer's update of values [off, off + n) of `t` (n <= check_chunk) with
-  // gradient `g` at step `step` leaves every value and state finite; computed in `scratch_`.
+  // gradient `g` at step `step` leaves every value and state finite: the optimizer's own
+  // read-only check when it has one (`stays_finite`), otherwise `apply` on a copy in `scratch_`.
   bool candidates_finite(const shard_table& t, std::size_t off, std::size_t n, const float* g,
                          std::uint64_t step) {
     constexpr std::size_t planes = Optimizer::state_per_param;
+    if constexpr (has_stays_finite) {
+      optimizer_state<planes> st{};  // spans of float, as apply takes them; only read
+      for (std::size_t k = 0; k < planes; ++k)
+        st[k] = std::span<float>(const_cast<float*>(t.state.data()) + k * t.values.size() + off, n);
+      return optimizer_.stays_finite(std::span<const float>(t.values.data() + off, n),
+                                     std::span<const float>(g, n), st, step);
+    }
     float* v = scratch_.data();
     std::memcpy(v, t.values.data() + off, n * sizeof(float));
     optimizer_state<planes> st{};
@@ -571,8 +580,17 @@ class shard_core {
   std::vector<pending_pull<Reader, TimePoint>> pending_;
 
  public:
-  /// Floats per chunk of `check_update`'s scratch (per value plane and optimizer state plane).
+  /// Floats per chunk of `check_update` (per value plane and optimizer state plane).
   static constexpr std::size_t check_chunk = 1024;
+  /// Whether the optimizer checks an update itself, read-only: `o.stays_finite(params, grad,
+  /// state, step)`, the arguments of `apply` (params and grad as spans of const float),
+  /// returning whether `apply` would leave every value and state finite. The shipped
+  /// optimizers have it; for one without it, `check_update` runs `apply` on a copy.
+  static constexpr bool has_stays_finite =
+      requires(const Optimizer& o, std::span<const float> p, std::span<const float> g,
+               const optimizer_state<Optimizer::state_per_param>& s, std::uint64_t step) {
+        { o.stays_finite(p, g, s, step) } -> std::convertible_to<bool>;
+      };
 
  private:
   // check_update's candidates: the values, then each optimizer state plane, check_chunk each.
