@@ -88,6 +88,10 @@ class server_protocol {
   Session& add_session(Args&&... args) {
     auto& s = sessions_.emplace_back(std::forward<Args>(args)...);
     s.self = std::prev(sessions_.end());
+    if constexpr (requires { s.conn.remote_endpoint(); }) {
+      // Taken now: once the peer has gone, a socket no longer knows it.
+      s.address = endpoint_string(s.conn.remote_endpoint());
+    }
     return s;
   }
   /// Both loops of `s` finished: forgets it (worker registry, waiting pulls, recovery part).
@@ -461,7 +465,7 @@ class server_protocol {
     emit(opts_.log, who + ": " + line);
   }
   /// Names `s` in log lines, with its remote address when its connection has one
-  /// (`s.conn.remote_endpoint()`), e.g. "unidentified peer 127.0.0.1:51234".
+  /// (`s.address`), e.g. "unidentified peer 127.0.0.1:51234".
   std::string who(const Session& s) const {
     std::string name;
     if (s.is_worker()) {
@@ -472,9 +476,7 @@ class server_protocol {
     } else {
       name = "unidentified peer";
     }
-    if constexpr (requires { s.conn.remote_endpoint(); }) {
-      name += " " + endpoint_string(s.conn.remote_endpoint());
-    }
+    if (!s.address.empty()) name += " " + s.address;
     return name;
   }
 
