@@ -9,6 +9,7 @@
 //   asyncps::tcp_transport t(ex, {.secret = std::move(secret).value()});
 #pragma once
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>

@@ -763,7 +763,8 @@ TEST_CASE("load_secret_file: refuses missing, group-readable, short and non-regu
   CHECK(weak.listen({asio::ip::make_address("127.0.0.1"), 0}).error() == errc::weak_secret);
 }
 
-TEST_CASE("auth: only holders of the secret push; others are refused, logged with their address") {
+TEST_CASE(
+    "auth: only holders of the secret push, others are refused and logged with their address") {
   asio::io_context io;
   tcp_options secured;
   secured.secret = secret_of('s');
