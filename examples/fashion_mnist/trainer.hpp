@@ -42,6 +42,14 @@
 
 namespace fashion {
 
+/// Options of every TCP transport of this process: the run's shared secret (main.cpp loads it
+/// from --secret-file or $ASYNCPS_SECRET_FILE, or makes a random one for --role all).
+inline asyncps::tcp_options tcp_opts(const config& c) {
+  asyncps::tcp_options o;
+  o.secret = c.secret;
+  return o;
+}
+
 /// The recovery policy's server part, configured from the command line.
 template <class Recovery>
 typename Recovery::server_part make_server_part(const config& c, std::uint32_t shard) {
@@ -325,7 +333,7 @@ bool start_chain(const config& c, Optimizer opt, const std::vector<asyncps::tabl
                  std::unique_ptr<asyncps::tcp_transport>& mt,
                  std::unique_ptr<asyncps::basic_chain_master<asyncps::tcp_transport>>& master) {
   const auto loopback = asyncps::parse_tcp_endpoint("127.0.0.1:0").value();
-  mt = std::make_unique<asyncps::tcp_transport>(asio::make_strand(io));
+  mt = std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c));
   auto macc = mt->listen(loopback);
   if (!macc) {
     std::cerr << "fashion_mnist: chain master cannot listen: " << macc.error().message() << '\n';
@@ -347,7 +355,8 @@ bool start_chain(const config& c, Optimizer opt, const std::vector<asyncps::tabl
     std::vector<asyncps::tcp_transport::endpoint_type> eps;
     std::vector<asyncps::tcp_transport::acceptor> accs;
     for (std::uint32_t m = 0; m < c.replicas; ++m) {
-      auto& t = ts.emplace_back(std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+      auto& t = ts.emplace_back(
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
       auto acc = t->listen(loopback);
       if (!acc) {
         std::cerr << "fashion_mnist: cannot listen: " << acc.error().message() << '\n';
@@ -397,7 +406,8 @@ bool start_chain_server(const config& c, Optimizer opt,
                  "--chain host:port,... (every server of the shard) and --member < their count\n";
     return false;
   }
-  auto& t = ts.emplace_back(std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+  auto& t =
+      ts.emplace_back(std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
   auto acc = t->listen(listen_ep.value());
   if (!acc) {
     std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
@@ -470,7 +480,7 @@ int run(const config& c, Optimizer opt) {
         return 2;
       }
       auto& t = server_transports.emplace_back(
-          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
       auto acc = t->listen(ep.value());
       if (!acc) {
         std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
@@ -534,7 +544,7 @@ int run(const config& c, Optimizer opt) {
     for (std::uint32_t w = first; w < last; ++w) {
       const std::size_t i = w - first;
       auto& t = worker_transports.emplace_back(
-          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
       auto& m = models.emplace_back(std::make_unique<any_model>(c, train, w, c.workers));
       typename worker_t::options_type o;
       o.id = w;

@@ -64,11 +64,22 @@ enum class errc {
   /// (remote input) handling a peer's message needed more memory than the server could
   /// allocate (`std::bad_alloc` or `std::length_error`): that connection is closed
   resource_exhausted,
+  /// (remote input) a peer failed the shared-secret handshake: wrong secret, no secret, or
+  /// bytes that are not a handshake (transport/tcp.hpp, docs/security.md)
+  authentication_failed,
+  /// (local, fatal) authentication is required but missing: a listen on a non-loopback
+  /// address without `tcp_options::secret` (nor `allow_unauthenticated`), or a peer that
+  /// requires a shared secret this node does not have
+  authentication_required,
+  /// (local, fatal) a shared secret is shorter than `min_secret_bytes` (16)
+  weak_secret,
+  /// (local, fatal) a secret file may be read by its group or others (chmod 600 it)
+  insecure_secret_file,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::resource_exhausted;
+inline constexpr errc last_errc = errc::insecure_secret_file;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -145,6 +156,14 @@ class error_category_impl final : public std::error_category {
       case errc::bad_key_order:
         return "frame keys are not strictly increasing (a repeated or out-of-order row)";
       case errc::resource_exhausted: return "out of memory while handling the peer's message";
+      case errc::authentication_failed:
+        return "authentication failed: the peer did not prove it holds the shared secret";
+      case errc::authentication_required:
+        return "authentication required: set a shared secret (tcp_options::secret) on both "
+               "ends, or tcp_options::allow_unauthenticated for a trusted network";
+      case errc::weak_secret: return "shared secret is empty or shorter than 16 bytes";
+      case errc::insecure_secret_file:
+        return "secret file is readable by group or others (chmod 600 it)";
     }
     return "unknown asyncps error";
   }
@@ -192,7 +211,7 @@ inline std::error_condition make_error_condition(condition c) noexcept {
 constexpr bool is_protocol_violation(errc e) noexcept {
   return (static_cast<int>(e) >= static_cast<int>(errc::bad_magic) &&
           static_cast<int>(e) <= static_cast<int>(errc::too_many_requests)) ||
-         e == errc::policy_mismatch || e == errc::bad_key_order;
+         e == errc::policy_mismatch || e == errc::bad_key_order || e == errc::authentication_failed;
 }
 
 namespace detail {
@@ -208,7 +227,9 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
         return e == errc::connection_closed || e == errc::timeout || e == errc::not_head;
       case condition::fatal:
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
-               e == errc::bad_gradient || e == errc::non_finite_update;
+               e == errc::bad_gradient || e == errc::non_finite_update ||
+               e == errc::authentication_required || e == errc::weak_secret ||
+               e == errc::insecure_secret_file;
     }
     return false;
   }

@@ -46,6 +46,7 @@
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/peer_address.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/server_protocol.hpp"
 #include "asyncps/detail/server_session.hpp"
@@ -444,10 +445,17 @@ class basic_server {
     while (s.open) {
       auto [ec, m] = co_await s.conn.async_receive();
       if (ec) {
-        if (ec == condition::protocol_violation) {
+        if (ec == errc::authentication_failed ||
+            (ec == errc::timeout && !s.is_worker() && !s.is_peer())) {
+          // Refused by the transport's handshake (it told the peer); nothing to send.
+          ++proto_.stats().rejected;
+          proto_.log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
+                     ec.message());
+        } else if (ec == condition::protocol_violation) {
           proto_.reject(s, ec, "");
         } else if (s.open && ec != errc::connection_closed) {
-          proto_.log("connection of " + proto_.who(s) + " lost: " + ec.message());
+          proto_.log("connection of " + proto_.who(s) + detail::peer_address(s.conn) +
+                     " lost: " + ec.message());
         }
         break;
       }
