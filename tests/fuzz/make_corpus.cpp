@@ -184,6 +184,18 @@ void frame_corpus() {
     add(b, range_push(0, 0, 0, 2, 4, 1));
     write("frame", "refusals", b);
   }
+  {  // regression: a rejoin at the largest clock, then its clock message (signed overflow of
+     // `clock + 1` in the server before the fix; tests/unit/server_core_test.cpp)
+    const auto fp = policy_fingerprint<consistency::ssp<1>, recovery::none>();
+    constexpr clock_value top = std::numeric_limits<clock_value>::max();
+    bytes b{std::byte{0}, std::byte{0}};
+    add(b, hello(0, fp, top));
+    b.push_back(std::byte{0});
+    add(b, bare(message_type::clock, 0, top));
+    b.push_back(std::byte{0});
+    add(b, range_push(0, 0, top, 2, 4, 1, frame_flags::end_of_clock));
+    write("frame", "regression_clock_overflow", b);
+  }
 }
 
 void handshake_corpus() {
@@ -302,6 +314,11 @@ void state_corpus() {
   write("state", "small", encoded(small_state(true)));
   write("state", "small_no_last_seq", encoded(small_state(false)));
   write("state", "large", encoded(large_state()));
+  // regression: has_last_seq must be 0 or 1 (any non-zero value was read as 1 before the fix;
+  // tests/unit/wire_test.cpp)
+  bytes b = encoded(small_state(true));
+  detail::store_le(b.data() + 20, std::uint32_t{0xbf000000});
+  write("state", "regression_has_last_seq", b);
 }
 
 void checkpoint_corpus(const fs::path& tmp) {
@@ -322,6 +339,21 @@ void checkpoint_corpus(const fs::path& tmp) {
   one("small", small_state(false), 1);  // mode 1: the target fixes size and checksum
   one("small_raw", small_state(true), 0);
   one("large", large_state(), 1);
+  {  // regression: has_last_seq must be 0 or 1 (mode 1: the target fixes the checksum)
+    bytes b(1 + 8);
+    b[0] = std::byte{1};
+    std::memcpy(b.data() + 1, detail::checkpoint_magic.data(), 8);
+    bytes record = encoded(small_state(true));
+    detail::store_le(record.data() + 20, std::uint32_t{2});
+    bytes head(16);
+    detail::store_le(head.data(), detail::checkpoint_format_version);
+    detail::store_le(head.data() + 4, static_cast<std::uint32_t>(detail::checkpoint_header_bytes));
+    detail::store_le(head.data() + 8, std::uint64_t{0});  // file_bytes: fixed by the target
+    b.insert(b.end(), head.begin(), head.end());
+    b.insert(b.end(), record.begin(), record.end());
+    b.resize(b.size() + 8);  // checksum: fixed by the target
+    write("checkpoint", "regression_has_last_seq", b);
+  }
 }
 
 }  // namespace

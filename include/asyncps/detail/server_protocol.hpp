@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <list>
 #include <optional>
 #include <span>
@@ -457,6 +458,14 @@ class server_protocol {
     return push_of(&s, s.worker, m, detail);
   }
 
+  // A worker's clock message or push at the largest clock value (a hostile hello can set the
+  // worker's clock there) is refused: it could not advance the worker's clock (no overflow).
+  static std::error_code check_can_advance(const frame_header& h, std::string& detail) {
+    if (h.clock < std::numeric_limits<clock_value>::max()) return {};
+    detail = " (clock " + std::to_string(h.clock) + " is the largest clock; it cannot advance)";
+    return errc::unexpected_message;
+  }
+
   // A checked clock message of worker `w` (on session `s`, or null: see dispatch_held).
   std::error_code clock_of(Session* s, std::uint32_t w, message& m, std::string& detail) {
     const auto& h = m.header;
@@ -465,6 +474,7 @@ class server_protocol {
                std::to_string(core_.worker_clock(w)) + ")";
       return errc::unexpected_message;
     }
+    if (auto ec = check_can_advance(h, detail)) return ec;
     if (h.seq != 0) core_.last_seq(w) = h.seq;
     if constexpr (has_on_applied<part_type, ctx_t<Io>>) {
       if (s != nullptr) (void)part_.on_applied(io_->ctx(), *s, m);
@@ -482,6 +492,7 @@ class server_protocol {
                std::to_string(core_.worker_clock(w)) + ")";
       return errc::unexpected_message;
     }
+    if (auto ec = check_can_advance(h, detail)) return ec;
     apply(m);
     core_.count_push(w, h.table);
     core_.last_seq(w) = h.seq;
