@@ -9,8 +9,10 @@
 // Invariants checked after every operation (abort on violation):
 //   - the parameters are bitwise unchanged, except after an accepted push, when they are
 //     exactly the previous values minus the push's gradient (sgd, rate 1) at its rows;
-//   - no parameter is NaN; the server clock is the minimum of the worker clocks and never
-//     moves back; no session has more pulls waiting than `max_pending_pulls`;
+//   - no parameter is NaN (not "finite": finite gradients can still sum past FLT_MAX, so a
+//     parameter can reach +-infinity; docs/testing.md, "Open findings"); the server clock is
+//     the minimum of the worker clocks and never moves back; no session has more pulls
+//     waiting than `max_pending_pulls`;
 //   - every message the server queues passes `validate_header` once encoded; a welcome,
 //     error or report decodes; a rows message holds rows of this shard with the values the
 //     shard has now.
