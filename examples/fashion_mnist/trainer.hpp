@@ -38,6 +38,7 @@
 #include "asyncps/recovery/replica_log.hpp"
 #include "config.hpp"
 #include "dataset.hpp"
+#include "serve_until_done.hpp"
 
 namespace fashion {
 
@@ -184,34 +185,6 @@ inline asyncps::server_options server_opts(const config& c, std::uint32_t shard,
   o.tables.assign(layout.begin(), layout.end());
   o.seed = c.seed;
   return o;
-}
-
-// Serves until every worker has connected and disconnected again. `tick`, if set, is called
-// on the server's executor every 50 ms while it serves (with false), and once after (true).
-template <class Server>
-asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor,
-                                       std::uint32_t workers,
-                                       std::function<void(bool ended)> tick = {}) {
-  auto ex = co_await asio::this_coro::executor;
-  asio::steady_timer poll(ex);
-  asio::co_spawn(
-      ex,
-      [&]() -> asio::awaitable<void> {
-        for (;;) {
-          poll.expires_after(std::chrono::milliseconds(50));
-          co_await poll.async_wait(asyncps::detail::use_tuple);
-          if (tick) tick(false);
-          if (s.stats().connections >= workers && s.connections() == 0) {
-            s.stop();
-            co_return;
-          }
-        }
-      },
-      asio::detached);
-  if (auto ec = co_await s.async_serve(std::move(acceptor)))
-    std::cerr << "server " << s.options().shard << ": " << ec.message() << '\n';
-  poll.cancel();
-  if (tick) tick(true);
 }
 
 /// What the `recovery::replica_log` shards did: their rebuilds, summed over servers (or over
@@ -734,6 +707,11 @@ int run(const config& c, Optimizer opt) {
           const std::uint64_t pushed = workers[i / tables]->stats().clocks;
           lost += pushed > applied[i] ? pushed - applied[i] : 0;
           twice += applied[i] > pushed ? applied[i] - pushed : 0;
+          if (pushed != applied[i])
+            std::fprintf(stderr, "shard %u, worker %zu, table %zu: %llu pushes, %llu applied\n",
+                         static_cast<unsigned>(shard), i / tables, i % tables,
+                         static_cast<unsigned long long>(pushed),
+                         static_cast<unsigned long long>(applied[i]));
         }
       }
       asyncps::recovery::replica_log_worker_stats wl;  // max_* fields: the most of one worker

@@ -139,7 +139,7 @@ void frame_seeds(std::uint8_t policy, const std::string& name) {
     op(b, 0), add(b, range_pull(0, 0, 0, 4, 4));
     op(b, 1), add(b, pull(1, 1, 0, {9, 12, 15}));
     op(b, 0), add(b, range_push(0, 0, 0, 2, 4, 4, frame_flags::want_ack));
-    op(b, 1), add(b, push(1, 1, 0, 1, {8, 9, 9, 15}, frame_flags::want_ack));
+    op(b, 1), add(b, push(1, 1, 0, 1, {8, 9, 15}, frame_flags::want_ack));
     op(b, 0), add(b, push(0, 1, 0, 1, {10}, frame_flags::end_of_clock));
     op(b, 0), add(b, pull(0, 1, 1, {10, 11}));  // waits for server clock 1
     op(b, 1), add(b, bare(message_type::clock, 1, 0, 3));
@@ -248,9 +248,9 @@ void sparse_keys_corpus() {
   {
     bytes b;
     add(b, pull(0, 1, 0, {33, 40, 65}));
-    add(b, push(0, 1, 0, 1, {40, 40, 50}));
-    add(b, pull(1, 1, 0, {50, 34}));
-    add(b, push(1, 0, 0, 3, {5, 3}));
+    add(b, push(0, 1, 0, 1, {40, 50}));
+    add(b, pull(1, 1, 0, {34, 50}));
+    add(b, push(1, 0, 0, 3, {3, 5}));
     add(b, pull(0, 0, 0, {3, 4}));
     add(b, pull(0, 0, 0, {5}));  // keyed rows now cover the shard: a range subscription
     add(b, push(0, 0, 0, 3, {4}));

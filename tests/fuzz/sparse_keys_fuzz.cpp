@@ -4,12 +4,14 @@
 // go to the shard (any sender and clock: the session checks are the `frame` target's), other
 // types are skipped.
 //
-// Invariants (abort on violation): an accepted message names only rows of the shard; an
-// accepted push changes exactly its rows by its gradient (sgd, rate 1; a repeated key twice);
-// a refused one changes nothing; a pull's answer holds its keys and the shard's values; a
-// subscription holds each row once, keyed rows outside its range, and its bitmap agrees with
-// its keys; an eager rows message holds subscribed rows with the shard's values.
+// Invariants (abort on violation): an accepted message names only rows of the shard, in
+// increasing order; an accepted push (check_rows, finite, check_update) changes exactly its
+// rows by its gradient (sgd, rate 1) and leaves them finite; a pull's answer holds its keys
+// and the shard's values; a subscription holds each row once, keyed rows outside its range,
+// and its bitmap agrees with its keys; an eager rows message holds subscribed rows with the
+// shard's values.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -92,9 +94,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!ok) continue;
     const auto& t = core.table(h.table);
     const auto keys = payload_keys(m);
-    for (row_id k : keys) require(t.range.contains(k), "accepted keys are rows of the shard");
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      require(t.range.contains(keys[i]), "accepted keys are rows of the shard");
+      require(i == 0 || keys[i] > keys[i - 1], "accepted keys are strictly increasing");
+    }
     if (h.type == message_type::push) {
-      if (!core_t::all_finite(payload_floats(m))) continue;
+      // As the server: finite gradients whose update keeps the rows finite (check_update).
+      if (!core_t::all_finite(payload_floats(m)) || core.check_update(m, detail)) continue;
       std::vector<float> expected = t.values;
       const auto g = payload_floats(m);
       const std::uint32_t w = t.spec.width;
@@ -107,6 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       require(std::memcmp(expected.data(), core.table(h.table).values.data(),
                           expected.size() * sizeof(float)) == 0,
               "an accepted push changes exactly its rows by its gradient");
+      for (float v : core.table(h.table).values) require(std::isfinite(v), "values stay finite");
     } else {
       const bool ranged = h.has(frame_flags::range);
       auto rows =

@@ -1,11 +1,17 @@
 // Transport conformance (the same suite for TCP and in-process) and the server's handling of
 // malformed, truncated, oversized and wrong-version frames over real TCP.
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -21,6 +27,7 @@
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/transport/tcp.hpp"
+#include "examples/fashion_mnist/serve_until_done.hpp"
 
 using namespace asyncps;
 
@@ -312,6 +319,22 @@ asio::awaitable<void> handshake(T& transport, C& conn, std::uint32_t id, std::ui
   REQUIRE(welcome.header.type == message_type::welcome);
 }
 
+// A sparse pull of `keys` by `worker` at clock 0.
+std::vector<std::byte> keyed_pull_frame(std::uint32_t worker, const std::vector<row_id>& keys) {
+  frame_header h;
+  h.type = message_type::pull;
+  h.sender = worker;
+  h.row_count = static_cast<std::uint32_t>(keys.size());
+  std::vector<std::byte> pl(key_bytes(h.row_count));
+  std::memcpy(pl.data(), keys.data(), keys.size() * sizeof(row_id));
+  h.payload_bytes = pl.size();
+  auto hdr = encode(h, pl);
+  std::vector<std::byte> out(header_size + pl.size());
+  std::memcpy(out.data(), hdr.data(), header_size);
+  std::memcpy(out.data() + header_size, pl.data(), pl.size());
+  return out;
+}
+
 template <class... V>
 std::vector<std::byte> concat(const V&... parts) {
   std::vector<std::byte> out((parts.size() + ...));
@@ -409,12 +432,12 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
     cases.push_back(
         {"bad table", concat(hello_frame(1, 8, 4), push_frame(1, 3, 0, 8, 4, 5.0f)), "'table'"});
     cases.push_back({"bad row range", concat(hello_frame(1, 8, 4), push_frame(1, 0, 6, 4, 4, 5.0f)),
-                     "rows [6, 10)"});
+                     "first row 6, 4 rows"});
     cases.push_back(
         {"row range that wraps around",
          concat(hello_frame(1, 8, 4),
                 push_frame(1, 0, std::numeric_limits<std::uint64_t>::max(), 2, 4, 5.0f)),
-         "rows ["});
+         "first row 18446744073709551615, 2 rows"});
     {
       auto f = push_frame(1, 0, 0, 8, 4, 5.0f);
       frame_header h =
@@ -433,6 +456,11 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
                             push_frame(1, 0, 0, 8, 4, std::numeric_limits<float>::quiet_NaN())),
                      "NaN"});
     cases.push_back({"push before hello", push_frame(1, 0, 0, 8, 4, 5.0f), "expected hello"});
+    cases.push_back({"a refusal names the peer's address", push_frame(1, 0, 0, 8, 4, 5.0f),
+                     "of unidentified peer 127.0.0.1:"});
+    cases.push_back({"a sparse pull of one key repeated (amplification)",
+                     concat(hello_frame(1, 8, 4), keyed_pull_frame(1, std::vector<row_id>(64, 3))),
+                     "not strictly increasing"});
     cases.push_back({"duplicate worker id", hello_frame(0, 8, 4), "already connected"});
     cases.push_back({"worker id out of range", hello_frame(9, 8, 4), "'sender'"});
     cases.push_back({"layout mismatch", hello_frame(1, 8, 5), "layouts differ"});
@@ -482,8 +510,9 @@ TEST_CASE("server applies sparse pushes and answers sparse pulls (row sets)") {
     auto [ec, c] = co_await wt.async_connect("s");
     REQUIRE(!ec);
     co_await handshake(wt, c, 0, 100, 3);
-    // Push gradient -k on rows {97, 51, 60}: sgd lr 1 makes those rows hold +k.
-    const std::array<std::uint32_t, 3> keys{97, 51, 60};
+    // Push gradient -k on rows {51, 60, 97} (keys strictly increasing, as workers send them):
+    // sgd lr 1 makes those rows hold +k.
+    const std::array<std::uint32_t, 3> keys{51, 60, 97};
     message push;
     push.header.type = message_type::push;
     push.header.flags = frame_flags::end_of_clock;
@@ -496,8 +525,8 @@ TEST_CASE("server applies sparse pushes and answers sparse pulls (row sets)") {
       for (int j = 0; j < 3; ++j)
         vals[r * 3 + j] = -static_cast<float>(keys[static_cast<std::size_t>(r)]);
     REQUIRE(!(co_await c.async_send(std::move(push))));
-    // Pull rows {60, 50, 97} (needs server clock >= 1: our push ended clock 0).
-    const std::array<std::uint32_t, 3> want{60, 50, 97};
+    // Pull rows {50, 60, 97} (needs server clock >= 1: our push ended clock 0).
+    const std::array<std::uint32_t, 3> want{50, 60, 97};
     message pull;
     pull.header.type = message_type::pull;
     pull.header.clock = 1;
@@ -514,10 +543,10 @@ TEST_CASE("server applies sparse pushes and answers sparse pulls (row sets)") {
     const auto v = payload_floats(rows);
     REQUIRE(k.size() == 3);
     REQUIRE(v.size() == 9);
-    CHECK(k[0] == 60);
-    CHECK(v[0] == 60.0f);
-    CHECK(k[1] == 50);
-    CHECK(v[3] == 0.0f);
+    CHECK(k[0] == 50);
+    CHECK(v[0] == 0.0f);
+    CHECK(k[1] == 60);
+    CHECK(v[3] == 60.0f);
     CHECK(k[2] == 97);
     CHECK(v[8] == 97.0f);
     // A key outside the shard is rejected.
@@ -634,5 +663,178 @@ TEST_CASE("in-process connections and acceptors outlive the io_context that made
     CHECK(co_await queued.async_send(make_message(st, 3, 4)) == errc::connection_closed);
     auto [ec, c] = co_await st.async_connect("late");
     CHECK(ec == std::errc::connection_refused);
+  });
+}
+
+// Issue 15, finding 4: with descriptors exhausted, accept fails with EMFILE in Asio's own
+// "asio.system" category. The server must log it, keep serving and accept again once
+// descriptors are free (it used to treat it as fatal: async_serve ended, and so did the
+// trainer's server process). Run in a forked child whose RLIMIT_NOFILE is lowered, so this
+// process's descriptors are untouched; the child's exit status says what went wrong.
+TEST_CASE("server: accept errors from real sockets (out of descriptors) are retried") {
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::alarm(30);  // never hang the test run
+    rlimit rl{};
+    ::getrlimit(RLIMIT_NOFILE, &rl);
+    rl.rlim_cur = std::min<rlim_t>(rl.rlim_cur, 256);
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) ::_exit(10);
+    int status = 11;
+    {
+      asio::io_context io;
+      tcp_transport st(io.get_executor());
+      std::vector<std::string> logs;
+      server_options so;
+      so.num_workers = 1;
+      so.tables = {table_spec{0, 8, 4, 0.0f}};
+      so.watchdog_interval = std::chrono::milliseconds(0);
+      so.log = [&](std::string_view line) { logs.emplace_back(line); };
+      test_server server(st, so, optimizer::sgd{1.0f});
+      auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
+      if (!acc.has_value()) ::_exit(12);
+      const auto ep = acc.value().local_endpoint();
+      bool serve_ended = false;
+      asio::co_spawn(
+          io,
+          [&]() -> asio::awaitable<void> {
+            (void)co_await server.async_serve(std::move(acc).value());
+            serve_ended = true;
+          },
+          asio::detached);
+      asio::co_spawn(
+          io,
+          [&]() -> asio::awaitable<void> {
+            asio::steady_timer t(io);
+            auto sleep = [&]() -> asio::awaitable<void> {
+              t.expires_after(std::chrono::milliseconds(10));
+              co_await t.async_wait(detail::use_tuple);
+            };
+            // Take every free descriptor, then give one back for the client's socket.
+            std::vector<int> held;
+            for (int fd; (fd = ::open("/dev/null", O_RDONLY)) >= 0;) held.push_back(fd);
+            if (held.size() < 2) co_return server.stop();
+            ::close(held.back());
+            held.pop_back();
+            asio::ip::tcp::socket client(io);
+            auto [cec] = co_await client.async_connect(ep, detail::use_tuple);
+            if (cec) {
+              status = 13;
+              co_return server.stop();
+            }
+            // The server's accept fails (no descriptor for the connection): logged, retried.
+            const auto failed_logged = [&] {
+              for (const auto& l : logs)
+                if (l.find("accept failed") != std::string::npos) return true;
+              return false;
+            };
+            for (int i = 0; i < 300 && !failed_logged() && !serve_ended; ++i) co_await sleep();
+            if (serve_ended || !failed_logged()) {
+              status = serve_ended ? 14 : 15;  // 14: async_serve ended on the accept error
+              co_return server.stop();
+            }
+            for (int fd : held) ::close(fd);
+            // Descriptors are free again: the retry accepts, and the connection is served.
+            const auto hello = hello_frame(0, 8, 4);
+            auto [wec, wn] =
+                co_await asio::async_write(client, asio::buffer(hello), detail::use_tuple);
+            (void)wn;
+            std::array<std::byte, header_size> hb{};
+            auto [rec, rn] = co_await asio::async_read(client, asio::buffer(hb), detail::use_tuple);
+            (void)rn;
+            if (wec || rec) {
+              status = 16;
+            } else {
+              status = decode_header(hb).type == message_type::welcome &&
+                               server.stats().connections == 1 && !serve_ended
+                           ? 0
+                           : 17;
+            }
+            client.close();
+            server.stop();
+          },
+          asio::detached);
+      io.run_for(std::chrono::seconds(20));
+    }
+    ::_exit(status);
+  }
+  int wstatus = 0;
+  REQUIRE(::waitpid(pid, &wstatus, 0) == pid);
+  REQUIRE(WIFEXITED(wstatus));
+  CHECK_MESSAGE(WEXITSTATUS(wstatus) == 0, "child status "
+                                               << WEXITSTATUS(wstatus)
+                                               << " (14: async_serve ended on the accept error)");
+}
+
+// A real Asio error (category "asio.system", not std::system_category) is classified.
+TEST_CASE("condition::transient matches real Asio socket errors") {
+  tcp_fixture f;
+  const auto ep = f.nowhere();
+  asio::ip::tcp::socket s(f.io);
+  std::error_code ec;
+  s.connect(ep, ec);
+  REQUIRE(ec);
+  CHECK(std::string(ec.category().name()) == "asio.system");
+  CHECK(ec == condition::transient);  // connection refused
+  CHECK(std::error_code(EMFILE, ec.category()) != condition::transient);
+  CHECK(std::error_code(ECONNRESET, ec.category()) == condition::transient);
+}
+
+// Issue 15, finding 5: two bare TCP connect/close (a port scan) used to end a trainer's
+// `--role server`: it counted every connection as a worker that came and left. It now waits for
+// the expected workers, counting only connections that said hello.
+TEST_CASE("trainer's serve_until_done: bare connections are no workers; it ends when the "
+          "workers that said hello have left") {
+  asio::io_context io;
+  tcp_transport st(io.get_executor());
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {table_spec{0, 8, 4, 0.0f}};
+  so.watchdog_interval = std::chrono::milliseconds(0);
+  so.log = [](std::string_view) {};
+  test_server server(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  bool done = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        co_await fashion::serve_until_done(server, std::move(acc).value(), 1);
+        done = true;
+      },
+      asio::detached);
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    asio::steady_timer t(io);
+    for (int i = 0; i < 2; ++i) {  // the port scan
+      asio::ip::tcp::socket s(io);
+      auto [ec] = co_await s.async_connect(ep, detail::use_tuple);
+      REQUIRE(!ec);
+      s.close();
+    }
+    // Several of serve_until_done's 50 ms polls after both connections are gone.
+    for (int i = 0; i < 40 && (server.stats().connections < 2 || server.connections() > 0); ++i) {
+      t.expires_after(std::chrono::milliseconds(10));
+      co_await t.async_wait(detail::use_tuple);
+    }
+    REQUIRE(server.stats().connections == 2);
+    t.expires_after(std::chrono::milliseconds(200));
+    co_await t.async_wait(detail::use_tuple);
+    CHECK(!done);  // still serving: no worker has come yet
+    CHECK(server.workers_seen() == 0);
+    // The real worker comes and leaves: now it ends.
+    tcp_transport wt(io.get_executor());
+    auto [ec, c] = co_await wt.async_connect(ep);
+    REQUIRE(!ec);
+    auto& conn = c;
+    co_await handshake(wt, conn, 0, 8, 4);
+    CHECK(server.workers_connected() == 1);
+    conn.close();
+    for (int i = 0; i < 300 && !done; ++i) {
+      t.expires_after(std::chrono::milliseconds(10));
+      co_await t.async_wait(detail::use_tuple);
+    }
+    CHECK(done);
+    CHECK(server.workers_seen() == 1);
   });
 }

@@ -196,12 +196,6 @@ std::error_code on_server_message(P& p, std::uint32_t shard, message& m,
     return errc::unexpected_message;
 }
 
-/// `static constexpr bool keeps_pushes = true`: a clock's pushes to a shard that is down are
-/// still built and passed to `on_push` (not sent): the part keeps them and delivers them once
-/// the link is back (`on_rejoin`). Default: false (they are not built).
-template <class P>
-concept keeps_pushes = requires { requires P::keeps_pushes; };
-
 /// `welcome_action on_welcome(const welcome_part&)`: per part of a welcome. Default:
 /// `count_lost`.
 template <class P>

@@ -250,7 +250,7 @@ class worker_protocol {
       const bool decoded = !protocol::decode(m, e, why);
       if (decoded && e.code == errc::not_head) return errc::not_head;  // chain: the next server
       log(server_name(l) + " refused the connection: " +
-          (decoded ? std::string(e.reason) : "(a malformed error" + why + ")"));
+          (decoded ? peer_text(e.reason) : "(a malformed error" + why + ")"));
       return decoded && e.code ? make_error_code(*e.code)
                                : make_error_code(errc::unexpected_message);
     }
@@ -343,7 +343,7 @@ class worker_protocol {
         protocol::error e;
         std::string why;
         if (auto err = protocol::decode(m, e, why)) return {err, false};
-        std::string reason(e.reason);
+        std::string reason = peer_text(e.reason);
         log(server_name(l) + " closed the connection: " + reason);
         const std::optional<errc> code = e.code;
         // A refusal of what this worker sent (a NaN push, a bad header...): the link fails

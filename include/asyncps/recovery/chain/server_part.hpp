@@ -24,6 +24,7 @@
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/text.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/chain/options.hpp"
@@ -155,7 +156,7 @@ class chain_server_part {
       protocol::error e;
       if (h.type == message_type::error && !protocol::decode(m, e, detail))
         ctx.log(std::string(s.role == role_master ? "chain master" : "chain peer") +
-                " closed the connection: " + std::string(e.reason));
+                " closed the connection: " + asyncps::detail::peer_text(e.reason));
       ctx.close_after_flush(s);
       return {};
     }
@@ -427,7 +428,12 @@ class chain_server_part {
       if (h.has(frame_flags::state) || h.has(frame_flags::backlog) ||
           !ctx.all_finite(payload_floats(m)))
         return errc::non_finite_value;
-      ctx.apply_push(m);
+      // The head applied it, so a backup in the same state accepts it too; a refusal here
+      // means the chain's states diverged: refuse the link rather than skip the entry.
+      if (auto ec = ctx.apply_push(m)) {
+        detail = " (chain entry of worker " + std::to_string(h.sender) + ")";
+        return ec;
+      }
     }
     ctx.last_seq(h.sender) = std::max(ctx.last_seq(h.sender), h.seq);
     append_entry(ctx, m);
