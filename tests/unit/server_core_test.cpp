@@ -632,3 +632,35 @@ TEST_CASE("peer_text: escapes control and non-ASCII bytes and bounds the length"
   CHECK(detail::peer_text("abcdef", 3) == "abc... (6 bytes)");
   CHECK(detail::peer_text(std::string(10000, '\x07')).size() <= 4 * 200 + 32);
 }
+
+TEST_CASE("server_protocol: a clock message or push at the largest clock is refused, not "
+          "overflowed") {
+  // Found while writing the `frame` fuzz target (its seed regression_clock_overflow): a hello
+  // may rejoin at any clock >= 0, so a worker could reach clock INT64_MAX and its clock
+  // message then overflowed `clock + 1`.
+  constexpr clock_value top = std::numeric_limits<clock_value>::max();
+  stepped t;
+  auto& s = t.connect(0);
+  auto h = hello_from(0, top);
+  REQUIRE(t.proto.receive(s, h));  // accepted: a rejoin at that clock
+  REQUIRE(t.proto.core().worker_clock(0) == top);
+  s.outbox.clear();
+  s.queued_bytes = 0;
+  SUBCASE("clock message") {
+    message clk;
+    clk.header.type = message_type::clock;
+    clk.header.sender = 0;
+    clk.header.clock = top;
+    CHECK(!t.proto.receive(s, clk));
+  }
+  SUBCASE("push ending the clock") {
+    auto p = range_push(0, top, 0, 1, 1.0f);
+    p.header.flags |= frame_flags::end_of_clock;
+    CHECK(!t.proto.receive(s, p));
+    CHECK(t.proto.stats().pushes == 0);
+    CHECK(t.proto.core().table(0).values[0] == 0.0f);  // nothing applied
+  }
+  CHECK(error_code_of(s) == errc::unexpected_message);
+  CHECK(t.proto.core().worker_clock(0) == top);  // not wrapped to a negative clock
+  CHECK(t.proto.core().clock() == 0);            // worker 1 is still at clock 0
+}
