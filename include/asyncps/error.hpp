@@ -53,11 +53,15 @@ enum class errc {
   /// (local, fatal) `compute_gradient` left a gradient value unwritten or computed NaN or
   /// infinity (found by `worker_options::check_gradients`; the log names table, row, column)
   bad_gradient,
+  /// (fatal) every server that held a shard's state failed (chain replication: the whole
+  /// chain died): the shard's parameters and the pushes applied to them are gone, and the
+  /// server that answers refuses to serve its initial state in their place
+  shard_lost,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::bad_gradient;
+inline constexpr errc last_errc = errc::shard_lost;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -115,6 +119,8 @@ class error_category_impl final : public std::error_category {
         return "this server is not the head of its shard's chain (chain replication)";
       case errc::bad_gradient:
         return "compute_gradient left a gradient value unwritten or computed NaN or infinity";
+      case errc::shard_lost:
+        return "every server that held this shard's state failed: the shard's state is lost";
     }
     return "unknown asyncps error";
   }
@@ -178,7 +184,7 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
         return e == errc::connection_closed || e == errc::timeout || e == errc::not_head;
       case condition::fatal:
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
-               e == errc::bad_gradient;
+               e == errc::bad_gradient || e == errc::shard_lost;
     }
     return false;
   }
