@@ -622,12 +622,13 @@ void check_chain_total_loss() {
 
 }  // namespace
 
-TEST_CASE("chain replication (strict): a whole chain dies; no initial state served, loss counted") {
+TEST_CASE("chain replication (strict): a whole chain dies: no initial state is served and the loss "
+          "is counted") {
   check_chain_total_loss<recovery::chain_mode::strict>();
 }
 
-TEST_CASE(
-    "chain replication (relaxed): a whole chain dies; no initial state served, loss counted") {
+TEST_CASE("chain replication (relaxed): a whole chain dies: no initial state is served and the "
+          "loss is counted") {
   check_chain_total_loss<recovery::chain_mode::relaxed>();
 }
 
