@@ -454,6 +454,12 @@ int run(const config& c, Optimizer opt) {
 
   // Servers of this process.
   constexpr bool chain = asyncps::recovery::is_chain_replication_v<Recovery>;
+  constexpr bool strict_chain = [] {  // workers count acknowledged pushes lost
+    if constexpr (chain)
+      return Recovery::mode == asyncps::recovery::chain_mode::strict;
+    else
+      return false;
+  }();
   std::vector<std::unique_ptr<asyncps::tcp_transport>> server_transports;
   std::unique_ptr<replica_log_reporter<server_t>> reporter;  // replica-log, --role server
   std::vector<std::unique_ptr<server_t>> servers;
@@ -537,6 +543,7 @@ int run(const config& c, Optimizer opt) {
   std::vector<std::unique_ptr<any_model>> models;
   std::vector<std::unique_ptr<worker_t>> workers;
   std::atomic<int> failures{0};
+  std::atomic<int> shards_lost{0};  // workers that ended with errc::shard_lost
   std::atomic<std::size_t> finished{0};
   if (c.role == "all" || c.role == "worker") {
     const std::uint32_t first = c.role == "all" ? 0 : c.worker_id;
@@ -579,6 +586,7 @@ int run(const config& c, Optimizer opt) {
             if (auto ec = co_await p->async_run(clocks)) {
               std::cerr << "\nworker " << p->options().id << ": " << ec.message() << '\n';
               ++failures;
+              if (ec == asyncps::errc::shard_lost) ++shards_lost;
             }
             // Chain servers in this process serve until every worker is done.
             if (++finished == workers.size()) {
@@ -660,6 +668,18 @@ int run(const config& c, Optimizer opt) {
     std::cerr << "fashion_mnist: the run failed: " << failures.load() << " of " << workers.size()
               << " workers stopped early; every worker of this process reached clock " << reached
               << " of " << clocks << '\n';
+  if (shards_lost != 0) {
+    std::uint64_t lost = 0, acked = 0;
+    for (auto& w : workers) {
+      lost += w->stats().lost_pushes;
+      acked += w->stats().lost_acknowledged;
+    }
+    std::cerr << "fashion_mnist: a shard was lost: every server that held its state failed, and "
+              << shards_lost.load() << " workers stopped with shard_lost; " << lost
+              << " pushes lost with it";
+    if (strict_chain) std::cerr << " (" << acked << " of them acknowledged)";
+    std::cerr << '\n';
+  }
   std::printf("observed staleness (clocks:reads): %s\n", st.to_string().c_str());
   if constexpr (!std::is_same_v<Recovery, asyncps::recovery::none>) {
     asyncps::worker_stats ws;
@@ -668,6 +688,7 @@ int run(const config& c, Optimizer opt) {
       const auto& s = w->stats();
       ws.reconnects += s.reconnects;
       ws.lost_pushes += s.lost_pushes;
+      ws.lost_acknowledged += s.lost_acknowledged;
       if constexpr (requires { w->recovery().stats().local_clocks; }) {  // stateless
         const auto& rs = w->recovery().stats();
         rs_sum.local_clocks += rs.local_clocks;
@@ -685,6 +706,8 @@ int run(const config& c, Optimizer opt) {
                            {"gradients", ws.clocks},
                            {"reconnects", ws.reconnects},
                            {"lost_pushes", ws.lost_pushes},
+                           {"lost_acknowledged", ws.lost_acknowledged},
+                           {"shard_lost", shards_lost.load() != 0},
                            {"local_clocks", rs_sum.local_clocks},
                            {"compute_s", ws.compute_seconds},
                            {"wait_s", ws.wait_seconds},
@@ -771,12 +794,19 @@ int run(const config& c, Optimizer opt) {
       summary["entries_resent"] = wl.replayed;
       summary["orders"] = wl.orders;
     } else {
-      std::printf("recovery %s: %llu reconnects, %llu pushes lost, %llu shard-clocks trained "
+      // Pushes lost: what the workers counted (worker_stats::lost_pushes). Strict chain
+      // replication resends instead of counting, so its figure is nonzero only when a shard
+      // was lost (errc::shard_lost); the workers then also count how many of those pushes had
+      // been acknowledged.
+      const std::string acked = strict_chain
+                                    ? " (" + std::to_string(ws.lost_acknowledged) + " acknowledged)"
+                                    : std::string();
+      std::printf("recovery %s: %llu reconnects, %llu pushes lost%s, %llu shard-clocks trained "
                   "locally, %llu backlogs and %llu replicas sent; %llu gradients, workers busy "
                   "%.0f%%\n",
                   std::string(Recovery::name).c_str(),
                   static_cast<unsigned long long>(ws.reconnects),
-                  static_cast<unsigned long long>(ws.lost_pushes),
+                  static_cast<unsigned long long>(ws.lost_pushes), acked.c_str(),
                   static_cast<unsigned long long>(rs_sum.local_clocks),
                   static_cast<unsigned long long>(rs_sum.backlogs_sent),
                   static_cast<unsigned long long>(rs_sum.replicas_sent),

@@ -75,11 +75,15 @@ enum class errc {
   weak_secret,
   /// (local, fatal) a secret file may be read by its group or others (chmod 600 it)
   insecure_secret_file,
+  /// (fatal) every server that held a shard's state failed (chain replication: the whole
+  /// chain died): the shard's parameters and the pushes applied to them are gone, and the
+  /// server that answers refuses to serve its initial state in their place
+  shard_lost,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::insecure_secret_file;
+inline constexpr errc last_errc = errc::shard_lost;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -164,6 +168,8 @@ class error_category_impl final : public std::error_category {
       case errc::weak_secret: return "shared secret is empty or shorter than 16 bytes";
       case errc::insecure_secret_file:
         return "secret file is readable by group or others (chmod 600 it)";
+      case errc::shard_lost:
+        return "every server that held this shard's state failed: the shard's state is lost";
     }
     return "unknown asyncps error";
   }
@@ -229,7 +235,7 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
                e == errc::bad_gradient || e == errc::non_finite_update ||
                e == errc::authentication_required || e == errc::weak_secret ||
-               e == errc::insecure_secret_file;
+               e == errc::insecure_secret_file || e == errc::shard_lost;
     }
     return false;
   }

@@ -91,7 +91,9 @@ class basic_worker {
   /// server clock and the slowest worker when the server reported it), `errc::bad_gradient`
   /// (`check_gradients`), `errc::unexpected_message` (a malformed handshake reply),
   /// `errc::not_head` (chain replication: no server of a shard accepted it within
-  /// `connect_timeout`), or a connect error (the log names the endpoint). Precondition: runs
+  /// `connect_timeout`), `errc::shard_lost` (chain replication: every server holding a
+  /// shard's state failed; `stats().lost_pushes` counts this worker's pushes lost with it),
+  /// or a connect error (the log names the endpoint). Precondition: runs
   /// on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
     core_.start(clocks, co_await connect_all());
@@ -328,7 +330,7 @@ class basic_worker {
             break;
           }
           conns_[s].close();
-          if (ec == errc::layout_mismatch || ec == errc::server_lost ||
+          if (ec == errc::layout_mismatch || ec == errc::server_lost || ec == errc::shard_lost ||
               ec == condition::protocol_violation) {
             l.gave_up = true;  // a different server answers there: retrying will not help
             l.refused = ec != errc::server_lost;

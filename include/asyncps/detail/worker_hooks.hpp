@@ -265,6 +265,17 @@ void on_rejoin_sent(P& p, std::uint32_t shard, const frame_header& h) {
   if constexpr (requires { p.on_rejoin_sent(shard, h); }) p.on_rejoin_sent(shard, h);
 }
 
+/// `std::uint64_t unacknowledged(std::uint32_t shard)`: pushes to `shard` sent and not
+/// acknowledged yet (a part whose `push_flags` ask for acks). Read when a shard is lost, to
+/// tell the acknowledged pushes lost with it from the others. Default: 0.
+template <class P>
+std::uint64_t unacknowledged(const P& p, std::uint32_t shard) noexcept {
+  if constexpr (requires { p.unacknowledged(shard); })
+    return p.unacknowledged(shard);
+  else
+    return 0;
+}
+
 /// `bool has_pending(std::uint32_t shard, bool up)`: the worker has something to deliver to
 /// `shard` before it may finish (it waits, within the reconnect timeout). Default: false.
 template <class P>
@@ -349,6 +360,12 @@ consteval bool check_worker_part() {
         requires(P& p, s_t s, const frame_header& h) { p.on_rejoin_sent(s, h); },
         "recovery worker part: declare on_rejoin_sent as "
         "`void on_rejoin_sent(std::uint32_t shard, const asyncps::frame_header&)`");
+  if constexpr (requires { &P::unacknowledged; })
+    static_assert(
+        requires(const P& p, s_t s) {
+          { p.unacknowledged(s) } -> std::same_as<std::uint64_t>;
+        }, "recovery worker part: declare unacknowledged as "
+           "`std::uint64_t unacknowledged(std::uint32_t shard) const`");
   if constexpr (requires { &P::has_pending; })
     static_assert(
         requires(const P& p, s_t s, bool up) {
