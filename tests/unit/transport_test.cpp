@@ -676,7 +676,26 @@ TEST_CASE("in-process connections and acceptors outlive the io_context that made
 // descriptors are free (it used to treat it as fatal: async_serve ended, and so did the
 // trainer's server process). Run in a forked child whose RLIMIT_NOFILE is lowered, so this
 // process's descriptors are untouched; the child's exit status says what went wrong.
+// Under ASan the forked child fails inside Asio's reactor once its descriptors are exhausted
+// (UBSan reports an invalid vptr in epoll_reactor; the sanitizer runtime itself needs
+// descriptors): the test runs in the plain builds (dev preset) only.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool address_sanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool address_sanitized = true;
+#else
+constexpr bool address_sanitized = false;
+#endif
+#else
+constexpr bool address_sanitized = false;
+#endif
+
 TEST_CASE("server: accept errors from real sockets (out of descriptors) are retried") {
+  if (address_sanitized) {
+    MESSAGE("skipped under AddressSanitizer (see the comment above)");
+    return;
+  }
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
