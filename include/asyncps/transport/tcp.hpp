@@ -197,6 +197,13 @@ class tcp_transport {
       co_return ec;
     }
 
+    // Reads all of `b` during the handshake; a peer that hangs up has failed to authenticate.
+    asio::awaitable<std::error_code> handshake_read(asio::mutable_buffer b) {
+      auto [ec, n] = co_await asio::async_read(*socket_, b, detail::use_tuple);
+      (void)n;
+      co_return ec == asio::error::eof ? make_error_code(errc::authentication_failed) : ec;
+    }
+
     // The listener's side (detail/auth.hpp): challenge, check the response, verdict.
     asio::awaitable<std::error_code> listener_steps() {
       const shared_secret& key = transport_->options_.secret;
@@ -209,24 +216,18 @@ class tcp_transport {
       if (wec) co_return wec;
       detail::auth::response_msg response{};
       // The prefix first: a peer that sends a frame (no secret) is refused at once.
-      auto [rec, rn] = co_await asio::async_read(
-          *socket_, asio::buffer(response.data(), detail::auth::prefix_bytes), detail::use_tuple);
-      (void)rn;
-      if (rec)
-        co_return rec == asio::error::eof ? make_error_code(errc::authentication_failed) : rec;
+      if (auto ec =
+              co_await handshake_read(asio::buffer(response.data(), detail::auth::prefix_bytes)))
+        co_return ec;
       std::error_code verdict =
           detail::auth::check_prefix(std::span<const std::byte, detail::auth::prefix_bytes>(
                                          response.data(), detail::auth::prefix_bytes),
                                      detail::auth::kind::response);
       if (!verdict) {
-        auto [bec, bn] = co_await asio::async_read(
-            *socket_,
-            asio::buffer(response.data() + detail::auth::prefix_bytes,
-                         detail::auth::response_bytes - detail::auth::prefix_bytes),
-            detail::use_tuple);
-        (void)bn;
-        if (bec)
-          co_return bec == asio::error::eof ? make_error_code(errc::authentication_failed) : bec;
+        if (auto ec = co_await handshake_read(
+                asio::buffer(response.data() + detail::auth::prefix_bytes,
+                             detail::auth::response_bytes - detail::auth::prefix_bytes)))
+          co_return ec;
         verdict = detail::auth::check_response(key, ns, response, nc);
       }
       if (verdict) verdict = make_error_code(errc::authentication_failed);
@@ -241,11 +242,7 @@ class tcp_transport {
     asio::awaitable<std::error_code> connector_steps() {
       const shared_secret& key = transport_->options_.secret;
       detail::auth::challenge_msg challenge{};
-      auto [rec, rn] =
-          co_await asio::async_read(*socket_, asio::buffer(challenge), detail::use_tuple);
-      (void)rn;
-      if (rec)
-        co_return rec == asio::error::eof ? make_error_code(errc::authentication_failed) : rec;
+      if (auto ec = co_await handshake_read(asio::buffer(challenge))) co_return ec;
       detail::auth::nonce ns{}, nc{};
       if (auto ec = detail::auth::parse_challenge(challenge, ns)) co_return ec;
       if (!detail::auth::make_nonce(nc)) co_return make_error_code(errc::authentication_failed);
@@ -255,11 +252,7 @@ class tcp_transport {
       (void)wn;
       if (wec) co_return wec;
       detail::auth::verdict_msg verdict{};
-      auto [vec, vn] =
-          co_await asio::async_read(*socket_, asio::buffer(verdict), detail::use_tuple);
-      (void)vn;
-      if (vec)
-        co_return vec == asio::error::eof ? make_error_code(errc::authentication_failed) : vec;
+      if (auto ec = co_await handshake_read(asio::buffer(verdict))) co_return ec;
       co_return detail::auth::check_verdict(key, ns, nc, verdict);
     }
 
