@@ -53,11 +53,15 @@ enum class errc {
   /// (local, fatal) `compute_gradient` left a gradient value unwritten or computed NaN or
   /// infinity (found by `worker_options::check_gradients`; the log names table, row, column)
   bad_gradient,
+  /// (remote input) a hello's clock is negative, above `protocol::max_clock`, or leads the
+  /// connected workers by more than the staleness bound allows; or a worker's clock would
+  /// move past `protocol::max_clock` (docs/wire-format.md, "Clocks in hello")
+  bad_clock,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::bad_gradient;
+inline constexpr errc last_errc = errc::bad_clock;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -98,7 +102,8 @@ class error_category_impl final : public std::error_category {
       case errc::bad_width: return "frame header field 'width' differs from the table width";
       case errc::bad_sender: return "frame header field 'sender' is not a valid worker id";
       case errc::unexpected_message: return "message type not valid in this protocol state";
-      case errc::duplicate_worker: return "worker id already connected";
+      case errc::duplicate_worker:
+        return "worker id taken over by a newer connection of that worker";
       case errc::layout_mismatch: return "worker and server table layouts differ";
       case errc::non_finite_value: return "pushed gradient holds NaN or infinity";
       case errc::too_many_requests: return "too many outstanding requests on one connection";
@@ -115,6 +120,9 @@ class error_category_impl final : public std::error_category {
         return "this server is not the head of its shard's chain (chain replication)";
       case errc::bad_gradient:
         return "compute_gradient left a gradient value unwritten or computed NaN or infinity";
+      case errc::bad_clock:
+        return "frame header field 'clock' of hello: negative, above the maximum clock, or "
+               "too far ahead of the other workers";
     }
     return "unknown asyncps error";
   }
@@ -162,7 +170,7 @@ inline std::error_condition make_error_condition(condition c) noexcept {
 constexpr bool is_protocol_violation(errc e) noexcept {
   return (static_cast<int>(e) >= static_cast<int>(errc::bad_magic) &&
           static_cast<int>(e) <= static_cast<int>(errc::too_many_requests)) ||
-         e == errc::policy_mismatch;
+         e == errc::policy_mismatch || e == errc::bad_clock;
 }
 
 namespace detail {

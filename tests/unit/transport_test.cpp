@@ -256,11 +256,12 @@ asio::awaitable<raw_result> raw_exchange(asio::ip::tcp::endpoint ep, std::vector
   co_return r;
 }
 
-std::vector<std::byte> hello_frame(std::uint32_t worker, std::uint32_t rows, std::uint32_t width) {
+std::vector<std::byte> hello_frame(std::uint32_t worker, std::uint32_t rows, std::uint32_t width,
+                                   clock_value clock = 0) {
   buffer_pool pool;
   message m = protocol::encode(
       protocol::hello{.worker = worker,
-                      .clock = 0,
+                      .clock = clock,
                       .fingerprint = policy_fingerprint<consistency::ssp<1>, recovery::none>(),
                       .layout = {{rows, width}}},  // test_server's policy
       [&](std::size_t n) { return pool.allocate(n); });
@@ -382,8 +383,8 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
                        h.version = static_cast<std::uint16_t>(wire_version + 1);
                      }),
                      "'version'"});
-    cases.push_back(
-        {"a wire version 1 peer", raw_header([](frame_header& h) { h.version = 1; }), "'version'"});
+    cases.push_back({"a wire version 2 peer (hello without incarnation)",
+                     raw_header([](frame_header& h) { h.version = 2; }), "'version'"});
     cases.push_back({"unknown type",
                      raw_header([](frame_header& h) { h.type = static_cast<message_type>(77); }),
                      "'type'"});
@@ -433,7 +434,15 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
                             push_frame(1, 0, 0, 8, 4, std::numeric_limits<float>::quiet_NaN())),
                      "NaN"});
     cases.push_back({"push before hello", push_frame(1, 0, 0, 8, 4, 5.0f), "expected hello"});
-    cases.push_back({"duplicate worker id", hello_frame(0, 8, 4), "already connected"});
+    // Absurd hello clocks are refused; worker 0 keeps its place (checked below).
+    cases.push_back(
+        {"hello clock 10^12", hello_frame(1, 8, 4, 1'000'000'000'000), "'clock' of hello"});
+    cases.push_back({"hello clock INT64_MAX",
+                     hello_frame(1, 8, 4, std::numeric_limits<clock_value>::max()),
+                     "'clock' of hello"});
+    cases.push_back({"hello clock INT64_MIN",
+                     hello_frame(1, 8, 4, std::numeric_limits<clock_value>::min()),
+                     "'clock' of hello"});
     cases.push_back({"worker id out of range", hello_frame(9, 8, 4), "'sender'"});
     cases.push_back({"layout mismatch", hello_frame(1, 8, 5), "layouts differ"});
     cases.push_back({"spoofed sender",
