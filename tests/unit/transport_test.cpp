@@ -420,12 +420,22 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
       auto f = push_frame(1, 0, 0, 8, 4, 5.0f);
       frame_header h =
           decode_header(std::span<const std::byte, header_size>(f.data(), header_size));
-      h.clock = std::numeric_limits<std::int64_t>::max();
+      h.clock = 5;
       std::vector<float> vals(32, 5.0f);
       auto hdr = encode(h, std::as_bytes(std::span(vals)));
       std::memcpy(f.data(), hdr.data(), header_size);
       cases.push_back(
           {"clock out of sequence", concat(hello_frame(1, 8, 4), f), "worker is at clock"});
+    }
+    {
+      auto f = push_frame(1, 0, 0, 8, 4, 5.0f);
+      frame_header h =
+          decode_header(std::span<const std::byte, header_size>(f.data(), header_size));
+      h.clock = std::numeric_limits<std::int64_t>::max();
+      std::vector<float> vals(32, 5.0f);
+      auto hdr = encode(h, std::as_bytes(std::span(vals)));
+      std::memcpy(f.data(), hdr.data(), header_size);
+      cases.push_back({"push clock INT64_MAX", concat(hello_frame(1, 8, 4), f), "maximum clock"});
     }
     cases.push_back(
         {"bad width", concat(hello_frame(1, 8, 4), push_frame(1, 0, 0, 8, 3, 5.0f)), "'width'"});
