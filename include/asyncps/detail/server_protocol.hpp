@@ -156,9 +156,6 @@ class server_protocol {
     std::string detail;
     std::error_code err;
     if (s.is_worker() && worker_session(s.worker) != &s) return false;  // taken over: ignored
-    if (s.is_worker() && s.worker < seen_seq_.size() && m.header.sender == s.worker &&
-        (m.header.type == message_type::push || m.header.type == message_type::clock))
-      seen_seq_[s.worker] = std::max(seen_seq_[s.worker], m.header.seq);
     if (s.is_worker()) {
       if constexpr (has_on_worker_message<part_type, ctx_t<Io>>) {
         // e.g. held until the message's apply position is logged (recovery::replica_log)
@@ -174,8 +171,15 @@ class server_protocol {
     } else if constexpr (has_on_peer_message<part_type, ctx_t<Io>>) {
       err = part_.on_peer_message(io_->ctx(), s, m, detail);
     }
-    if (err) reject(s, err, detail);
-    return !err;
+    if (err) {
+      reject(s, err, detail);
+      return false;
+    }
+    // A push or clock message taken (applied, or held by the recovery part): the next
+    // incarnation of the worker numbers its messages above it (see greet's welcome).
+    if (s.is_worker() && numbered_type(m.header.type) && m.header.sender == s.worker)
+      seen_seq_[s.worker] = std::max(seen_seq_[s.worker], m.header.seq);
+    return true;
   }
 
   /// The first message of an unknown session: a worker's hello (or, through
@@ -431,6 +435,9 @@ class server_protocol {
   }
 
  private:
+  static constexpr bool numbered_type(message_type t) noexcept {
+    return t == message_type::push || t == message_type::clock;
+  }
   template <class I>
   using ctx_t = decltype(std::declval<I&>().ctx());
 
