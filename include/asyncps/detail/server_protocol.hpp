@@ -448,7 +448,10 @@ class server_protocol {
   // The staleness bound when the consistency policy fixes it at compile time (bsp, ssp<s>,
   // essp<s>); none for asp, vap and run-time bounds (ssp<>, essp<>).
   static constexpr std::optional<clock_value> static_staleness() {
-    if constexpr (requires { std::integral_constant<clock_value, Consistency::staleness>{}; }) {
+    // A static member's address is a plain pointer (ssp<> and essp<> hold a data member).
+    if constexpr (requires {
+                    requires std::is_same_v<decltype(&Consistency::staleness), const clock_value*>;
+                  }) {
       if (Consistency::staleness >= 0) return Consistency::staleness;
     }
     return std::nullopt;
