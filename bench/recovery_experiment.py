@@ -110,13 +110,18 @@ def cpu_busy_seconds():
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
-    """Runs the trainer once; writes out_dir/<config>-seed<seed>.jsonl; returns its path."""
-    flags, kills = CONFIGS[name]
+def run_one(binary, name, flags, kills, seed, args, kill_at, downtime, out_dir, timeout,
+            workers=4, record=None):
+    """Runs the trainer once with the trainer flags `flags` (the recovery policy's) on top of the
+    common settings in `args` (model, epochs, lr, staleness, eval_every) and `workers` workers;
+    `kills`: whether it kills (at `kill_at`, supervisor time, with `downtime`) or schedules a kill
+    that never fires. `record`: extra fields for the run's first JSONL line. Writes
+    out_dir/<slug of name>-seed<seed>.jsonl; returns its path. The exit record holds
+    `checkpoint_bytes`, the size of the checkpoint directory at the end (--recovery checkpoint)."""
     tmp = Path(tempfile.mkdtemp(prefix="asyncps-recovery-"))
     metrics = tmp / "metrics.jsonl"
     cmd = [str(binary), "--model", args.model, "--epochs", str(args.epochs), "--lr", str(args.lr),
-           "--decay-factor", "1", "--servers", "2", "--workers", "4",
+           "--decay-factor", "1", "--servers", "2", "--workers", str(workers),
            "--consistency", "ssp", "--staleness", str(args.staleness),
            "--eval-every", str(args.eval_every), "--seed", str(seed), "--quiet",
            "--metrics", str(metrics), *flags]
@@ -167,7 +172,8 @@ def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
         th.join(timeout=5)
     records = [{"type": "run", "config": name, "seed": seed, "cmd": cmd, "kills": kills,
                 "kill_at_supervisor": kill_at if kills else [], "downtime": downtime if kills else 0,
-                "unix_start": time.time() - t_exit, "loadavg_before": load_before}]
+                "unix_start": time.time() - t_exit, "loadavg_before": load_before,
+                **(record or {})}]
     records += sorted(events, key=lambda e: e["t"])
     if metrics.exists():
         for line in metrics.read_text().splitlines():
@@ -176,7 +182,9 @@ def run_one(binary, name, seed, args, kill_at, downtime, out_dir, timeout):
     records.append({"type": "exit", "rc": rc, "t": round(t_exit, 4), "timed_out": timed_out,
                     "loadavg_after": os.getloadavg(), "cpu_s": round(own_cpu, 3),
                     "machine_busy_s": round(busy, 3),
-                    "foreign_cores": round((busy - own_cpu) / t_exit, 3) if t_exit > 0 else None})
+                    "foreign_cores": round((busy - own_cpu) / t_exit, 3) if t_exit > 0 else None,
+                    "checkpoint_bytes": sum(f.stat().st_size for f in (tmp / "ckpt").rglob("*")
+                                            if f.is_file())})
     shutil.rmtree(tmp, ignore_errors=True)
     path = out_dir / f"{slug(name)}-seed{seed}.jsonl"
     with open(path, "w") as f:
@@ -296,6 +304,16 @@ def interp(xs, ys, x):
     return ys[lo] + (ys[hi] - ys[lo]) * (x - xs[lo]) / (xs[hi] - xs[lo])
 
 
+def mean_curve(runs, grid):
+    """The runs' mean test accuracy at each time of `grid` (nan where a run has no evaluation
+    on both sides)."""
+    ys = []
+    for g in grid:
+        vals = [interp([e[0] for e in r["evals"]], [e[1] for e in r["evals"]], g) for r in runs]
+        ys.append(statistics.mean(vals) if vals and all(v == v for v in vals) else float("nan"))
+    return ys
+
+
 def run_metrics(r, T, thresholds, post_frac, control_curve, rate, tables, servers, t_ref):
     """Per-run numbers; T is the no-kill control's mean duration (the 'run length')."""
     ev = r["evals"]
@@ -330,11 +348,14 @@ def run_metrics(r, T, thresholds, post_frac, control_curve, rate, tables, server
     m["duration"] = r["duration"]
     m["died_at"] = r["duration"] if r["died"] else float("nan")
     s = r["summary"]
-    workers = 4
+    cmd = r["cmd"]
+    workers = int(cmd[cmd.index("--workers") + 1]) if "--workers" in cmd else 4
     if s:
         grads = s["gradients"]
         workers = s["workers"]
-        lost = s["lost_pushes"] / (tables * servers)  # a gradient is tables x servers pushes
+        # A gradient is tables x servers pushes. (The trainer leaves lost_pushes out when it
+        # cannot count them: replica-log without every shard's final state.)
+        lost = s.get("lost_pushes", float("nan")) / (tables * servers)
         m["busy"] = s["compute_s"] / (workers * s["time_s"])
         m["per_use"] = s["compute_s"] * rate
         m["local_clocks"] = s["local_clocks"]
@@ -355,8 +376,7 @@ def run_metrics(r, T, thresholds, post_frac, control_curve, rate, tables, server
     m["grads_at_ref"] = c_ref * workers
     # Chain replication runs every shard on --replicas servers (and a chain master, which is
     # not counted: it is a membership service, not a parameter server).
-    flags = CONFIGS[r["config"]][0]
-    nodes = servers * (int(flags[flags.index("--replicas") + 1]) if "--replicas" in flags else 1)
+    nodes = servers * (int(cmd[cmd.index("--replicas") + 1]) if "--replicas" in cmd else 1)
     m["reserved"] = (nodes + workers) * m["duration"] * rate
     m["useful_per_reserved"] = m["useful"] / m["reserved"]
     m["useful_per_use"] = m["useful"] / m["per_use"] if m["per_use"] == m["per_use"] else float("nan")
@@ -389,14 +409,7 @@ def analyse(out_dir, args):
     grid = [i * 0.25 for i in range(int(max((r["duration"] for r in runs
                                               if r["duration"] == r["duration"]),
                                              default=0) / 0.25) + 2)]
-    curves = {}
-    for c in order:
-        ys = []
-        for g in grid:
-            vals = [interp([e[0] for e in r["evals"]], [e[1] for e in r["evals"]], g)
-                    for r in by_cfg[c]]
-            ys.append(statistics.mean(vals) if all(v == v for v in vals) else float("nan"))
-        curves[c] = ys
+    curves = {c: mean_curve(by_cfg[c], grid) for c in order}
     control_curve = ([g for g, y in zip(grid, curves.get(CONTROL, [])) if y == y],
                      [y for y in curves.get(CONTROL, []) if y == y])
     tables = 2 if args.model == "mlp" else 1
@@ -624,7 +637,8 @@ def main():
                     downtime = round(args.downtime_fraction * T, 1)
                 log(f"kill schedule (supervisor time): {kill_at}, downtime {downtime} s "
                     f"(T {T:.1f} s, offset {off:.2f} s)")
-            p = run_one(binary, c, seed, args, kill_at or [], downtime or 0, out_dir, args.timeout)
+            p = run_one(binary, c, *CONFIGS[c], seed, args, kill_at or [], downtime or 0, out_dir,
+                        args.timeout)
             r = parse_run(p)
             log(f"{c} seed {seed}: rc {r.get('rc')}, {r['duration']:.1f} s, offset "
                 f"{r['load_offset']:.2f} s, kills at {[round(k, 1) for k in r['kills']]}, restarts "

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "asyncps/secret.hpp"
+
 namespace fashion {
 
 /// The command line (main.cpp documents every flag).
@@ -22,6 +24,11 @@ struct config {
   std::uint32_t shard = 0;
   std::uint32_t worker_id = 0;
   std::string listen = "127.0.0.1:0";
+  /// --secret-file (or $ASYNCPS_SECRET_FILE): the file holding the run's shared secret.
+  std::string secret_file;
+  /// The loaded secret (role all without a file: a random one for this run); every transport
+  /// gets it (`fashion::tcp_opts`).
+  asyncps::shared_secret secret;
   std::vector<std::string> connect;
   double epochs = 0;     // 0: the model's default
   double decay_at = -1;  // epoch after which gradients are scaled by decay_factor; <0: default

@@ -7,6 +7,9 @@ dir="$(mktemp -d)"
 pids=()
 cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$dir"; }
 trap cleanup EXIT
+# Every process of the run shares one secret (docs/security.md), read from this 0600 file.
+(umask 077 && head -c 32 /dev/urandom >"$dir/secret")
+export ASYNCPS_SECRET_FILE="$dir/secret"
 
 common=(--servers 2 --workers 2 --model softmax --consistency ssp --staleness 2 --epochs 3 --quiet)
 # Servers listen on kernel-chosen ports and print them.

@@ -4,8 +4,11 @@
 # Under chain replication every shard has 2 servers and the head of shard 0 is killed.
 # replica-log-20: recovery replica-log with server 0 killed 20 times in one run, and its final
 # accuracy compared with a failure-free run of the same configuration.
+# chain-loss: strict chain replication where the whole chain of shard 0 dies (the second kill
+# lands before the restarted head has rejoined): the run must stop with shard_lost, count the
+# pushes lost and exit non-zero, never train on from a restarted server's initial values.
 # Usage: e2e_recovery.sh /path/to/fashion_mnist
-#          none|checkpoint|stateless|chain|chain-relaxed|replica-log|replica-log-20
+#          none|checkpoint|stateless|chain|chain-relaxed|chain-loss|replica-log|replica-log-20
 set -euo pipefail
 bin="$1"
 policy="$2"
@@ -103,6 +106,49 @@ if [[ "$policy" == replica-log-20 ]]; then
     "rebuilds, $reconnects reconnects, $missing positions missing, $incomplete incomplete," \
     "$lost pushes lost, $twice applied twice; final accuracy ${acc[kill]} with the kills" \
     "(${secs[kill]} s), ${acc[ref]} without (${secs[ref]} s)"
+  exit 0
+fi
+
+if [[ "$policy" == chain-loss ]]; then
+  # Kill 1 (1.0 s) hits member 0, the head; it restarts 1.0 s later, and kill 2 hits member 1
+  # at once, while the restarted process still loads its data (about 0.4 s) and has not
+  # registered: no server that held shard 0's state is alive. 40 epochs take about 6 s without
+  # a failure; the run must stop about 1.5 s after its first clock instead.
+  args=(--model softmax --epochs 40 --servers 2 --workers 4 --consistency ssp --staleness 3
+        --recovery chain --replicas 2 --kill-at 1.0,1.1 --downtime 1.0 --reconnect-timeout 60
+        --metrics "$dir/m.jsonl" --quiet)
+  set +e
+  timeout 120 "$bin" "${args[@]}" >"$dir/out.log" 2>&1
+  rc=$?
+  set -e
+  grep -v 'cannot connect to server' "$dir/out.log" || true
+  (( rc != 124 )) || fail "no exit within 120 s (hung?)"
+  grep -q '^\[fault\] killed server 0\.0 (SIGKILL)' "$dir/out.log" || fail "member 0 was not killed"
+  grep -q '^\[fault\] killed server 0\.1 (SIGKILL)' "$dir/out.log" || fail "member 1 was not killed"
+  ! grep -q "serving from this server's own state" "$dir/out.log" ||
+    fail "a restarted server served its initial state"
+  grep -q 'shard 0 is lost: every server of its chain that held its state failed' "$dir/out.log" ||
+    fail "no server said that shard 0 is lost"
+  [[ $rc -ne 0 ]] || fail "exit status 0 after losing every server of shard 0"
+  grep -q 'worker [0-9]*: every server that held this shard.s state failed' "$dir/out.log" ||
+    fail "no worker stopped with shard_lost"
+  grep -q '^fashion_mnist: a shard was lost' "$dir/out.log" || fail "no 'a shard was lost' message"
+  final="$(grep '"final":true' "$dir/m.jsonl")" || fail "no final record in the metrics"
+  [[ "$(field failed)" == true ]] || fail "the final record does not say the run failed: $final"
+  clock="$(field clock)"
+  planned="$(field clocks_planned)"
+  [[ -n "$clock" && -n "$planned" ]] && (( clock < planned )) ||
+    fail "the final record claims clock $clock of $planned: $final"
+  summary="$(grep '^recovery chain-replication:' "$dir/out.log")" || fail "no recovery summary"
+  lost="$(num 'pushes lost')"
+  acked="$(sed -n 's/.* pushes lost (\([0-9]*\) acknowledged).*/\1/p' <<<"$summary")"
+  [[ "$lost" =~ ^[0-9]+$ && "$acked" =~ ^[0-9]+$ ]] || fail "cannot read the summary: $summary"
+  # Every worker pushed to shard 0 for over a second before the loss, and the tail had
+  # acknowledged all but the last window of each (max_unacked, 64).
+  (( lost > 0 && acked > 0 && acked <= lost && lost - acked <= 4 * 64 )) ||
+    fail "$lost pushes lost, $acked acknowledged: $summary"
+  echo "e2e_recovery($policy): ok, exit status $rc at clock $clock of $planned;" \
+    "$lost pushes lost ($acked acknowledged)"
   exit 0
 fi
 

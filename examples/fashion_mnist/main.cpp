@@ -3,8 +3,11 @@
 //
 //   fashion_mnist                                  # MLP, 2 servers + 4 workers, SSP(3)
 //   fashion_mnist --model softmax --consistency essp --staleness 3
+//   head -c 32 /dev/urandom > secret; chmod 600 secret  # multi-process runs share a secret
 //   fashion_mnist --role server --shard 0 --servers 2 --workers 2 --listen 127.0.0.1:7000
+//                 --secret-file secret
 //   fashion_mnist --role worker --worker-id 0 --workers 2 --connect 127.0.0.1:7000,127.0.0.1:7001
+//                 --secret-file secret
 //   fashion_mnist --recovery stateless --kill-at 3,8 --downtime 2   # kill -9 server 0 twice
 //   fashion_mnist --recovery chain --replicas 2 --kill-at 3,8         # kill the head of shard 0
 //   fashion_mnist --recovery replica-log --replica-interval 10 --kill-at 3,8  # SWIFT-style
@@ -28,6 +31,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -212,13 +216,14 @@ class server_supervisor {
   bool started_ = false;
 };
 
-// A new empty temporary file, removed with this object. Throws std::system_error.
+// A new empty temporary file (mode 0600, mkstemp), removed with this object. Throws
+// std::system_error.
 class report_file {
  public:
-  report_file() {
+  explicit report_file(const char* what = "rebuilds") {
     const char* dir = std::getenv("TMPDIR");
-    path_ = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") +
-            "/fashion_mnist-rebuilds-XXXXXX";
+    path_ = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/fashion_mnist-" + what +
+            "-XXXXXX";
     const int fd = ::mkstemp(path_.data());
     if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + path_);
     ::close(fd);
@@ -274,6 +279,10 @@ int main(int argc, char** argv) {
   app.add_option("--shard", c.shard, "--role server: this server's shard index");
   app.add_option("--worker-id", c.worker_id, "--role worker: this worker's id");
   app.add_option("--listen", c.listen, "--role server: host:port to listen on");
+  app.add_option("--secret-file", c.secret_file,
+                 "file holding the run's shared secret (at least 16 bytes, mode 0600; default: "
+                 "$ASYNCPS_SECRET_FILE); every process of a run needs the same one. Required by "
+                 "--role server|worker|master; --role all makes a random one for its run");
   app.add_option("--connect", c.connect, "--role worker: host:port of every shard, in order")
       ->delimiter(',');
   app.add_option("--epochs", c.epochs, "passes over each worker's shard")
@@ -452,6 +461,37 @@ int main(int argc, char** argv) {
   }
   std::sort(c.kill_at.begin(), c.kill_at.end());
 
+  // The shared secret: from a file (never from the command line itself), else for role all a
+  // random one for this run (handed to its server processes in a 0600 temporary file).
+  if (c.secret_file.empty()) {
+    const char* env = std::getenv("ASYNCPS_SECRET_FILE");
+    if (env != nullptr) c.secret_file = env;
+  }
+  bool ephemeral_secret = false;
+  if (!c.secret_file.empty()) {
+    auto s = asyncps::load_secret_file(c.secret_file);
+    if (!s) {
+      std::cerr << "fashion_mnist: secret file '" << c.secret_file
+                << "' (--secret-file or ASYNCPS_SECRET_FILE): " << s.error().message() << '\n';
+      return 2;
+    }
+    c.secret = std::move(s).value();
+  } else if (c.role != "all") {
+    std::cerr << "fashion_mnist: --role " << c.role
+              << " needs the run's shared secret: --secret-file FILE or the environment "
+                 "variable ASYNCPS_SECRET_FILE (make one with: head -c 32 /dev/urandom > secret; "
+                 "chmod 600 secret; docs/security.md)\n";
+    return 2;
+  } else {
+    auto s = asyncps::shared_secret::random();
+    if (!s) {
+      std::cerr << "fashion_mnist: cannot make a random secret: " << s.error().message() << '\n';
+      return 1;
+    }
+    c.secret = std::move(s).value();
+    ephemeral_secret = true;
+  }
+
   try {
     if (c.kill_at.empty()) return train(c);
     // Servers as child processes: the same command line, minus the fault flags.
@@ -475,6 +515,16 @@ int main(int argc, char** argv) {
     if (c.recovery == "replica-log") {
       c.server_report = report.emplace().path();
       base.insert(base.end(), {"--server-report", c.server_report});
+    }
+    // An ephemeral secret reaches the server processes in a 0600 file (mkstemp), not argv.
+    std::optional<report_file> secret_file;
+    if (ephemeral_secret) {
+      secret_file.emplace("secret");
+      const auto bytes = c.secret.bytes();
+      std::ofstream(secret_file->path(), std::ios::binary)
+          .write(reinterpret_cast<const char*>(bytes.data()),
+                 static_cast<std::streamsize>(bytes.size()));
+      base.insert(base.end(), {"--secret-file", secret_file->path()});
     }
     server_supervisor supervisor(c, base);
     c.connect = supervisor.start();

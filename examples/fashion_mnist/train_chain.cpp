@@ -17,7 +17,7 @@ int run_master(const config& c) {
     std::cerr << "fashion_mnist: --listen: expected host:port, got '" << c.listen << "'\n";
     return 2;
   }
-  asyncps::tcp_transport t(asio::make_strand(io));
+  asyncps::tcp_transport t(asio::make_strand(io), tcp_opts(c));
   auto acc = t.listen(ep.value());
   if (!acc) {
     std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()

@@ -65,8 +65,8 @@ class group_tier_of final : public group_tier {
       : opt_(opt), done_(std::move(done)) {
     const auto loopback = asyncps::parse_tcp_endpoint("127.0.0.1:0").value();
     for (std::uint32_t g = 0; g < plan.groups; ++g) {
-      auto& t =
-          transports_.emplace_back(std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+      auto& t = transports_.emplace_back(
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
       auto acc = t->listen(loopback);
       if (!acc) throw std::runtime_error("group server cannot listen: " + acc.error().message());
       addresses_.push_back(acc.value().local_endpoint());
@@ -180,7 +180,7 @@ int train_groups(const config& c) {
   std::vector<endpoint> central_eps;
   for (std::uint32_t s = 0; s < c.servers; ++s) {
     auto& t = central_transports.emplace_back(
-        std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+        std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
     auto acc = t->listen(loopback);
     if (!acc) {
       std::cerr << "fashion_mnist: cannot listen: " << acc.error().message() << '\n';
@@ -230,7 +230,7 @@ int train_groups(const config& c) {
   std::vector<std::unique_ptr<group_worker>> workers;
   for (std::uint32_t w = 0; w < c.workers; ++w) {
     auto& t = worker_transports.emplace_back(
-        std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+        std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
     auto& m = models.emplace_back(std::make_unique<any_model>(c, train, w, c.workers));
     group_worker::options_type o;
     o.id = plan.local_id(w);

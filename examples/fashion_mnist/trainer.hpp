@@ -38,8 +38,17 @@
 #include "asyncps/recovery/replica_log.hpp"
 #include "config.hpp"
 #include "dataset.hpp"
+#include "serve_until_done.hpp"
 
 namespace fashion {
+
+/// Options of every TCP transport of this process: the run's shared secret (main.cpp loads it
+/// from --secret-file or $ASYNCPS_SECRET_FILE, or makes a random one for --role all).
+inline asyncps::tcp_options tcp_opts(const config& c) {
+  asyncps::tcp_options o;
+  o.secret = c.secret;
+  return o;
+}
 
 /// The recovery policy's server part, configured from the command line.
 template <class Recovery>
@@ -186,34 +195,6 @@ inline asyncps::server_options server_opts(const config& c, std::uint32_t shard,
   return o;
 }
 
-// Serves until every worker has connected and disconnected again. `tick`, if set, is called
-// on the server's executor every 50 ms while it serves (with false), and once after (true).
-template <class Server>
-asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor,
-                                       std::uint32_t workers,
-                                       std::function<void(bool ended)> tick = {}) {
-  auto ex = co_await asio::this_coro::executor;
-  asio::steady_timer poll(ex);
-  asio::co_spawn(
-      ex,
-      [&]() -> asio::awaitable<void> {
-        for (;;) {
-          poll.expires_after(std::chrono::milliseconds(50));
-          co_await poll.async_wait(asyncps::detail::use_tuple);
-          if (tick) tick(false);
-          if (s.stats().connections >= workers && s.connections() == 0) {
-            s.stop();
-            co_return;
-          }
-        }
-      },
-      asio::detached);
-  if (auto ec = co_await s.async_serve(std::move(acceptor)))
-    std::cerr << "server " << s.options().shard << ": " << ec.message() << '\n';
-  poll.cancel();
-  if (tick) tick(true);
-}
-
 /// What the `recovery::replica_log` shards did: their rebuilds, summed over servers (or over
 /// the incarnations of a restarted server process), and the pushes their final states hold.
 struct replica_log_totals {
@@ -352,7 +333,7 @@ bool start_chain(const config& c, Optimizer opt, const std::vector<asyncps::tabl
                  std::unique_ptr<asyncps::tcp_transport>& mt,
                  std::unique_ptr<asyncps::basic_chain_master<asyncps::tcp_transport>>& master) {
   const auto loopback = asyncps::parse_tcp_endpoint("127.0.0.1:0").value();
-  mt = std::make_unique<asyncps::tcp_transport>(asio::make_strand(io));
+  mt = std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c));
   auto macc = mt->listen(loopback);
   if (!macc) {
     std::cerr << "fashion_mnist: chain master cannot listen: " << macc.error().message() << '\n';
@@ -374,7 +355,8 @@ bool start_chain(const config& c, Optimizer opt, const std::vector<asyncps::tabl
     std::vector<asyncps::tcp_transport::endpoint_type> eps;
     std::vector<asyncps::tcp_transport::acceptor> accs;
     for (std::uint32_t m = 0; m < c.replicas; ++m) {
-      auto& t = ts.emplace_back(std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+      auto& t = ts.emplace_back(
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
       auto acc = t->listen(loopback);
       if (!acc) {
         std::cerr << "fashion_mnist: cannot listen: " << acc.error().message() << '\n';
@@ -424,7 +406,8 @@ bool start_chain_server(const config& c, Optimizer opt,
                  "--chain host:port,... (every server of the shard) and --member < their count\n";
     return false;
   }
-  auto& t = ts.emplace_back(std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+  auto& t =
+      ts.emplace_back(std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
   auto acc = t->listen(listen_ep.value());
   if (!acc) {
     std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
@@ -471,6 +454,12 @@ int run(const config& c, Optimizer opt) {
 
   // Servers of this process.
   constexpr bool chain = asyncps::recovery::is_chain_replication_v<Recovery>;
+  constexpr bool strict_chain = [] {  // workers count acknowledged pushes lost
+    if constexpr (chain)
+      return Recovery::mode == asyncps::recovery::chain_mode::strict;
+    else
+      return false;
+  }();
   std::vector<std::unique_ptr<asyncps::tcp_transport>> server_transports;
   std::unique_ptr<replica_log_reporter<server_t>> reporter;  // replica-log, --role server
   std::vector<std::unique_ptr<server_t>> servers;
@@ -497,7 +486,7 @@ int run(const config& c, Optimizer opt) {
         return 2;
       }
       auto& t = server_transports.emplace_back(
-          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
       auto acc = t->listen(ep.value());
       if (!acc) {
         std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
@@ -554,6 +543,7 @@ int run(const config& c, Optimizer opt) {
   std::vector<std::unique_ptr<any_model>> models;
   std::vector<std::unique_ptr<worker_t>> workers;
   std::atomic<int> failures{0};
+  std::atomic<int> shards_lost{0};  // workers that ended with errc::shard_lost
   std::atomic<std::size_t> finished{0};
   if (c.role == "all" || c.role == "worker") {
     const std::uint32_t first = c.role == "all" ? 0 : c.worker_id;
@@ -561,7 +551,7 @@ int run(const config& c, Optimizer opt) {
     for (std::uint32_t w = first; w < last; ++w) {
       const std::size_t i = w - first;
       auto& t = worker_transports.emplace_back(
-          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io)));
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
       auto& m = models.emplace_back(std::make_unique<any_model>(c, train, w, c.workers));
       typename worker_t::options_type o;
       o.id = w;
@@ -596,6 +586,7 @@ int run(const config& c, Optimizer opt) {
             if (auto ec = co_await p->async_run(clocks)) {
               std::cerr << "\nworker " << p->options().id << ": " << ec.message() << '\n';
               ++failures;
+              if (ec == asyncps::errc::shard_lost) ++shards_lost;
             }
             // Chain servers in this process serve until every worker is done.
             if (++finished == workers.size()) {
@@ -677,6 +668,18 @@ int run(const config& c, Optimizer opt) {
     std::cerr << "fashion_mnist: the run failed: " << failures.load() << " of " << workers.size()
               << " workers stopped early; every worker of this process reached clock " << reached
               << " of " << clocks << '\n';
+  if (shards_lost != 0) {
+    std::uint64_t lost = 0, acked = 0;
+    for (auto& w : workers) {
+      lost += w->stats().lost_pushes;
+      acked += w->stats().lost_acknowledged;
+    }
+    std::cerr << "fashion_mnist: a shard was lost: every server that held its state failed, and "
+              << shards_lost.load() << " workers stopped with shard_lost; " << lost
+              << " pushes lost with it";
+    if (strict_chain) std::cerr << " (" << acked << " of them acknowledged)";
+    std::cerr << '\n';
+  }
   std::printf("observed staleness (clocks:reads): %s\n", st.to_string().c_str());
   if constexpr (!std::is_same_v<Recovery, asyncps::recovery::none>) {
     asyncps::worker_stats ws;
@@ -685,6 +688,7 @@ int run(const config& c, Optimizer opt) {
       const auto& s = w->stats();
       ws.reconnects += s.reconnects;
       ws.lost_pushes += s.lost_pushes;
+      ws.lost_acknowledged += s.lost_acknowledged;
       if constexpr (requires { w->recovery().stats().local_clocks; }) {  // stateless
         const auto& rs = w->recovery().stats();
         rs_sum.local_clocks += rs.local_clocks;
@@ -702,6 +706,8 @@ int run(const config& c, Optimizer opt) {
                            {"gradients", ws.clocks},
                            {"reconnects", ws.reconnects},
                            {"lost_pushes", ws.lost_pushes},
+                           {"lost_acknowledged", ws.lost_acknowledged},
+                           {"shard_lost", shards_lost.load() != 0},
                            {"local_clocks", rs_sum.local_clocks},
                            {"compute_s", ws.compute_seconds},
                            {"wait_s", ws.wait_seconds},
@@ -734,6 +740,11 @@ int run(const config& c, Optimizer opt) {
           const std::uint64_t pushed = workers[i / tables]->stats().clocks;
           lost += pushed > applied[i] ? pushed - applied[i] : 0;
           twice += applied[i] > pushed ? applied[i] - pushed : 0;
+          if (pushed != applied[i])
+            std::fprintf(stderr, "shard %u, worker %zu, table %zu: %llu pushes, %llu applied\n",
+                         static_cast<unsigned>(shard), i / tables, i % tables,
+                         static_cast<unsigned long long>(pushed),
+                         static_cast<unsigned long long>(applied[i]));
         }
       }
       asyncps::recovery::replica_log_worker_stats wl;  // max_* fields: the most of one worker
@@ -783,12 +794,19 @@ int run(const config& c, Optimizer opt) {
       summary["entries_resent"] = wl.replayed;
       summary["orders"] = wl.orders;
     } else {
-      std::printf("recovery %s: %llu reconnects, %llu pushes lost, %llu shard-clocks trained "
+      // Pushes lost: what the workers counted (worker_stats::lost_pushes). Strict chain
+      // replication resends instead of counting, so its figure is nonzero only when a shard
+      // was lost (errc::shard_lost); the workers then also count how many of those pushes had
+      // been acknowledged.
+      const std::string acked = strict_chain
+                                    ? " (" + std::to_string(ws.lost_acknowledged) + " acknowledged)"
+                                    : std::string();
+      std::printf("recovery %s: %llu reconnects, %llu pushes lost%s, %llu shard-clocks trained "
                   "locally, %llu backlogs and %llu replicas sent; %llu gradients, workers busy "
                   "%.0f%%\n",
                   std::string(Recovery::name).c_str(),
                   static_cast<unsigned long long>(ws.reconnects),
-                  static_cast<unsigned long long>(ws.lost_pushes),
+                  static_cast<unsigned long long>(ws.lost_pushes), acked.c_str(),
                   static_cast<unsigned long long>(rs_sum.local_clocks),
                   static_cast<unsigned long long>(rs_sum.backlogs_sent),
                   static_cast<unsigned long long>(rs_sum.replicas_sent),

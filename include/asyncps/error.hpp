@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 namespace asyncps {
@@ -53,6 +54,31 @@ enum class errc {
   /// (local, fatal) `compute_gradient` left a gradient value unwritten or computed NaN or
   /// infinity (found by `worker_options::check_gradients`; the log names table, row, column)
   bad_gradient,
+  /// (remote input) a push whose gradient is finite would make a parameter or the optimizer's
+  /// state NaN or infinity: the push is refused whole (nothing applied) and the connection
+  /// closed; retrying the same push will not help (condition `fatal` as well)
+  non_finite_update,
+  /// (remote input) the keys of a sparse push or pull are not strictly increasing (a repeated
+  /// or out-of-order row): a reply could otherwise be larger than its request
+  bad_key_order,
+  /// (remote input) handling a peer's message needed more memory than the server could
+  /// allocate (`std::bad_alloc` or `std::length_error`): that connection is closed
+  resource_exhausted,
+  /// (remote input) a peer failed the shared-secret handshake: wrong secret, no secret, or
+  /// bytes that are not a handshake (transport/tcp.hpp, docs/security.md)
+  authentication_failed,
+  /// (local, fatal) authentication is required but missing: a listen on a non-loopback
+  /// address without `tcp_options::secret` (nor `allow_unauthenticated`), or a peer that
+  /// requires a shared secret this node does not have
+  authentication_required,
+  /// (local, fatal) a shared secret is shorter than `min_secret_bytes` (16)
+  weak_secret,
+  /// (local, fatal) a secret file may be read by its group or others (chmod 600 it)
+  insecure_secret_file,
+  /// (fatal) every server that held a shard's state failed (chain replication: the whole
+  /// chain died): the shard's parameters and the pushes applied to them are gone, and the
+  /// server that answers refuses to serve its initial state in their place
+  shard_lost,
   /// (remote input) a hello's clock is negative, above `protocol::max_clock`, or leads the
   /// connected workers by more than the staleness bound allows; or a worker's clock would
   /// move past `protocol::max_clock` (docs/wire-format.md, "Clocks in hello")
@@ -80,6 +106,19 @@ enum class condition {
 };
 
 namespace detail {
+
+/// The POSIX error number `code` carries, when its category carries them: std::system_category,
+/// std::generic_category, or Asio's "asio.system" — what a real Asio socket operation reports
+/// on POSIX. Asio's category does not map its codes to the generic category, so
+/// `code == std::errc::too_many_files_open` is false for Asio's EMFILE: compare this instead.
+/// `std::nullopt` for any other category. Complexity: O(1). Thread safety: pure.
+inline std::optional<std::errc> posix_errc(const std::error_code& code) noexcept {
+  const auto& c = code.category();
+  if (c == std::system_category() || c == std::generic_category() ||
+      std::string_view(c.name()) == "asio.system")
+    return static_cast<std::errc>(code.value());
+  return std::nullopt;
+}
 
 class error_category_impl final : public std::error_category {
  public:
@@ -120,6 +159,22 @@ class error_category_impl final : public std::error_category {
         return "this server is not the head of its shard's chain (chain replication)";
       case errc::bad_gradient:
         return "compute_gradient left a gradient value unwritten or computed NaN or infinity";
+      case errc::non_finite_update:
+        return "push refused: applying it would make a parameter or optimizer state NaN or "
+               "infinity";
+      case errc::bad_key_order:
+        return "frame keys are not strictly increasing (a repeated or out-of-order row)";
+      case errc::resource_exhausted: return "out of memory while handling the peer's message";
+      case errc::authentication_failed:
+        return "authentication failed: the peer did not prove it holds the shared secret";
+      case errc::authentication_required:
+        return "authentication required: set a shared secret (tcp_options::secret) on both "
+               "ends, or tcp_options::allow_unauthenticated for a trusted network";
+      case errc::weak_secret: return "shared secret is empty or shorter than 16 bytes";
+      case errc::insecure_secret_file:
+        return "secret file is readable by group or others (chmod 600 it)";
+      case errc::shard_lost:
+        return "every server that held this shard's state failed: the shard's state is lost";
       case errc::bad_clock:
         return "frame header field 'clock' of hello: negative, above the maximum clock, or "
                "too far ahead of the other workers";
@@ -170,7 +225,8 @@ inline std::error_condition make_error_condition(condition c) noexcept {
 constexpr bool is_protocol_violation(errc e) noexcept {
   return (static_cast<int>(e) >= static_cast<int>(errc::bad_magic) &&
           static_cast<int>(e) <= static_cast<int>(errc::too_many_requests)) ||
-         e == errc::policy_mismatch || e == errc::bad_clock;
+         e == errc::policy_mismatch || e == errc::bad_key_order || e == errc::authentication_failed ||
+         e == errc::bad_clock;
 }
 
 namespace detail {
@@ -186,16 +242,18 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
         return e == errc::connection_closed || e == errc::timeout || e == errc::not_head;
       case condition::fatal:
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
-               e == errc::bad_gradient;
+               e == errc::bad_gradient || e == errc::non_finite_update ||
+               e == errc::authentication_required || e == errc::weak_secret ||
+               e == errc::insecure_secret_file || e == errc::shard_lost;
     }
     return false;
   }
-  if (c == condition::transient &&
-      (code.category() == std::system_category() || code.category() == std::generic_category())) {
-    const auto v = std::errc(code.value());
-    return v == std::errc::connection_refused || v == std::errc::connection_reset ||
-           v == std::errc::broken_pipe || v == std::errc::timed_out ||
-           v == std::errc::network_unreachable || v == std::errc::connection_aborted;
+  if (c == condition::transient) {
+    // Asio's socket errors come in its own "asio.system" category (see posix_errc).
+    const auto v = posix_errc(code);
+    return v && (*v == std::errc::connection_refused || *v == std::errc::connection_reset ||
+                 *v == std::errc::broken_pipe || *v == std::errc::timed_out ||
+                 *v == std::errc::network_unreachable || *v == std::errc::connection_aborted);
   }
   return false;
 }

@@ -46,6 +46,7 @@
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/peer_address.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/server_protocol.hpp"
 #include "asyncps/detail/server_session.hpp"
@@ -207,6 +208,12 @@ class basic_server {
   Transport& transport() const noexcept { return transport_; }
   /// Connected sessions.
   std::size_t connections() const noexcept { return proto_.sessions().size(); }
+  /// Worker sessions now: connections whose hello was accepted and that have not ended (a bare
+  /// connection, e.g. a port scan, is never one).
+  std::uint32_t workers_connected() const noexcept { return proto_.workers_connected(); }
+  /// Distinct worker ids whose hello this server has accepted at least once (of
+  /// `options().num_workers`).
+  std::uint32_t workers_seen() const noexcept { return proto_.workers_seen(); }
   /// The server part of the recovery policy (its counters, for reports).
   const typename Recovery::server_part& recovery() const noexcept { return proto_.part(); }
   /// The server part of the recovery policy, to configure it before `async_serve` (e.g.
@@ -319,13 +326,21 @@ class basic_server {
     }
     static bool all_finite(std::span<const float> g) noexcept { return core_type::all_finite(g); }
     /// Applies checked push `m` of worker `m.header.sender` and counts it like a worker's.
-    void apply_push(const message& m) const {
-      p().apply(m);
+    /// Errors: `errc::non_finite_update` when it would make a value or the optimizer's state
+    /// non-finite (nothing applied or counted; deterministic, so every replica refuses it).
+    [[nodiscard]] std::error_code apply_push(const message& m) const {
+      std::string detail;
+      if (auto ec = p().apply(m, detail)) return ec;
       p().core().count_push(m.header.sender, m.header.table);
       ++p().stats().pushes;
+      return {};
     }
-    /// Applies checked update `m` without counting it as a worker's push.
-    void apply_update(const message& m) const { p().apply(m); }
+    /// Applies checked update `m` without counting it as a worker's push. Errors: as
+    /// `apply_push`.
+    [[nodiscard]] std::error_code apply_update(const message& m) const {
+      std::string detail;
+      return p().apply(m, detail);
+    }
     /// Replaces table `t`'s values with `v` and clears its optimizer state.
     void install_replica(table_id t, std::span<const float> v) const {
       p().core().install_replica(t, v);
@@ -349,12 +364,14 @@ class basic_server {
   };
 
  private:
+  // Asio reports these in its own "asio.system" category (see detail::posix_errc): comparing
+  // with std::system_category() or std::errc directly never matches a real accept error.
   static bool transient_accept_error(std::error_code ec) noexcept {
-    const auto e = std::errc(ec.value());
-    return ec.category() == std::system_category() &&
-           (e == std::errc::too_many_files_open || e == std::errc::too_many_files_open_in_system ||
-            e == std::errc::no_buffer_space || e == std::errc::not_enough_memory ||
-            e == std::errc::connection_aborted);
+    const auto e = detail::posix_errc(ec);
+    return e &&
+           (*e == std::errc::too_many_files_open ||
+            *e == std::errc::too_many_files_open_in_system || *e == std::errc::no_buffer_space ||
+            *e == std::errc::not_enough_memory || *e == std::errc::connection_aborted);
   }
 
   const core_type& core() const noexcept { return proto_.core(); }
@@ -436,10 +453,17 @@ class basic_server {
     while (s.open) {
       auto [ec, m] = co_await s.conn.async_receive();
       if (ec) {
-        if (ec == condition::protocol_violation) {
+        if (ec == errc::authentication_failed ||
+            (ec == errc::timeout && !s.is_worker() && !s.is_peer())) {
+          // Refused by the transport's handshake (it told the peer); nothing to send.
+          ++proto_.stats().rejected;
+          proto_.log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
+                     ec.message());
+        } else if (ec == condition::protocol_violation) {
           proto_.reject(s, ec, "");
         } else if (s.open && ec != errc::connection_closed) {
-          proto_.log("connection of " + proto_.who(s) + " lost: " + ec.message());
+          proto_.log("connection of " + proto_.who(s) + detail::peer_address(s.conn) +
+                     " lost: " + ec.message());
         }
         break;
       }

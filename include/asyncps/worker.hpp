@@ -81,16 +81,19 @@ class basic_worker {
 
   /// Runs `clocks` iterations of pull -> gradient -> push -> clock, then closes its
   /// connections. Completes with success, or: the code of a server's refusal (its error
-  /// frame's `seq`, the reason logged verbatim): `errc::bad_sender` (id >= num_workers),
-  /// `errc::duplicate_worker`, `errc::policy_mismatch`, `errc::layout_mismatch` (the log
-  /// names each differing table, both sides' rows x width), `errc::non_finite_value` (a NaN
-  /// or infinite push refused mid-run), ...; `errc::server_lost` (a connection failed and the
-  /// recovery policy gave up), `errc::timeout` (no fresh rows, or no ack of pending pushes,
-  /// within `wait_timeout`; the log names the clock waited for, the shard, its server clock
-  /// and the slowest worker when the server reported it), `errc::bad_gradient`
+  /// frame's `seq`, the reason logged escaped, at most 200 bytes): `errc::bad_sender` (id >=
+  /// num_workers), `errc::duplicate_worker`, `errc::policy_mismatch`, `errc::layout_mismatch`
+  /// (the log names each differing table, both sides' rows x width), `errc::non_finite_value`
+  /// (a NaN or infinite push refused mid-run), `errc::non_finite_update` (a finite push that
+  /// would have made a parameter non-finite, refused whole mid-run), ...; `errc::server_lost` (a
+  /// connection failed and the recovery policy gave up), `errc::timeout` (no fresh rows, or no ack
+  /// of pending pushes, within `wait_timeout`; the log names the clock waited for, the shard, its
+  /// server clock and the slowest worker when the server reported it), `errc::bad_gradient`
   /// (`check_gradients`), `errc::unexpected_message` (a malformed handshake reply),
   /// `errc::not_head` (chain replication: no server of a shard accepted it within
-  /// `connect_timeout`), or a connect error (the log names the endpoint). Precondition: runs
+  /// `connect_timeout`), `errc::shard_lost` (chain replication: every server holding a
+  /// shard's state failed; `stats().lost_pushes` counts this worker's pushes lost with it),
+  /// or a connect error (the log names the endpoint). Precondition: runs
   /// on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
     core_.start(clocks, co_await connect_all());
@@ -327,7 +330,7 @@ class basic_worker {
             break;
           }
           conns_[s].close();
-          if (ec == errc::layout_mismatch || ec == errc::server_lost ||
+          if (ec == errc::layout_mismatch || ec == errc::server_lost || ec == errc::shard_lost ||
               ec == condition::protocol_violation) {
             l.gave_up = true;  // a different server answers there: retrying will not help
             l.refused = ec != errc::server_lost;

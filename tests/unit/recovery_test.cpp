@@ -451,6 +451,188 @@ TEST_CASE("chain replication (relaxed): a failover loses at most the pushes sinc
   CHECK(lost <= 2 * (30 + workers));
 }
 
+namespace {
+
+// The whole chain dies: a chain of 2 (members 0 and 1), 2 workers. Member 0 (the head) is
+// killed; once it is restarted and has registered with the master as the new tail, member 1 is
+// killed before it can send the restarted server its state (the kill is posted from the
+// master's log line "joins as the tail", before the master sends the new configurations).
+// Member 1 is then restarted too. No server alive holds the shard's state.
+template <recovery::chain_mode Mode>
+struct chain_loss_outcome {
+  std::vector<std::error_code> errors;  // per worker: async_run's result
+  std::vector<std::uint64_t> lost, lost_acked, pushes, clocks;
+  bool restarted_lost = false;         // the restarted member 0's shard_lost()
+  std::uint64_t restarted_pushes = 0;  // pushes the restarted members applied
+  std::uint64_t restarted_states = 0;  // state transfers they installed
+  std::uint64_t restarted_shard_lost_refusals = 0;
+  std::string log;
+};
+
+template <recovery::chain_mode Mode>
+chain_loss_outcome<Mode> run_chain_total_loss() {
+  using policy_t = recovery::chain_replication<Mode>;
+  using cserver_t = basic_server<in_process_transport, consistency::ssp<2>, policy_t>;
+  using cworker_t =
+      basic_worker<test::counter_model, in_process_transport, consistency::ssp<2>, policy_t>;
+  constexpr std::uint32_t workers = 2, members = 2;
+  constexpr std::uint64_t clocks = 4000;  // far more than run before the faults
+  asio::io_context io(1);
+  in_process_network net;
+  chain_loss_outcome<Mode> out;
+  auto sink = [&out](std::string_view line) {
+    out.log += std::string(line) + '\n';
+    if (out.log.size() > (1u << 20)) out.log.erase(0, out.log.size() / 2);
+  };
+  std::vector<test::counter_model> models;
+  for (std::uint32_t w = 0; w < workers; ++w) models.emplace_back(w, workers, 2, 4, 5 + w);
+  server_options so;
+  so.num_workers = workers;
+  so.tables = {models[0].spec[0]};
+  so.log = sink;
+  typename policy_t::server_part part;
+  part.options.heartbeat_interval = std::chrono::milliseconds(20);
+  part.options.replicate_every = 10;
+
+  const std::vector<std::string> names{"s0", "s1"};
+  std::vector<std::unique_ptr<in_process_transport>> sts;
+  std::vector<std::unique_ptr<cserver_t>> generations;
+  std::vector<cserver_t*> live(members, nullptr);
+  auto start = [&](std::uint32_t m) {
+    sts.push_back(std::make_unique<in_process_transport>(asio::make_strand(io), net));
+    auto& t = *sts.back();
+    generations.push_back(std::make_unique<cserver_t>(t, so, optimizer::sgd{1.0f}, part));
+    live[m] = generations.back().get();
+    live[m]->recovery().set_chain(std::string("master"), names, m);
+    asio::co_spawn(t.get_executor(), test::listen_and_serve(t, names[m], *live[m]), asio::detached);
+  };
+
+  in_process_transport mt(asio::make_strand(io), net);
+  bool kill_on_join = false;
+  chain_master_options mo;
+  mo.members = members;
+  mo.heartbeat_timeout = std::chrono::milliseconds(2000);
+  mo.log = [&](std::string_view line) {
+    sink(line);
+    if (kill_on_join && line.find("joins as the tail") != std::string_view::npos) {
+      kill_on_join = false;
+      asio::post(mt.get_executor(), [&] { live[1]->stop(); });  // before the new configs
+    }
+  };
+  basic_chain_master<in_process_transport> master(mt, mo);
+  asio::co_spawn(mt.get_executor(), test::listen_and_serve(mt, "master", master), asio::detached);
+  for (std::uint32_t m = 0; m < members; ++m) start(m);
+
+  std::vector<std::unique_ptr<in_process_transport>> wts;
+  std::vector<std::unique_ptr<cworker_t>> ws;
+  out.errors.resize(workers);
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    wts.push_back(std::make_unique<in_process_transport>(asio::make_strand(io), net));
+    typename cworker_t::options_type o;
+    o.id = w;
+    o.servers = {"s0"};
+    o.replicas = {{"s1"}};
+    o.local_step = 1.0f;
+    o.log = sink;
+    ws.push_back(std::make_unique<cworker_t>(*wts.back(), models[w], o, std::nullopt));
+  }
+  std::uint32_t done = 0;
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    asio::co_spawn(
+        wts[w]->get_executor(),
+        [&, w]() -> asio::awaitable<void> {
+          out.errors[w] = co_await ws[w]->async_run(clocks);
+          if (++done < workers) co_return;
+          asio::post(mt.get_executor(), [&] {
+            for (std::size_t g = 2; g < generations.size(); ++g) {  // the restarted members
+              const auto& r = generations[g]->recovery();
+              out.restarted_pushes += generations[g]->stats().pushes;
+              out.restarted_states += r.stats().states_installed;
+              if (g == 2) out.restarted_lost = r.shard_lost();
+            }
+            for (auto& g : generations) g->stop();
+            master.stop();
+          });
+        },
+        asio::detached);
+  }
+  // The faults.
+  asio::co_spawn(
+      mt.get_executor(),
+      [&]() -> asio::awaitable<void> {
+        asio::steady_timer t(mt.get_executor());
+        const auto wait_for = [&](auto pred) -> asio::awaitable<void> {
+          while (!pred()) {
+            t.expires_after(std::chrono::microseconds(500));
+            co_await t.async_wait(detail::use_tuple);
+          }
+        };
+        co_await wait_for([&] {
+          return master.chain(0).size() == members && live[1]->recovery().log_position() > 0 &&
+                 live[0]->clock() >= 30;
+        });
+        live[0]->stop();  // the head
+        co_await wait_for([&] { return master.chain(0) == std::vector<std::uint32_t>{1}; });
+        kill_on_join = true;
+        start(0);  // registers, joins as the tail; member 1 dies before the state transfer
+        co_await wait_for([&] { return master.chain(0) == std::vector<std::uint32_t>{0}; });
+        start(1);
+      },
+      asio::detached);
+  io.run();
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    out.lost.push_back(ws[w]->stats().lost_pushes);
+    out.lost_acked.push_back(ws[w]->stats().lost_acknowledged);
+    out.pushes.push_back(ws[w]->stats().pushes);
+    out.clocks.push_back(static_cast<std::uint64_t>(models[w].clock));
+  }
+  return out;
+}
+
+template <recovery::chain_mode Mode>
+void check_chain_total_loss() {
+  const auto r = run_chain_total_loss<Mode>();
+  INFO(r.log.substr(r.log.size() > 8000 ? r.log.size() - 8000 : 0));
+  // The restarted member 0 became head without the shard's state: it serves nothing.
+  CHECK(r.restarted_lost);
+  CHECK(r.restarted_states == 0);
+  CHECK(r.restarted_pushes == 0);
+  CHECK(r.log.find("shard 0 is lost") != std::string::npos);
+  for (std::size_t w = 0; w < r.errors.size(); ++w) {
+    CAPTURE(w);
+    // Every worker stops with the named error, and counts every push it made as lost: the
+    // shard's state, and with it every push applied to it, is gone.
+    CHECK(r.errors[w] == errc::shard_lost);
+    CHECK(r.errors[w] == condition::fatal);
+    CHECK(r.clocks[w] < 4000);
+    CHECK(r.lost[w] > 0);
+    CHECK(r.lost[w] + 2 >= r.clocks[w]);  // one push per clock; the last may not have gone out
+    CHECK(r.lost[w] <= r.clocks[w]);
+    if constexpr (Mode == recovery::chain_mode::strict) {
+      // Acknowledged: all but the window of unacked pushes (max_unacked, 64).
+      CHECK(r.lost_acked[w] > 0);
+      CHECK(r.lost_acked[w] <= r.lost[w]);
+      CHECK(r.lost[w] - r.lost_acked[w] <= 64);
+    } else {
+      CHECK(r.lost_acked[w] == 0);  // relaxed workers get no acks
+    }
+    MESSAGE("worker " << w << ": " << r.clocks[w] << " clocks, " << r.lost[w] << " pushes lost ("
+                      << r.lost_acked[w] << " acknowledged)");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("chain replication (strict): a whole chain dies: no initial state is served and the loss "
+          "is counted") {
+  check_chain_total_loss<recovery::chain_mode::strict>();
+}
+
+TEST_CASE("chain replication (relaxed): a whole chain dies: no initial state is served and the "
+          "loss is counted") {
+  check_chain_total_loss<recovery::chain_mode::relaxed>();
+}
+
 TEST_CASE("recovery::none: a grace period rides out nothing it should not; the run ends cleanly") {
   // The server is stopped mid-run; during the grace period a fresh server (without the
   // worker's pushes) comes back. The worker must end with server_lost, never train on from

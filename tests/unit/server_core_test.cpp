@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <list>
+#include <new>
 #include <span>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 #include "asyncps/detail/server_protocol.hpp"
 #include "asyncps/detail/server_session.hpp"
 #include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/text.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/none.hpp"
@@ -199,10 +201,16 @@ namespace {
 
 using test_time = std::chrono::steady_clock::time_point;
 
-// A session without a connection: the protocol only reads and writes its sans-io state.
+// A connection that only has an address (the protocol names a peer by it in log lines).
+struct test_conn {
+  std::string remote_endpoint() const { return "192.0.2.7:4242"; }
+};
+
+// A session: the protocol only reads and writes its sans-io state (and its address).
 struct test_session : detail::server_session_state {
   explicit test_session(int tag_) : tag(tag_) {}
   int tag;
+  test_conn conn;
   std::list<test_session>::iterator self;
 };
 
@@ -212,7 +220,13 @@ struct test_io {
   ctx_type ctx() { return {}; }
   void wake(test_session& s) { woken.push_back(s.tag); }
   void close(test_session& s) { closed.push_back(s.tag); }
-  buffer allocate(std::size_t n) { return pool.allocate(n); }
+  buffer allocate(std::size_t n) {
+    if (fail_allocations > 0) {  // an allocator out of memory (e.g. a huge reply)
+      --fail_allocations;
+      throw std::bad_alloc();
+    }
+    return pool.allocate(n);
+  }
   test_time now() const { return time; }
   void wake_watchdog() { ++watchdog_wakes; }
   test_io& server() { return *this; }  // what a part's on_clock(clock, server) would receive
@@ -221,6 +235,7 @@ struct test_io {
   std::vector<int> closed;
   test_time time{};
   int watchdog_wakes = 0;
+  int fail_allocations = 0;  ///< the next this many `allocate` calls throw std::bad_alloc
 };
 
 using proto_t = detail::server_protocol<consistency::ssp<0>, recovery::none, optimizer::sgd,
@@ -541,4 +556,203 @@ TEST_CASE("server_protocol: a hello with a connected worker's id takes the id ov
   // The old session's end does not unregister the new one.
   t.proto.session_finished(old);
   CHECK(t.proto.worker_session(0) == &next);
+}
+
+// ---- hostile input (issue 15) ----
+
+namespace {
+
+// A keyed push of `keys` by worker `w` at clock `c`, every value `g`.
+message keyed_push(std::uint32_t w, clock_value c, std::vector<row_id> keys, float g) {
+  message m;
+  m.header.type = message_type::push;
+  m.header.sender = w;
+  m.header.clock = c;
+  m.header.row_count = static_cast<std::uint32_t>(keys.size());
+  m.header.width = 2;
+  const std::size_t kb = key_bytes(m.header.row_count);
+  m.payload = pool.allocate(kb + keys.size() * 2 * sizeof(float));
+  std::memset(m.payload.data(), 0, kb);
+  std::memcpy(m.payload.data(), keys.data(), keys.size() * sizeof(row_id));
+  auto* f = reinterpret_cast<float*>(m.payload.data() + kb);
+  for (std::size_t i = 0; i < keys.size() * 2; ++i) f[i] = g;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("server_protocol: sparse pulls and pushes with repeated or unordered keys are refused") {
+  stepped t;
+  auto& w0 = t.worker(0);
+  // 2^20 copies of one key would make a reply 2 floats per copy: refused before any reply.
+  auto dup = keyed_pull(0, 0, std::vector<row_id>(1u << 12, 1));
+  CHECK(!t.proto.receive(w0, dup));
+  REQUIRE(w0.outbox.size() == 1);  // the error frame only: no rows were built
+  CHECK(error_code_of(w0) == errc::bad_key_order);
+  CHECK(std::error_code(errc::bad_key_order) == condition::protocol_violation);
+
+  auto& w1 = t.worker(1);
+  auto unordered = keyed_push(1, 0, {2, 1}, 1.0f);
+  CHECK(!t.proto.receive(w1, unordered));
+  CHECK(error_code_of(w1) == errc::bad_key_order);
+  CHECK(t.proto.core().table(0).values[2] == 0.0f);  // nothing applied
+
+  std::string detail;
+  CHECK(t.proto.core().check_rows(keyed_pull(0, 0, {0, 3, 3}), detail) == errc::bad_key_order);
+  CHECK(detail == " (key 2 is row 3, after row 3)");
+  CHECK(!t.proto.core().check_rows(keyed_pull(0, 0, {0, 1, 3}), detail));
+}
+
+TEST_CASE("server_protocol: a finite push that would make parameters infinite is refused whole") {
+  stepped t;
+  auto& w0 = t.worker(0);
+  // sgd with rate 1: rows 0 and 1 move to +3.4e38 (finite).
+  auto first = range_push(0, 0, 0, 2, -3.4e38f);
+  REQUIRE(t.proto.receive(w0, first));
+  const auto before = t.proto.core().table(0).values;
+  CHECK(before[0] == 3.4e38f);
+  CHECK(before[4] == 0.0f);
+  // Rows [0, 4) again: rows 0 and 1 would overflow, rows 2 and 3 would not.
+  auto second = range_push(0, 0, 0, 4, -3.4e38f);
+  CHECK(!t.proto.receive(w0, second));
+  CHECK(error_code_of(w0) == errc::non_finite_update);
+  CHECK(std::error_code(errc::non_finite_update) == condition::fatal);
+  CHECK(t.proto.core().table(0).values == before);  // nothing applied, rows 2-3 included
+  CHECK(t.proto.core().table(0).step == 1);
+  CHECK(t.proto.stats().pushes == 1);
+  CHECK(t.proto.core().applied(0, 0) == 1);
+  // A keyed push likewise.
+  auto& w1 = t.worker(1);
+  auto keyed = keyed_push(1, 0, {1, 2}, -3.4e38f);
+  CHECK(!t.proto.receive(w1, keyed));
+  CHECK(error_code_of(w1) == errc::non_finite_update);
+  CHECK(t.proto.core().table(0).values == before);
+}
+
+TEST_CASE("shard_core: check_update refuses what would make optimizer state non-finite, in "
+          "every chunk") {
+  // AdaGrad: a += g^2 overflows for g = 3e38 although p stays finite.
+  const std::vector<table_spec> small{table_spec{0, 4, 2, 0.0f}};
+  detail::shard_core<optimizer::adagrad, int, int> ada(0, 1, 1, small, 1, optimizer::adagrad{});
+  auto m = range_push(0, 0, 0, 4, 3e38f);
+  std::string detail;
+  CHECK(ada.check_update(m, detail) == errc::non_finite_update);
+  CHECK(detail.find("table 0") != std::string::npos);
+  auto ok = range_push(0, 0, 0, 4, 1.0f);
+  CHECK(!ada.check_update(ok, detail));
+  ada.apply(ok);
+  // Adam: v overflows likewise.
+  detail::shard_core<optimizer::adam, int, int> adam(0, 1, 1, small, 1, optimizer::adam{});
+  CHECK(adam.check_update(m, detail) == errc::non_finite_update);
+  CHECK(!adam.check_update(ok, detail));
+  // Momentum: v = 0.9 v + g, p -= lr v: fine once, then p overflows.
+  detail::shard_core<optimizer::momentum, int, int> mom(0, 1, 1, small, 1,
+                                                        optimizer::momentum{1.0f, 0.9f});
+  auto big = range_push(0, 0, 0, 4, -3e38f);
+  REQUIRE(!mom.check_update(big, detail));
+  mom.apply(big);
+  CHECK(mom.check_update(big, detail) == errc::non_finite_update);
+
+  // A table larger than one chunk: the overflow sits in the last row only.
+  const std::uint32_t rows = 3 * core_t::check_chunk / 2 + 1;
+  const std::vector<table_spec> wide{table_spec{0, rows, 2, 0.0f}};
+  core_t big_core(0, 1, 1, wide, 1, optimizer::sgd{1.0f});
+  message last;
+  last.header.type = message_type::push;
+  last.header.flags = frame_flags::range;
+  last.header.first_row = rows - 1;
+  last.header.row_count = 1;
+  last.header.width = 2;
+  last.payload = pool.allocate(2 * sizeof(float));
+  const float g[2] = {-3.4e38f, -3.4e38f};
+  std::memcpy(last.payload.data(), g, sizeof g);
+  big_core.apply(last);  // the last row is now 3.4e38
+  auto all = range_push(0, 0, 0, rows, 0.0f);
+  auto* f = reinterpret_cast<float*>(all.payload.data());
+  f[std::size_t{rows} * 2 - 1] = -3.4e38f;
+  CHECK(big_core.check_update(all, detail) == errc::non_finite_update);
+  CHECK(detail.find("row " + std::to_string(rows - 1)) != std::string::npos);
+}
+
+TEST_CASE("server_protocol: out of memory while handling a message refuses that session and "
+          "frees its worker id") {
+  stepped t;
+  auto& w0 = t.worker(0);
+  t.io.fail_allocations = 1;  // the rows reply cannot be allocated
+  auto p = pull(0, 0, 0, 4);
+  CHECK(!t.proto.receive(w0, p));
+  CHECK(error_code_of(w0) == errc::resource_exhausted);
+  CHECK(!w0.open);
+  CHECK(t.proto.stats().rejected == 1);
+  t.proto.session_finished(w0);  // the shell's loops end once the error is flushed
+  CHECK(t.proto.worker_session(0) == nullptr);
+  auto& again = t.worker(0);  // the worker id is free: a new hello is welcomed
+  CHECK(t.proto.worker_session(0) == &again);
+
+  // Not even the error frame can be allocated: the connection is closed at once.
+  t.io.fail_allocations = 2;
+  auto q = pull(0, 0, 0, 4);
+  CHECK(!t.proto.receive(again, q));
+  CHECK(!again.open);
+  CHECK(t.io.closed == std::vector<int>{0});
+}
+
+TEST_CASE("server_protocol: peer text in log lines is bounded and escaped; rejections name the "
+          "address; row ranges print without wrapping") {
+  std::vector<std::string> lines;
+  auto o = proto_options();
+  o.log = [&](std::string_view l) { lines.emplace_back(l); };
+  test_io io;
+  proto_t proto{io, o, optimizer::sgd{1.0f}, {}};
+  auto& stranger = proto.add_session(9);
+  auto m = pull(0, 0, 0, 4);
+  CHECK(!proto.receive(stranger, m));
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("unidentified peer 192.0.2.7:4242") != std::string::npos);
+
+  auto& w = proto.add_session(0);
+  auto h = hello_from(0);
+  REQUIRE(proto.receive(w, h));
+  std::string reason = "ok\nasyncps server 0: forged line\x1b[31m\\";
+  reason += std::string(1 << 20, 'A');
+  auto e =
+      protocol::encode(protocol::error{.sender = 0, .code = std::nullopt, .reason = reason}, alloc);
+  REQUIRE(proto.receive(w, e));
+  REQUIRE(lines.size() == 2);
+  const std::string& l = lines[1];
+  CHECK(l.size() < 1200);
+  CHECK(l.find('\n') == std::string::npos);
+  CHECK(l.find('\x1b') == std::string::npos);
+  CHECK(l.find("worker 0 192.0.2.7:4242 reported an error: ok\\x0aasyncps server 0: forged "
+               "line\\x1b[31m\\x5c") != std::string::npos);
+  CHECK(l.find("(" + std::to_string(reason.size()) + " bytes)") != std::string::npos);
+
+  std::string detail;
+  auto wrap = range_push(0, 0, 0, 1, 1.0f);
+  wrap.header.first_row = std::numeric_limits<std::uint64_t>::max();
+  CHECK(proto.core().check_rows(wrap, detail) == errc::bad_row_range);
+  CHECK(detail.find("first row 18446744073709551615, 1 rows") != std::string::npos);
+  CHECK(detail.find(", 0)") == std::string::npos);
+}
+
+TEST_CASE("peer_text: escapes control and non-ASCII bytes and bounds the length") {
+  CHECK(detail::peer_text("plain text") == "plain text");
+  CHECK(detail::peer_text(std::string_view("a\0b\r\n\xff\\", 7)) == "a\\x00b\\x0d\\x0a\\xff\\x5c");
+  CHECK(detail::peer_text("abcdef", 3) == "abc... (6 bytes)");
+  CHECK(detail::peer_text(std::string(10000, '\x07')).size() <= 4 * 200 + 32);
+}
+
+TEST_CASE("server_protocol: a hello at the largest clock is refused, so no clock overflows") {
+  // Found while writing the `frame` fuzz target (its seed regression_clock_overflow): a hello
+  // could rejoin at any clock >= 0, so a worker could reach clock INT64_MAX and its clock
+  // message then overflowed `clock + 1`. Since wire version 3 hello clocks lie in
+  // [0, protocol::max_clock] (the test above covers a worker at max_clock).
+  constexpr clock_value top = std::numeric_limits<clock_value>::max();
+  stepped t;
+  auto& s = t.connect(0);
+  auto h = hello_from(0, top);
+  CHECK(!t.proto.receive(s, h));
+  CHECK(error_code_of(s) == errc::bad_clock);
+  CHECK(t.proto.worker_session(0) == nullptr);
+  CHECK(t.proto.core().clock() == 0);
 }

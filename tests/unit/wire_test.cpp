@@ -293,6 +293,24 @@ TEST_CASE("state transfer encoding round-trips and rejects every truncation") {
   CHECK(detail::decode_state(bytes, back, why) == errc::payload_size_mismatch);
 }
 
+TEST_CASE("state transfer decoding refuses a has_last_seq other than 0 or 1") {
+  // Found by the `state` and `checkpoint` fuzz targets: any non-zero value was read as 1, so
+  // two encodings decoded to the same state (and a checkpoint file with one was accepted).
+  shard_state st;
+  st.num_shards = 1;
+  st.num_workers = 1;
+  st.worker_clocks = {3};
+  st.last_seq = {4};
+  std::vector<std::byte> bytes(detail::encoded_state_size(st));
+  detail::encode_state(st, bytes);
+  shard_state back;
+  std::string why;
+  REQUIRE_FALSE(detail::decode_state(bytes, back, why));
+  detail::store_le(bytes.data() + 20, std::uint32_t{2});  // has_last_seq
+  CHECK(detail::decode_state(bytes, back, why) == errc::payload_size_mismatch);
+  CHECK(why.find("has_last_seq 2 is not 0 or 1") != std::string::npos);
+}
+
 TEST_CASE("ring keeps FIFO order across wrap-around and growth") {
   buffer_pool pool;
   detail::ring<buffer> r;

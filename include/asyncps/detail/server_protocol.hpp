@@ -22,9 +22,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <list>
+#include <new>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -36,6 +39,7 @@
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/server_session.hpp"
 #include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/text.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/log.hpp"
 #include "asyncps/protocol.hpp"
@@ -85,6 +89,10 @@ class server_protocol {
   Session& add_session(Args&&... args) {
     auto& s = sessions_.emplace_back(std::forward<Args>(args)...);
     s.self = std::prev(sessions_.end());
+    if constexpr (requires { s.conn.remote_endpoint(); }) {
+      // Taken now: once the peer has gone, a socket no longer knows it.
+      s.address = endpoint_string(s.conn.remote_endpoint());
+    }
     return s;
   }
   /// Both loops of `s` finished: forgets it (worker registry, waiting pulls, recovery part).
@@ -151,11 +159,37 @@ class server_protocol {
 
   /// Message `m` arrived on `s`: greets, dispatches, or hands it to the recovery part.
   /// Returns false when `s` was refused (an error is queued; read no more from it).
+  /// Allocation failure while handling `m` (`std::bad_alloc`, `std::length_error`) refuses
+  /// `s` with `errc::resource_exhausted` (logged; the worker id is free again once `s`
+  /// finishes); when not even the error frame can be allocated, `s` is closed without it.
   bool receive(Session& s, message& m) {
     stats_.bytes_in += m.payload.size();
     std::string detail;
     std::error_code err;
     if (s.is_worker() && worker_session(s.worker) != &s) return false;  // taken over: ignored
+    try {
+      err = handle(s, m, detail);
+    } catch (const std::bad_alloc&) {
+      err = errc::resource_exhausted;
+      detail = " (type " + std::to_string(static_cast<int>(m.header.type)) + ", " +
+               std::to_string(m.payload.size()) + " payload bytes)";
+    } catch (const std::length_error&) {
+      err = errc::resource_exhausted;
+      detail = " (type " + std::to_string(static_cast<int>(m.header.type)) + ", " +
+               std::to_string(m.payload.size()) + " payload bytes)";
+    }
+    if (!err) return true;
+    try {
+      reject(s, err, detail);
+    } catch (const std::exception&) {  // no memory for the error frame either: just close
+      close(s);
+    }
+    return false;
+  }
+
+ private:
+  std::error_code handle(Session& s, message& m, std::string& detail) {
+    std::error_code err;
     if (s.is_worker()) {
       if constexpr (has_on_worker_message<part_type, ctx_t<Io>>) {
         // e.g. held until the message's apply position is logged (recovery::replica_log)
@@ -171,17 +205,14 @@ class server_protocol {
     } else if constexpr (has_on_peer_message<part_type, ctx_t<Io>>) {
       err = part_.on_peer_message(io_->ctx(), s, m, detail);
     }
-    if (err) {
-      reject(s, err, detail);
-      return false;
-    }
     // A push or clock message taken (applied, or held by the recovery part): the next
     // incarnation of the worker numbers its messages above it (see greet's welcome).
-    if (s.is_worker() && numbered_type(m.header.type) && m.header.sender == s.worker)
+    if (!err && s.is_worker() && numbered_type(m.header.type) && m.header.sender == s.worker)
       seen_seq_[s.worker] = std::max(seen_seq_[s.worker], m.header.seq);
-    return true;
+    return err;
   }
 
+ public:
   /// The first message of an unknown session: a worker's hello (or, through
   /// `on_unknown_peer`, a recovery peer's). Registers the worker and queues its welcome.
   std::error_code greet(Session& s, const message& m, std::string& detail) {
@@ -275,7 +306,7 @@ class server_protocol {
       case message_type::error: {
         protocol::error e;
         if (auto ec = protocol::decode(m, e, detail)) return ec;
-        log(who(s) + " reported an error: " + std::string(e.reason));
+        log(who(s) + " reported an error: " + peer_text(e.reason));
         close_after_flush(s);
         return {};
       }
@@ -308,7 +339,11 @@ class server_protocol {
     enqueue(s, std::move(a));
   }
   /// Applies checked update `m` to the shard, then tells the recovery part (on_update).
-  void apply(const message& m) {
+  /// Errors: `errc::non_finite_update` (`detail` says where) when the update would make a
+  /// value or the optimizer's state non-finite: then nothing is applied (see
+  /// `shard_core::check_update`).
+  std::error_code apply(const message& m, std::string& detail) {
+    if (auto ec = core_.check_update(m, detail)) return ec;
     core_.apply(m);
     const auto& h = m.header;
     if constexpr (requires(part_type& p) {
@@ -316,6 +351,7 @@ class server_protocol {
                   }) {
       part_.on_update(h.table, h.first_row, h.row_count, payload_floats(m));
     }
+    return {};
   }
   /// Moves worker `worker`'s clock to `c`; when the server clock advances: the recovery
   /// part's on_clock, ready pulls answered, eager rows pushed, `options().on_clock`.
@@ -363,6 +399,16 @@ class server_protocol {
     deferred_seen = stats_.deferred_pulls;
     watchdog_idle = !(watch_connect || watch_pulls);
     return !watchdog_idle;
+  }
+  /// Worker sessions registered now (hello accepted, session not finished).
+  std::uint32_t workers_connected() const noexcept {
+    return static_cast<std::uint32_t>(std::count_if(registered_.begin(), registered_.end(),
+                                                    [](const Session* p) { return p != nullptr; }));
+  }
+  /// Distinct worker ids whose hello was accepted at least once.
+  std::uint32_t workers_seen() const noexcept {
+    return static_cast<std::uint32_t>(
+        std::count(connected_once_.begin(), connected_once_.end(), char{1}));
   }
   /// Whether some worker has never connected.
   bool some_never_connected() const {
@@ -425,13 +471,20 @@ class server_protocol {
     if constexpr (has_log_suffix<part_type>) who += part_.log_suffix();
     emit(opts_.log, who + ": " + line);
   }
-  /// Names `s` in log lines.
+  /// Names `s` in log lines, with its remote address when its connection has one
+  /// (`s.address`), e.g. "unidentified peer 127.0.0.1:51234".
   std::string who(const Session& s) const {
-    if (s.is_worker()) return "worker " + std::to_string(s.worker);
-    if constexpr (has_peer_name<part_type>) {
-      if (s.is_peer()) return part_.peer_name(s);
+    std::string name;
+    if (s.is_worker()) {
+      name = "worker " + std::to_string(s.worker);
+    } else if (s.is_peer()) {
+      name = "peer";
+      if constexpr (has_peer_name<part_type>) name = part_.peer_name(s);
+    } else {
+      name = "unidentified peer";
     }
-    return s.is_peer() ? "peer" : "unidentified peer";
+    if (!s.address.empty()) name += " " + s.address;
+    return name;
   }
 
  private:
@@ -567,6 +620,10 @@ class server_protocol {
                std::to_string(core_.worker_clock(w)) + ")";
       return errc::unexpected_message;
     }
+    if (h.clock == std::numeric_limits<clock_value>::max()) {  // clock + 1 would overflow
+      detail = " (clock " + std::to_string(h.clock) + ")";
+      return errc::unexpected_message;
+    }
     if (h.seq != 0) core_.last_seq(w) = h.seq;
     if constexpr (has_on_applied<part_type, ctx_t<Io>>) {
       if (s != nullptr) (void)part_.on_applied(io_->ctx(), *s, m);
@@ -585,7 +642,11 @@ class server_protocol {
                std::to_string(core_.worker_clock(w)) + ")";
       return errc::unexpected_message;
     }
-    apply(m);
+    if (h.has(frame_flags::end_of_clock) && h.clock == std::numeric_limits<clock_value>::max()) {
+      detail = " (push for clock " + std::to_string(h.clock) + ": clock + 1 would overflow)";
+      return errc::unexpected_message;
+    }
+    if (auto ec = apply(m, detail)) return ec;
     core_.count_push(w, h.table);
     core_.last_seq(w) = h.seq;
     ++stats_.pushes;

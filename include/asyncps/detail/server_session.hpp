@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <list>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct queue_limits {
 
 /// The sans-io state of one server connection (see the file comment).
 struct server_session_state : session_base {
+  /// The peer's address as text (for log lines), taken when the session starts; empty when
+  /// the connection has no `remote_endpoint()`.
+  std::string address;
   std::vector<message> outbox;      ///< queued, not yet taken by the write loop
   std::vector<message> sending;     ///< taken by the write loop, being sent
   std::vector<subscription> subs;   ///< worker sessions: per table, rows for eager pushes

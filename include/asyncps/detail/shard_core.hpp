@@ -7,7 +7,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -170,21 +172,75 @@ class shard_core {
     if (h.has(frame_flags::range)) {
       if (h.first_row < t.range.begin || h.first_row > t.range.end ||
           h.row_count > t.range.end - h.first_row) {
-        detail = " (rows [" + std::to_string(h.first_row) + ", " +
-                 std::to_string(h.first_row + h.row_count) + ") vs shard rows [" +
-                 std::to_string(t.range.begin) + ", " + std::to_string(t.range.end) + "))";
+        // first_row + row_count may wrap (both are the peer's): print them as sent.
+        detail = " (first row " + std::to_string(h.first_row) + ", " + std::to_string(h.row_count) +
+                 " rows, vs shard rows [" + std::to_string(t.range.begin) + ", " +
+                 std::to_string(t.range.end) + "))";
         return errc::bad_row_range;
       }
     } else {
-      for (row_id k : payload_keys(m)) {
+      // Strictly increasing keys (the order workers send, see model.hpp): a pull's reply is
+      // then never larger than this shard's rows, and a push updates each row once.
+      const auto keys = payload_keys(m);
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const row_id k = keys[i];
         if (!t.range.contains(k)) {
           detail = " (row " + std::to_string(k) + " vs shard rows [" +
                    std::to_string(t.range.begin) + ", " + std::to_string(t.range.end) + "))";
           return errc::bad_row_range;
         }
+        if (i > 0 && k <= keys[i - 1]) {
+          detail = " (key " + std::to_string(i) + " is row " + std::to_string(k) + ", after row " +
+                   std::to_string(keys[i - 1]) + ")";
+          return errc::bad_key_order;
+        }
       }
     }
     return {};
+  }
+  /// Whether checked push `m` can be applied without making a value or the optimizer's state
+  /// of its rows NaN or infinity, computed before anything is written, in chunks of
+  /// `check_chunk` floats: by the optimizer's read-only `stays_finite` (the shipped
+  /// optimizers: one pass over the rows, nothing written) or else by `apply` on a copy in a
+  /// small fixed scratch. No allocation. Errors: `errc::non_finite_update` (`detail` names the
+  /// table and row), and then the push must not be applied. Deterministic: the same state and
+  /// push give the same answer on every replica (chain backups, replica-log replays).
+  std::error_code check_update(const message& m, std::string& detail) {
+    const auto& h = m.header;
+    auto& t = tables_[h.table];
+    const auto grad = payload_floats(m);
+    const std::uint32_t w = t.spec.width;
+    const std::uint64_t step = t.step + 1;  // the step `apply` would use
+    row_id bad = 0;
+    bool ok = true;
+    if (h.has(frame_flags::range)) {
+      const auto first = static_cast<row_id>(h.first_row);
+      const std::size_t off = std::size_t{first - t.range.begin} * w;
+      const std::size_t n = std::size_t{h.row_count} * w;
+      for (std::size_t done = 0; ok && done < n; done += check_chunk) {
+        const std::size_t c = std::min(check_chunk, n - done);
+        if (!candidates_finite(t, off + done, c, grad.data() + done, step)) {
+          ok = false;
+          bad = first + static_cast<row_id>(done / w);
+        }
+      }
+    } else {
+      const auto keys = payload_keys(m);
+      for (std::uint32_t i = 0; ok && i < h.row_count; ++i) {
+        const std::size_t off = std::size_t{keys[i] - t.range.begin} * w;
+        for (std::size_t done = 0; ok && done < w; done += check_chunk) {
+          const std::size_t c = std::min<std::size_t>(check_chunk, w - done);
+          if (!candidates_finite(t, off + done, c, grad.data() + std::size_t{i} * w + done, step)) {
+            ok = false;
+            bad = keys[i];
+          }
+        }
+      }
+    }
+    if (ok) return {};
+    detail =
+        " (table " + std::to_string(h.table) + ", at or after row " + std::to_string(bad) + ")";
+    return errc::non_finite_update;
   }
   /// Vectorised (Eigen 3.4's allFinite is a scalar loop): g - g is 0 for finite values and
   /// NaN for NaN or infinity, and NaN survives the sum.
@@ -476,6 +532,33 @@ class shard_core {
       std::fill_n(t.row_version.begin() + (r.begin - t.range.begin), r.size(), t.version);
     }
   }
+  // Whether the optimizer's update of values [off, off + n) of `t` (n <= check_chunk) with
+  // gradient `g` at step `step` leaves every value and state finite: the optimizer's own
+  // read-only check when it has one (`stays_finite`), otherwise `apply` on a copy in `scratch_`.
+  bool candidates_finite(const shard_table& t, std::size_t off, std::size_t n, const float* g,
+                         std::uint64_t step) {
+    constexpr std::size_t planes = Optimizer::state_per_param;
+    if constexpr (has_stays_finite) {
+      optimizer_state<planes> st{};  // spans of float, as apply takes them; only read
+      for (std::size_t k = 0; k < planes; ++k)
+        st[k] = std::span<float>(const_cast<float*>(t.state.data()) + k * t.values.size() + off, n);
+      return optimizer_.stays_finite(std::span<const float>(t.values.data() + off, n),
+                                     std::span<const float>(g, n), st, step);
+    }
+    float* v = scratch_.data();
+    std::memcpy(v, t.values.data() + off, n * sizeof(float));
+    optimizer_state<planes> st{};
+    for (std::size_t k = 0; k < planes; ++k) {
+      float* sk = scratch_.data() + (k + 1) * check_chunk;
+      std::memcpy(sk, t.state.data() + k * t.values.size() + off, n * sizeof(float));
+      st[k] = std::span<float>(sk, n);
+    }
+    optimizer_.apply(std::span<float>(v, n), std::span<const float>(g, n), st, step);
+    if (!all_finite(std::span<const float>(v, n))) return false;
+    for (std::size_t k = 0; k < planes; ++k)
+      if (!all_finite(st[k])) return false;
+    return true;
+  }
   void apply_rows(shard_table& t, std::size_t off, std::size_t n, const float* g) {
     optimizer_state<Optimizer::state_per_param> st{};
     for (std::size_t k = 0; k < Optimizer::state_per_param; ++k)
@@ -495,6 +578,23 @@ class shard_core {
   clock_value server_clock_ = 0;
   bool has_state_ = false;
   std::vector<pending_pull<Reader, TimePoint>> pending_;
+
+ public:
+  /// Floats per chunk of `check_update` (per value plane and optimizer state plane).
+  static constexpr std::size_t check_chunk = 1024;
+  /// Whether the optimizer checks an update itself, read-only: `o.stays_finite(params, grad,
+  /// state, step)`, the arguments of `apply` (params and grad as spans of const float),
+  /// returning whether `apply` would leave every value and state finite. The shipped
+  /// optimizers have it; for one without it, `check_update` runs `apply` on a copy.
+  static constexpr bool has_stays_finite =
+      requires(const Optimizer& o, std::span<const float> p, std::span<const float> g,
+               const optimizer_state<Optimizer::state_per_param>& s, std::uint64_t step) {
+        { o.stays_finite(p, g, s, step) } -> std::convertible_to<bool>;
+      };
+
+ private:
+  // check_update's candidates: the values, then each optimizer state plane, check_chunk each.
+  alignas(64) std::array<float, check_chunk * (1 + Optimizer::state_per_param)> scratch_{};
 };
 
 }  // namespace asyncps::detail

@@ -146,6 +146,7 @@ std::string decode_state(Source& in, shard_state& out) {
       !in.take(out.state_per_param) || !in.take(tables) || !in.take(has_last_seq) ||
       !in.take(server_clock))
     return "the header is truncated";
+  if (has_last_seq > 1) return "has_last_seq " + std::to_string(has_last_seq) + " is not 0 or 1";
   out.server_clock = server_clock;
   const std::uint64_t w = out.num_workers;
   // Bound each count by the bytes present before multiplying (no overflow, no huge resize).

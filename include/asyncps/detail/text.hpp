@@ -30,6 +30,31 @@ std::string endpoint_string(const Endpoint& e) {
   }
 }
 
+/// Text a peer sent (an error frame's reason, ...) made safe for one log line: at most
+/// `max_bytes` bytes of `s` are shown, every byte outside printable ASCII (control characters,
+/// newlines, escape sequences, bytes >= 0x7f) and the backslash appear as `\xNN`, and a cut
+/// text ends with "... (N bytes)" giving the full length. The result is at most
+/// 4 x `max_bytes` + 32 bytes long, whatever `s` holds. Complexity: O(min(|s|, max_bytes)).
+/// Thread safety: pure.
+inline std::string peer_text(std::string_view s, std::size_t max_bytes = 200) {
+  static constexpr char hex[] = "0123456789abcdef";
+  const std::size_t n = std::min(s.size(), max_bytes);
+  std::string out;
+  out.reserve(n + 32);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 0xf];
+    }
+  }
+  if (n < s.size()) out += "... (" + std::to_string(s.size()) + " bytes)";
+  return out;
+}
+
 /// "N tables" (or "1 table") of a layout, for messages naming a layout difference.
 inline std::string layout_string(std::span<const table_spec> l) {
   std::string out = std::to_string(l.size()) + (l.size() == 1 ? " table" : " tables");

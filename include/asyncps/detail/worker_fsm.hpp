@@ -225,18 +225,17 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
         case pc::pushes:
           for (; li_ < links_.size(); ++li_, ti_ = 0) {
             link& l = links_[li_];
-            if (ti_ == 0 && !l.up) {
-              if (l.trains_away) {
-                keep_local(l);
-              } else if constexpr (worker_hooks::keeps_pushes<typename base::part_type>) {
-                // The part keeps the pushes (e.g. a log) and delivers them after the rejoin.
-                for (table_id t = 0; t <= cache_.tables().size(); ++t) (void)make_push(l, t);
-              }
+            if (ti_ == 0 && !l.up && l.trains_away) {
+              keep_local(l);
               continue;
             }
-            while (ti_ <= cache_.tables().size() && l.up) {
+            // A link that is down (before this clock's pushes or after some of them were sent)
+            // still gets the rest built, not sent: the policy's `on_push` keeps them (a log, a
+            // resend list) or the next welcome counts them as lost. None vanishes uncounted.
+            while (ti_ <= cache_.tables().size()) {
               const table_id t = ti_++;
-              if (auto m = make_push(l, t)) return {loop_step::send, l.shard, std::move(*m)};
+              if (auto m = make_push(l, t); m && l.up)
+                return {loop_step::send, l.shard, std::move(*m)};
             }
           }
           ++clock_;
@@ -446,7 +445,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
     m->header.flags |= worker_hooks::push_flags(recovery_);
     worker_hooks::on_push(recovery_, l.shard, *m);
     if constexpr (value_bounded) {
-      if (m->header.has(frame_flags::end_of_clock)) {
+      if (l.up && m->header.has(frame_flags::end_of_clock)) {
         m->header.flags |= frame_flags::want_ack;
         l.in_transit.push_back(in_transit_update{m->header.seq, l.magnitude});
       }

@@ -196,12 +196,6 @@ std::error_code on_server_message(P& p, std::uint32_t shard, message& m,
     return errc::unexpected_message;
 }
 
-/// `static constexpr bool keeps_pushes = true`: a clock's pushes to a shard that is down are
-/// still built and passed to `on_push` (not sent): the part keeps them and delivers them once
-/// the link is back (`on_rejoin`). Default: false (they are not built).
-template <class P>
-concept keeps_pushes = requires { requires P::keeps_pushes; };
-
 /// `welcome_action on_welcome(const welcome_part&)`: per part of a welcome. Default:
 /// `count_lost`.
 template <class P>
@@ -269,6 +263,17 @@ void on_rejoin(P& p, rejoin_context& r) {
 template <class P>
 void on_rejoin_sent(P& p, std::uint32_t shard, const frame_header& h) {
   if constexpr (requires { p.on_rejoin_sent(shard, h); }) p.on_rejoin_sent(shard, h);
+}
+
+/// `std::uint64_t unacknowledged(std::uint32_t shard)`: pushes to `shard` sent and not
+/// acknowledged yet (a part whose `push_flags` ask for acks). Read when a shard is lost, to
+/// tell the acknowledged pushes lost with it from the others. Default: 0.
+template <class P>
+std::uint64_t unacknowledged(const P& p, std::uint32_t shard) noexcept {
+  if constexpr (requires { p.unacknowledged(shard); })
+    return p.unacknowledged(shard);
+  else
+    return 0;
 }
 
 /// `bool has_pending(std::uint32_t shard, bool up)`: the worker has something to deliver to
@@ -355,6 +360,12 @@ consteval bool check_worker_part() {
         requires(P& p, s_t s, const frame_header& h) { p.on_rejoin_sent(s, h); },
         "recovery worker part: declare on_rejoin_sent as "
         "`void on_rejoin_sent(std::uint32_t shard, const asyncps::frame_header&)`");
+  if constexpr (requires { &P::unacknowledged; })
+    static_assert(
+        requires(const P& p, s_t s) {
+          { p.unacknowledged(s) } -> std::same_as<std::uint64_t>;
+        }, "recovery worker part: declare unacknowledged as "
+           "`std::uint64_t unacknowledged(std::uint32_t shard) const`");
   if constexpr (requires { &P::has_pending; })
     static_assert(
         requires(const P& p, s_t s, bool up) {

@@ -119,6 +119,9 @@ struct worker_stats {
   /// the recovery policy counts them as lost (see `welcome_action`). The policy's own
   /// counters are in its part: `recovery().stats()`.
   std::uint64_t lost_pushes = 0;
+  /// Of `lost_pushes`, those the server had acknowledged (strict chain replication: the tail
+  /// had applied them) and yet were lost: with a whole shard (`errc::shard_lost`).
+  std::uint64_t lost_acknowledged = 0;
   /// VAP: clocks whose push waited for earlier updates to become visible, and how long.
   std::uint64_t value_waits = 0;
   double value_wait_seconds = 0;  ///< included in `wait_seconds`
@@ -269,7 +272,8 @@ class worker_protocol {
       const bool decoded = !protocol::decode(m, e, why);
       if (decoded && e.code == errc::not_head) return errc::not_head;  // chain: the next server
       log(server_name(l) + " refused the connection: " +
-          (decoded ? std::string(e.reason) : "(a malformed error" + why + ")"));
+          (decoded ? peer_text(e.reason) : "(a malformed error" + why + ")"));
+      if (decoded && e.code == errc::shard_lost) count_shard_lost(s);
       return decoded && e.code ? make_error_code(*e.code)
                                : make_error_code(errc::unexpected_message);
     }
@@ -311,6 +315,32 @@ class worker_protocol {
     }
     l.state_wanted = w.wants_state;
     return {};
+  }
+
+  /// Link `s`'s server refused this worker with `errc::shard_lost`: the shard's state is gone,
+  /// so every push of this worker to it is lost (those acknowledged included). Counts them once
+  /// in `worker_stats::lost_pushes` (and `lost_acknowledged`) and logs the count with the
+  /// shard's last known server clock.
+  void count_shard_lost(std::uint32_t s) {
+    std::uint64_t lost = 0;
+    clock_value last = no_clock;
+    for (auto& p : cache_.parts(s)) {
+      lost += p.pushed;
+      p.pushed = 0;
+      p.local.clear();
+      if (p.clock != no_clock) last = std::max(last, p.clock);
+    }
+    const bool acks = (worker_hooks::push_flags(recovery_) & frame_flags::want_ack) != 0;
+    const std::uint64_t acked =
+        acks ? lost - std::min(lost, worker_hooks::unacknowledged(recovery_, s)) : 0;
+    stats_.lost_pushes += lost;
+    stats_.lost_acknowledged += acked;
+    log("shard " + std::to_string(s) + " is lost: " + std::to_string(lost) +
+        " of this worker's pushes to it are gone" +
+        (acks ? " (" + std::to_string(acked) + " of them acknowledged)" : std::string()) +
+        "; its rows were last read at server clock " +
+        (last == no_clock ? std::string("(none)") : std::to_string(last)) +
+        ", this worker is at clock " + std::to_string(clock_));
   }
 
   /// Link `s` failed with `ec` (no-op when it is already down); returns whether it was up
@@ -365,7 +395,7 @@ class worker_protocol {
         protocol::error e;
         std::string why;
         if (auto err = protocol::decode(m, e, why)) return {err, false};
-        std::string reason(e.reason);
+        std::string reason = peer_text(e.reason);
         log(server_name(l) + " closed the connection: " + reason);
         const std::optional<errc> code = e.code;
         // A refusal of what this worker sent (a NaN push, a bad header...): the link fails

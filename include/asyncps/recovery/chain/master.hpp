@@ -25,6 +25,7 @@
 #include <asio/detached.hpp>
 
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/peer_address.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/detail/wait_group.hpp"
 #include "asyncps/error.hpp"
@@ -176,7 +177,12 @@ class basic_chain_master {
   asio::awaitable<void> read_loop(session& s) {
     while (s.open) {
       auto [ec, m] = co_await s.conn.async_receive();
-      if (ec) break;
+      if (ec) {
+        if (ec == errc::authentication_failed || (ec == errc::timeout && !s.registered))
+          log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
+              ec.message());
+        break;
+      }
       s.last_seen = clock_type::now();
       const auto& h = m.header;
       if (!s.registered) {
@@ -184,8 +190,8 @@ class basic_chain_master {
         std::string why;
         if (h.type != message_type::chain_hello || protocol::decode(m, hello, why) ||
             hello.shard >= opts_.num_shards) {
-          log("refusing a connection: expected chain_hello with shard < " +
-              std::to_string(opts_.num_shards) + why);
+          log("refusing a connection" + detail::peer_address(s.conn) +
+              ": expected chain_hello with shard < " + std::to_string(opts_.num_shards) + why);
           break;
         }
         enroll(s, hello.shard, hello.member);

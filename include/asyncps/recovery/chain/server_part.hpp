@@ -24,6 +24,7 @@
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/text.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/chain/options.hpp"
@@ -63,6 +64,12 @@ class chain_server_part {
   /// Whether the master made this server its chain's head (it then serves workers; other
   /// members refuse them with `errc::not_head`).
   bool is_head() const noexcept { return rt_.value.head; }
+  /// Whether this server is its chain's head without the shard's state: it joined a running
+  /// chain (registered after the shard's chain had started), and every member that held the
+  /// state failed before it got a state transfer. It then refuses every worker with
+  /// `errc::shard_lost` instead of serving its initial values; nothing clears it but a state
+  /// transfer. See docs/recovery/chain_replication.md ("When a whole chain dies").
+  bool shard_lost() const noexcept { return rt_.value.lost; }
   /// Pushes and clocks applied by this server (its log position).
   std::uint64_t log_position() const noexcept { return rt_.value.log_index; }
   /// Strict: the log position the tail has acknowledged (what workers were acked).
@@ -82,13 +89,20 @@ class chain_server_part {
     ctx.spawn(master_link(ctx));
     return {};
   }
-  /// Only the head serves workers.
+  /// Only the head serves workers; a head without the shard's state (`shard_lost()`) refuses
+  /// them with `errc::shard_lost`.
   template <class Ctx>
   std::error_code on_hello(Ctx ctx, const frame_header&, std::string& detail) {
-    if (rt_.value.head) return {};
+    const auto& r = rt_.value;
+    if (r.head && !r.lost) return {};
     detail = " (server " + std::to_string(self_) + " of shard " +
              std::to_string(ctx.options().shard) + ")";
-    return errc::not_head;
+    if (!r.head) return errc::not_head;
+    detail = " (shard " + std::to_string(ctx.options().shard) +
+             ": every server of its chain that held its state failed; server " +
+             std::to_string(self_) + " is head since chain epoch " + std::to_string(r.lost_epoch) +
+             " without it, and the pushes applied to the shard are gone)";
+    return errc::shard_lost;
   }
   /// Strict: the clock jump of a rejoining worker is replicated like any other clock (the
   /// log must hold every state change).
@@ -155,7 +169,7 @@ class chain_server_part {
       protocol::error e;
       if (h.type == message_type::error && !protocol::decode(m, e, detail))
         ctx.log(std::string(s.role == role_master ? "chain master" : "chain peer") +
-                " closed the connection: " + std::string(e.reason));
+                " closed the connection: " + asyncps::detail::peer_text(e.reason));
       ctx.close_after_flush(s);
       return {};
     }
@@ -199,8 +213,8 @@ class chain_server_part {
     }
     if (r.master == &s) r.master = nullptr;
   }
-  /// Only the head serves workers.
-  bool serves_workers() const noexcept { return rt_.value.head; }
+  /// Only the head serves workers (not one without the shard's state).
+  bool serves_workers() const noexcept { return rt_.value.head && !rt_.value.lost; }
   /// Log lines name the member: "asyncps server <shard>.<member>".
   std::string log_suffix() const { return "." + std::to_string(self_); }
   /// "chain predecessor 1", "chain successor 2", "chain master".
@@ -348,9 +362,18 @@ class chain_server_part {
     r.pred_member = pred;
     const bool was_head = r.head;
     r.head = pred == no_member;
-    if (r.head && r.fresh) {
-      r.fresh = false;
-      ctx.log("no other server of the chain is alive: serving from this server's own state");
+    if (r.head && r.fresh && !r.lost) {
+      // Fresh (it registered with a running chain and has no state transfer yet) and head:
+      // every server that held the shard's state failed. Its initial values are not the
+      // shard's state, so it serves none: it stays fresh (it neither feeds a successor nor
+      // takes entries) and refuses workers with shard_lost.
+      r.lost = true;
+      r.lost_epoch = h.epoch;
+      ctx.log("shard " + std::to_string(ctx.options().shard) +
+              " is lost: every server of its chain that held its state failed before this "
+              "server got a state transfer (chain epoch " +
+              std::to_string(h.epoch) +
+              "). Refusing workers with shard_lost instead of serving its initial values");
     }
     if (was_head && !r.head)
       ctx.close_if([](const detail::session_base& s) { return s.is_worker(); });
@@ -374,7 +397,9 @@ class chain_server_part {
     ctx.log("chain epoch " + std::to_string(r.epoch) + ": predecessor " + member_name(pred) +
             ", successor " + member_name(succ) + (r.head ? " (head)" : "") +
             (succ == no_member ? " (tail)" : "") +
-            (r.fresh ? ", waiting for a state transfer" : ""));
+            (r.lost    ? ", without the shard's state (lost)"
+             : r.fresh ? ", waiting for a state transfer"
+                       : ""));
   }
 
   template <class Ctx>
@@ -427,7 +452,12 @@ class chain_server_part {
       if (h.has(frame_flags::state) || h.has(frame_flags::backlog) ||
           !ctx.all_finite(payload_floats(m)))
         return errc::non_finite_value;
-      ctx.apply_push(m);
+      // The head applied it, so a backup in the same state accepts it too; a refusal here
+      // means the chain's states diverged: refuse the link rather than skip the entry.
+      if (auto ec = ctx.apply_push(m)) {
+        detail = " (chain entry of worker " + std::to_string(h.sender) + ")";
+        return ec;
+      }
     }
     ctx.last_seq(h.sender) = std::max(ctx.last_seq(h.sender), h.seq);
     append_entry(ctx, m);
@@ -450,6 +480,7 @@ class chain_server_part {
     }
     r.log_index = m.header.seq;
     r.fresh = false;
+    r.lost = false;  // a member that held the state passed it on
     ++r.stats.states_installed;
     r.succ_wake();  // it may now feed a successor
     if (r.stats.states_installed == 1 || strict)

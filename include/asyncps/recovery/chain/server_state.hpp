@@ -41,6 +41,10 @@ struct chain_runtime {
   bool serving = false;      // got a configuration since registering
   bool first_config = true;  // the next configuration is the first of a registration
   bool fresh = false;        // joined a running chain: waits for a state transfer
+  // Made head while fresh: every member that held the shard's state failed. Refuses workers
+  // with errc::shard_lost (never serves its initial values); `lost_epoch` is when.
+  bool lost = false;
+  std::int64_t lost_epoch = 0;
   bool succ_connecting = false;
   std::uint64_t log_index = 0;           // entries applied (strict) or pushes (relaxed)
   std::uint64_t committed = 0;           // entries the tail has (strict)

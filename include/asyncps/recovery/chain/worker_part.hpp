@@ -88,6 +88,15 @@ struct chain_worker_part {
     const auto& u = unacked_[r.shard];
     for (std::size_t i = 0; i < u.size(); ++i) r.send(message{u[i].header, u[i].payload.share()});
   }
+  /// Hook (strict): the pushes (not clock messages) to `shard` not acknowledged yet.
+  std::uint64_t unacknowledged(std::uint32_t shard) const noexcept
+    requires strict
+  {
+    const auto& u = unacked_[shard];
+    std::uint64_t n = 0;
+    for (std::size_t i = 0; i < u.size(); ++i) n += u[i].header.type == message_type::push;
+    return n;
+  }
   /// Hook (strict): unacknowledged pushes keep the worker running.
   bool has_pending(std::uint32_t shard, bool) const noexcept
     requires strict

@@ -37,9 +37,6 @@ struct replica_log_worker_stats {
 /// worker's executor.
 struct replica_log_worker_part {
   replica_log_options options{};
-  /// A clock's pushes to a shard that is down are logged and sent after the rejoin.
-  static constexpr bool keeps_pushes = true;
-
   recovery_action on_server_lost(std::error_code) const noexcept {
     return recovery_action::reconnect;
   }

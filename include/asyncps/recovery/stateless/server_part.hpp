@@ -104,7 +104,7 @@ struct stateless_server_part {
     Eigen::Map<Eigen::ArrayXf> g(const_cast<float*>(vals.data()),
                                  static_cast<Eigen::Index>(vals.size()));
     if (scale != 1.0f) g *= scale;
-    ctx.apply_update(m);
+    if (auto ec = ctx.apply_update(m)) return ec;  // nothing applied
     ++stats_.backlogs_merged;
     stats_.backlog_clocks += clocks;
     return {};

@@ -1,0 +1,53 @@
+// fashion_mnist: serve_until_done, the end of a `--role server` process (no recovery peers):
+// it serves until every expected worker has said hello and left again. Its own header so that
+// tests/unit/transport_test.cpp can run it against bare connections (a port scan).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/transport/tcp.hpp"
+
+namespace fashion {
+
+// Serves until each of the `workers` worker ids has said hello and every worker session has
+// ended again (a bare connection, e.g. a port scan, counts as no worker). `tick`, if set, is called
+// on the server's executor every 50 ms while it serves (with false), and once after (true).
+template <class Server>
+asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor,
+                                       std::uint32_t workers,
+                                       std::function<void(bool ended)> tick = {}) {
+  auto ex = co_await asio::this_coro::executor;
+  asio::steady_timer poll(ex);
+  asio::co_spawn(
+      ex,
+      [&]() -> asio::awaitable<void> {
+        for (;;) {
+          poll.expires_after(std::chrono::milliseconds(50));
+          co_await poll.async_wait(asyncps::detail::use_tuple);
+          if (tick) tick(false);
+          if (s.workers_seen() >= workers && s.workers_connected() == 0) {
+            std::cerr << "server " << s.options().shard << ": all " << workers
+                      << " workers have connected and left; stopping\n";
+            s.stop();
+            co_return;
+          }
+        }
+      },
+      asio::detached);
+  if (auto ec = co_await s.async_serve(std::move(acceptor)))
+    std::cerr << "server " << s.options().shard << ": " << ec.message() << '\n';
+  poll.cancel();
+  if (tick) tick(true);
+}
+
+}  // namespace fashion
