@@ -79,11 +79,15 @@ enum class errc {
   /// chain died): the shard's parameters and the pushes applied to them are gone, and the
   /// server that answers refuses to serve its initial state in their place
   shard_lost,
+  /// (remote input) a hello's clock is negative, above `protocol::max_clock`, or leads the
+  /// connected workers by more than the staleness bound allows; or a worker's clock would
+  /// move past `protocol::max_clock` (docs/wire-format.md, "Clocks in hello")
+  bad_clock,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::shard_lost;
+inline constexpr errc last_errc = errc::bad_clock;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -137,7 +141,8 @@ class error_category_impl final : public std::error_category {
       case errc::bad_width: return "frame header field 'width' differs from the table width";
       case errc::bad_sender: return "frame header field 'sender' is not a valid worker id";
       case errc::unexpected_message: return "message type not valid in this protocol state";
-      case errc::duplicate_worker: return "worker id already connected";
+      case errc::duplicate_worker:
+        return "worker id taken over by a newer connection of that worker";
       case errc::layout_mismatch: return "worker and server table layouts differ";
       case errc::non_finite_value: return "pushed gradient holds NaN or infinity";
       case errc::too_many_requests: return "too many outstanding requests on one connection";
@@ -170,6 +175,9 @@ class error_category_impl final : public std::error_category {
         return "secret file is readable by group or others (chmod 600 it)";
       case errc::shard_lost:
         return "every server that held this shard's state failed: the shard's state is lost";
+      case errc::bad_clock:
+        return "frame header field 'clock' of hello: negative, above the maximum clock, or "
+               "too far ahead of the other workers";
     }
     return "unknown asyncps error";
   }
@@ -217,7 +225,8 @@ inline std::error_condition make_error_condition(condition c) noexcept {
 constexpr bool is_protocol_violation(errc e) noexcept {
   return (static_cast<int>(e) >= static_cast<int>(errc::bad_magic) &&
           static_cast<int>(e) <= static_cast<int>(errc::too_many_requests)) ||
-         e == errc::policy_mismatch || e == errc::bad_key_order || e == errc::authentication_failed;
+         e == errc::policy_mismatch || e == errc::bad_key_order || e == errc::authentication_failed ||
+         e == errc::bad_clock;
 }
 
 namespace detail {

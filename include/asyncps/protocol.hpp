@@ -58,12 +58,28 @@ struct layout_entry {
   friend bool operator==(const layout_entry&, const layout_entry&) = default;
 };
 
+/// The highest clock a peer may name in a `hello` (2^32 - 1: over 136 years at one clock per
+/// second). A server refuses a hello with a larger or negative clock (`errc::bad_clock`),
+/// and a worker's push or clock message at this clock (its clock cannot move on), so
+/// `clock + 1` and `clock + staleness` never overflow. docs/wire-format.md, "Clocks in hello".
+inline constexpr clock_value max_clock = (clock_value{1} << 32) - 1;
+
+/// How far a hello's clock may lead the connected workers beyond the staleness bound
+/// (clocks): a worker rejoins at the clock of its oldest unacknowledged push (strict chain
+/// replication), so a connected worker's clock at the server may lag its true clock by as
+/// many clocks as it has unacknowledged pushes. See `max_clock`.
+inline constexpr clock_value rejoin_slack = 1024;
+
 /// worker -> server, the first message of a connection. Payload: fingerprint u32, table
-/// count u32, then (rows u32, width u32) per table.
+/// count u32, incarnation u64, then (rows u32, width u32) per table.
 struct hello {
   std::uint32_t worker = 0;       ///< the worker's id (header `sender`)
   clock_value clock = 0;          ///< 0 at first start; a rejoining worker's clock
   std::uint32_t fingerprint = 0;  ///< `policy_fingerprint<Consistency, Recovery>()`
+  /// Names this worker process (one random value per worker object,
+  /// `worker_options::incarnation`): a server that sees the worker's id with another
+  /// incarnation knows the worker restarted.
+  std::uint64_t incarnation = 0;
   std::vector<layout_entry> layout{};
 };
 
@@ -82,6 +98,10 @@ struct welcome {
   std::uint32_t shard = 0;       ///< header `sender`
   std::uint32_t num_shards = 0;  ///< shards sharing the tables
   clock_value server_clock = 0;  ///< header `clock`
+  /// Header `seq`: the highest sequence number of the worker's messages this shard applied
+  /// (0: none). A worker numbers its next messages to this shard above it, so a restarted
+  /// worker's messages never look like the ones its earlier incarnation sent.
+  std::uint64_t last_seq = 0;
   clock_value worker_clock = 0;  ///< the worker's clock as this server records it
   bool wants_state = false;      ///< flag `state`: a server without state asks for replicas
   std::vector<welcome_table> tables{};
@@ -128,7 +148,7 @@ struct chain_config {
 };
 
 /// Payload bytes of a hello / welcome for `tables` tables.
-constexpr std::uint64_t hello_bytes(std::uint64_t tables) noexcept { return 8 + tables * 8; }
+constexpr std::uint64_t hello_bytes(std::uint64_t tables) noexcept { return 16 + tables * 8; }
 constexpr std::uint64_t welcome_bytes(std::uint64_t tables) noexcept {
   return 16 + tables * 16 + 8;
 }
@@ -161,6 +181,8 @@ message encode(const hello& h, Alloc&& alloc) {
   std::byte* p = b.data();
   asyncps::detail::store_le(p, h.fingerprint);
   asyncps::detail::store_le(p + 4, static_cast<std::uint32_t>(h.layout.size()));
+  asyncps::detail::store_le(p + 8, h.incarnation);
+  p += 8;
   for (const auto& e : h.layout) {
     p += 8;
     asyncps::detail::store_le(p, e.rows);
@@ -173,7 +195,7 @@ inline std::error_code decode(const message& m, hello& out, std::string& detail)
   using asyncps::detail::load_le;
   const auto bytes = m.payload.bytes();
   if (m.header.type != message_type::hello) return detail_::bad(detail, "expected a hello");
-  if (bytes.size() < 8) return detail_::bad(detail, "hello payload shorter than 8 bytes");
+  if (bytes.size() < 16) return detail_::bad(detail, "hello payload shorter than 16 bytes");
   const auto n = load_le<std::uint32_t>(bytes.data() + 4);
   if (bytes.size() != hello_bytes(n))
     return detail_::bad(detail, "hello of " + std::to_string(n) + " tables has " +
@@ -181,10 +203,11 @@ inline std::error_code decode(const message& m, hello& out, std::string& detail)
   out.worker = m.header.sender;
   out.clock = m.header.clock;
   out.fingerprint = load_le<std::uint32_t>(bytes.data());
+  out.incarnation = load_le<std::uint64_t>(bytes.data() + 8);
   out.layout.resize(n);
   for (std::uint32_t i = 0; i < n; ++i) {
-    out.layout[i].rows = load_le<std::uint32_t>(bytes.data() + 8 + i * 8);
-    out.layout[i].width = load_le<std::uint32_t>(bytes.data() + 12 + i * 8);
+    out.layout[i].rows = load_le<std::uint32_t>(bytes.data() + 16 + i * 8);
+    out.layout[i].width = load_le<std::uint32_t>(bytes.data() + 20 + i * 8);
   }
   return {};
 }
@@ -208,6 +231,7 @@ message encode(const welcome& w, Alloc&& alloc) {
   std::memset(p + 4, 0, 4);
   message m = detail_::frame(message_type::welcome, w.shard, w.server_clock, std::move(b));
   m.header.flags = w.wants_state ? frame_flags::state : std::uint8_t{0};
+  m.header.seq = w.last_seq;
   return m;
 }
 
@@ -222,6 +246,7 @@ inline std::error_code decode(const message& m, welcome& out, std::string& detai
                                     std::to_string(bytes.size()) + " payload bytes");
   out.shard = m.header.sender;
   out.server_clock = m.header.clock;
+  out.last_seq = m.header.seq;
   out.wants_state = m.header.has(frame_flags::state);
   out.num_shards = load_le<std::uint32_t>(bytes.data());
   out.worker_clock = load_le<std::int64_t>(bytes.data() + 8);

@@ -384,6 +384,14 @@ class basic_server {
     s.wake.cancel();
   }
   buffer allocate(std::size_t n) { return transport_.allocate(n); }
+  // The peer's address for log lines, when the connection knows it (TCP), else none.
+  static std::optional<std::string> address(const session& s) {
+    if constexpr (requires { s.conn.remote_endpoint(); }) {
+      return detail::endpoint_string(s.conn.remote_endpoint());
+    } else {
+      return std::nullopt;
+    }
+  }
   static typename clock_type::time_point now() { return clock_type::now(); }
   void wake_watchdog() { watchdog_.cancel(); }
   basic_server& server() noexcept { return *this; }  // for the part's on_clock(c, server)

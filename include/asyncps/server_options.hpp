@@ -55,6 +55,9 @@ struct server_stats {
   std::uint64_t bytes_in = 0;        ///< payload bytes received
   std::uint64_t bytes_out = 0;       ///< payload bytes sent
   std::uint64_t rejoins = 0;         ///< hellos from workers ahead of their clock here
+  /// Hellos that took a worker id over from another connection (a restarted worker, or a
+  /// reconnect while the old connection was not yet seen to be dead); the old one is closed.
+  std::uint64_t takeovers = 0;
   // The recovery policy's counters are in its server part: `basic_server::recovery().stats()`.
 };
 

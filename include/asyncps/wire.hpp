@@ -53,7 +53,7 @@ static_assert(std::endian::native == std::endian::little,
               "are not supported");
 
 inline constexpr std::uint32_t wire_magic = 0x31535041;  // bytes 'A' 'P' 'S' '1'
-inline constexpr std::uint16_t wire_version = 2;
+inline constexpr std::uint16_t wire_version = 3;
 inline constexpr std::size_t header_size = 64;
 
 /// Message types (header field `type`). The payloads of hello, welcome, error, report and the
@@ -233,7 +233,7 @@ inline std::error_code validate_header(const frame_header& h, const wire_limits&
   if (h.payload_bytes > lim.max_frame_bytes) return errc::frame_too_large;
   if (h.row_count > lim.max_rows) return errc::too_many_rows;
   // A handshake's layout: at most max_tables tables (8 bytes each in a hello, 16 in a welcome).
-  if ((h.type == message_type::hello && h.payload_bytes > 8 + std::uint64_t{lim.max_tables} * 8) ||
+  if ((h.type == message_type::hello && h.payload_bytes > 16 + std::uint64_t{lim.max_tables} * 8) ||
       (h.type == message_type::welcome &&
        h.payload_bytes > 24 + std::uint64_t{lim.max_tables} * 16))
     return errc::too_many_rows;

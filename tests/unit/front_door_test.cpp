@@ -182,14 +182,18 @@ TEST_CASE("front door: a layout with another table count names the counts") {
   CHECK(detail::layout_difference(two, "a", two, "b").empty());
 }
 
-TEST_CASE("front door: a duplicate worker id reaches async_run as duplicate_worker") {
-  // Worker 0 runs; after its first clock a second worker claiming id 0 connects (refused);
-  // when that one is done the real worker 1 starts, so worker 0 completes.
+TEST_CASE("front door: a second worker with a connected id takes it over; the first ends with "
+          "duplicate_worker") {
+  // Worker 0 runs; after its first clock a second worker claiming id 0 connects (a restarted
+  // process, or one holding a stale connection's id) and takes the id over, and the real
+  // worker 1 starts. The first is told why and stops (taking the id back would only start a
+  // tug of war); the second and worker 1 train to the end.
   asio::io_context io(1);
   in_process_network net;
   lines wlog;
+  lines slog;
   server_options so = one_table(2);
-  so.log = [](std::string_view) {};
+  so.log = [&](std::string_view l) { slog.emplace_back(l); };
   in_process_transport st(io.get_executor(), net);
   basic_server<in_process_transport, consistency::bsp> server(st, so, optimizer::sgd{1.0f});
   asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
@@ -206,8 +210,7 @@ TEST_CASE("front door: a duplicate worker id reaches async_run as duplicate_work
         io,
         [&, i]() -> asio::awaitable<void> {
           errors[i] = co_await ws[i]->async_run(4);
-          if (i == 1) run(2);
-          if (i != 1 && ++done == 2) server.stop();
+          if (i != 0 && ++done == 2) server.stop();
         },
         asio::detached);
   };
@@ -219,17 +222,26 @@ TEST_CASE("front door: a duplicate worker id reaches async_run as duplicate_work
     o.log = [&](std::string_view l) { wlog.emplace_back(l); };
     if (i == 0)
       o.on_clock = [&](const clock_report& c) {
-        if (c.clock == 0) run(1);
+        if (c.clock == 0) {
+          run(1);
+          run(2);
+        }
       };
     ts[i] = std::make_unique<in_process_transport>(io.get_executor(), net);
     ws[i] = std::make_unique<worker_t>(*ts[i], models[i], o);
   }
   run(0);
   io.run();
-  CHECK(!errors[0]);
-  CHECK(errors[1] == errc::duplicate_worker);
+  CHECK(errors[0] == errc::duplicate_worker);
+  CHECK(!errors[1]);
   CHECK(!errors[2]);
-  CHECK(any_line_has(wlog, "worker id already connected (worker 0)"));
+  CHECK(server.stats().takeovers == 1);
+  // Row w counts the pushes applied for id w: each of both id-0 workers' pushes, once.
+  CHECK(server.values(0)[0] == static_cast<float>(models[0].clock + models[1].clock));
+  CHECK(server.values(0)[4] == static_cast<float>(models[2].clock));
+  CHECK(any_line_has(wlog, "worker id taken over by a newer connection of that worker (worker 0"));
+  CHECK(any_line_has(slog, "worker 0 on a new connection takes over its id from its old "
+                           "connection (a new incarnation: the worker restarted)"));
 }
 
 TEST_CASE("front door: a NaN push refused mid-run reaches async_run as non_finite_value") {

@@ -3,6 +3,7 @@
 // (recovery::stateless) and the new server is rebuilt from their replicas and backlogs.
 // The counter model makes every delta countable: row w holds the number of worker w's pushes.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -982,4 +983,81 @@ TEST_CASE("server hooks: a hook's refusal reaches the worker with its code") {
   CHECK(run_counting(part, 2) == errc::not_head);
   CHECK(std::count(calls.begin(), calls.end(), "welcome_flags") == 0);
   CHECK(std::count(calls.begin(), calls.end(), "on_push") == 0);
+}
+
+TEST_CASE("chain replication (strict): a restarted worker's pushes are applied on every member") {
+  // Worker 0 trains, finishes; a new worker object with the same id (a restarted process: a
+  // new incarnation whose sequence numbers start again at 1) trains on. Its pushes must be
+  // applied by the head and the tail, not dropped as duplicates of the first one's.
+  using policy_t = recovery::chain_replication<recovery::chain_mode::strict>;
+  using cserver_t = basic_server<in_process_transport, consistency::ssp<2>, policy_t>;
+  using cworker_t =
+      basic_worker<test::counter_model, in_process_transport, consistency::ssp<2>, policy_t>;
+  asio::io_context io(1);
+  in_process_network net;
+  std::string log;
+  auto sink = [&log](std::string_view line) { (log += line) += '\n'; };
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {test::counter_model(0, 1, 2).spec[0]};
+  so.log = sink;
+  policy_t::server_part part;
+  part.options.heartbeat_interval = std::chrono::milliseconds(20);
+  in_process_transport mt(io.get_executor(), net);
+  chain_master_options mo;
+  mo.members = 2;
+  mo.log = sink;
+  basic_chain_master<in_process_transport> master(mt, mo);
+  asio::co_spawn(io, test::listen_and_serve(mt, "master", master), asio::detached);
+  const std::vector<std::string> names{"s0", "s1"};
+  std::vector<std::unique_ptr<in_process_transport>> sts;
+  std::vector<std::unique_ptr<cserver_t>> servers;
+  for (std::uint32_t m = 0; m < 2; ++m) {
+    sts.push_back(std::make_unique<in_process_transport>(io.get_executor(), net));
+    servers.push_back(std::make_unique<cserver_t>(*sts.back(), so, optimizer::sgd{1.0f}, part));
+    servers.back()->recovery().set_chain(std::string("master"), names, m);
+    asio::co_spawn(io, test::listen_and_serve(*sts.back(), names[m], *servers.back()),
+                   asio::detached);
+  }
+  in_process_transport wt(io.get_executor(), net);
+  std::array<test::counter_model, 2> models{test::counter_model(0, 1, 2),
+                                            test::counter_model(0, 1, 2)};
+  std::array<std::error_code, 2> errors;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        for (std::size_t i = 0; i < 2; ++i) {
+          cworker_t::options_type o;
+          o.id = 0;
+          o.servers = {"s0"};
+          o.replicas = {{"s1"}};
+          o.local_step = 1.0f;
+          o.wait_timeout = std::chrono::seconds(10);
+          o.log = sink;
+          cworker_t w(wt, models[i], o, std::nullopt);
+          errors[i] = co_await w.async_run(20 * (i + 1));
+        }
+        // Let the tail catch up, then compare the members.
+        asio::steady_timer t(io.get_executor());
+        for (int k = 0; k < 2000 && servers[1]->recovery().log_position() !=
+                                        servers[0]->recovery().log_position();
+             ++k) {
+          t.expires_after(std::chrono::milliseconds(1));
+          co_await t.async_wait(detail::use_tuple);
+        }
+        for (auto& s : servers) s->stop();
+        master.stop();
+      },
+      asio::detached);
+  io.run();
+  INFO(log);
+  CHECK(!errors[0]);
+  CHECK(!errors[1]);
+  REQUIRE(models[1].clock > 0);  // the restarted worker trained
+  const float pushes = static_cast<float>(models[0].clock + models[1].clock);
+  for (auto& s : servers) {
+    CHECK(s->values(0)[0] == pushes);  // row 0 counts worker 0's applied pushes
+    CHECK(s->recovery().stats().duplicates == 0);
+  }
+  CHECK(servers[0]->recovery().log_position() == servers[1]->recovery().log_position());
 }

@@ -253,10 +253,14 @@ server_options proto_options() {
 
 message
 hello_from(std::uint32_t w, clock_value c = 0, std::uint32_t width = 2,
-           std::uint32_t fingerprint = policy_fingerprint<consistency::ssp<0>, recovery::none>()) {
-  return protocol::encode(
-      protocol::hello{.worker = w, .clock = c, .fingerprint = fingerprint, .layout = {{8, width}}},
-      alloc);
+           std::uint32_t fingerprint = policy_fingerprint<consistency::ssp<0>, recovery::none>(),
+           std::uint64_t incarnation = 1) {
+  return protocol::encode(protocol::hello{.worker = w,
+                                          .clock = c,
+                                          .fingerprint = fingerprint,
+                                          .incarnation = incarnation,
+                                          .layout = {{8, width}}},
+                          alloc);
 }
 
 // The message queued to `s` at `i`, and the error code of a queued error.
@@ -331,14 +335,23 @@ TEST_CASE("server_protocol: a bad hello is refused with its code, then the sessi
     CHECK(!t.proto.receive(s, h));
     CHECK(error_code_of(s) == errc::bad_sender);
   }
-  SUBCASE("duplicate worker") {
-    auto& first = t.worker(0);
-    auto& s = t.connect(7);
-    auto h = hello_from(0);
+  SUBCASE("hello clock 10^12") {
+    auto& s = t.connect(0);
+    auto h = hello_from(0, 1'000'000'000'000);
     CHECK(!t.proto.receive(s, h));
-    CHECK(error_code_of(s) == errc::duplicate_worker);
-    CHECK(t.proto.worker_session(0) == &first);  // the first connection keeps serving
-    CHECK(first.open);
+    CHECK(error_code_of(s) == errc::bad_clock);
+  }
+  SUBCASE("hello clock INT64_MAX") {
+    auto& s = t.connect(0);
+    auto h = hello_from(0, std::numeric_limits<clock_value>::max());
+    CHECK(!t.proto.receive(s, h));
+    CHECK(error_code_of(s) == errc::bad_clock);
+  }
+  SUBCASE("negative hello clock") {
+    auto& s = t.connect(0);
+    auto h = hello_from(0, -1);
+    CHECK(!t.proto.receive(s, h));
+    CHECK(error_code_of(s) == errc::bad_clock);
   }
   SUBCASE("not a hello first") {
     auto& s = t.connect(0);
@@ -447,6 +460,102 @@ TEST_CASE("server_protocol: a finished session is forgotten with its waiting pul
   CHECK(t.proto.worker_session(0) == nullptr);
   CHECK(t.proto.sessions().empty());
   CHECK(t.io.watchdog_wakes == 1);  // the last worker left: the watchdog goes to sleep
+}
+
+TEST_CASE("server_protocol: hello clocks are bounded; refusals leave the other workers be") {
+  stepped t;
+  SUBCASE("a shard that knows no connected worker takes a rejoining clock as it comes") {
+    // e.g. restarted without state: the first worker back says where training is.
+    auto& s0 = t.connect(0);
+    auto h0 = hello_from(0, 5918);
+    CHECK(t.proto.receive(s0, h0));
+    CHECK(t.proto.core().worker_clock(0) == 5918);
+    auto& s1 = t.connect(1);
+    auto h1 = hello_from(1, 5917);
+    CHECK(t.proto.receive(s1, h1));
+    CHECK(t.proto.core().clock() == 5917);
+    CHECK(t.proto.stats().rejoins == 2);
+  }
+  SUBCASE("up to max_clock alone; a worker at max_clock cannot push (its clock cannot move)") {
+    auto& s0 = t.connect(0);
+    auto h0 = hello_from(0, protocol::max_clock);
+    CHECK(t.proto.receive(s0, h0));
+    auto p = range_push(0, protocol::max_clock, 0, 4, 0.5f);
+    p.header.flags |= frame_flags::end_of_clock;
+    CHECK(!t.proto.receive(s0, p));
+    CHECK(error_code_of(s0) == errc::bad_clock);
+    CHECK(t.proto.core().worker_clock(0) == protocol::max_clock);
+  }
+  SUBCASE("past max_clock, or past the connected workers by more than s + 1 + rejoin_slack") {
+    auto& w1 = t.worker(1);  // at clock 0; ssp<0>: a worker leads by at most 1 clock
+    auto& a = t.connect(10);
+    auto too_far = hello_from(0, 1 + 1 + protocol::rejoin_slack);
+    CHECK(!t.proto.receive(a, too_far));
+    CHECK(error_code_of(a) == errc::bad_clock);
+    auto& b = t.connect(11);
+    auto huge = hello_from(0, protocol::max_clock + 1);
+    CHECK(!t.proto.receive(b, huge));
+    CHECK(error_code_of(b) == errc::bad_clock);
+    CHECK(t.proto.stats().rejected == 2);
+    // Worker 1 is unaffected: its clock, the server clock, its pushes.
+    CHECK(t.proto.core().worker_clock(0) == 0);
+    CHECK(t.proto.core().clock() == 0);
+    auto p = range_push(1, 0, 0, 4, 0.5f);
+    p.header.flags |= frame_flags::end_of_clock;
+    CHECK(t.proto.receive(w1, p));
+    CHECK(t.proto.core().worker_clock(1) == 1);
+    // The most a rejoin may lead by is accepted.
+    auto& c = t.connect(12);
+    auto edge = hello_from(0, 1 + 1 + protocol::rejoin_slack);
+    CHECK(t.proto.receive(c, edge));
+  }
+}
+
+TEST_CASE("server_protocol: a hello with a connected worker's id takes the id over") {
+  // e.g. the id is held by a dead (half-open) or hostile connection: the newest
+  // authenticated hello wins; the old connection is told why and closed.
+  stepped t;
+  auto& old = t.connect(0);
+  auto h = hello_from(0, 0, 2, policy_fingerprint<consistency::ssp<0>, recovery::none>(), 7);
+  REQUIRE(t.proto.receive(old, h));
+  old.outbox.clear();
+  auto p = range_push(0, 0, 0, 4, 0.5f);
+  p.header.seq = 3;
+  REQUIRE(t.proto.receive(old, p));
+  std::uint64_t incarnation = 0;
+  SUBCASE("another incarnation (the worker restarted)") { incarnation = 8; }
+  SUBCASE("the same incarnation (its old connection is stale)") { incarnation = 7; }
+  auto& next = t.connect(1);
+  auto h2 =
+      hello_from(0, 0, 2, policy_fingerprint<consistency::ssp<0>, recovery::none>(), incarnation);
+  CHECK(t.proto.receive(next, h2));
+  CHECK(t.proto.worker_session(0) == &next);
+  CHECK(t.proto.stats().takeovers == 1);
+  CHECK(t.proto.stats().rejected == 0);
+  CHECK(error_code_of(old) == errc::duplicate_worker);  // told why, closed after the flush
+  CHECK(!old.open);
+  // The welcome numbers the worker's next messages above those the shard applied.
+  protocol::welcome w;
+  std::string detail;
+  REQUIRE(next.outbox.size() == 1);
+  REQUIRE(!protocol::decode(next.outbox[0], w, detail));
+  CHECK(w.last_seq == 3);
+  CHECK(w.worker_clock == 0);
+  // Whatever the old connection still sends is ignored; the new one is served.
+  auto stale = range_push(0, 0, 0, 4, 100.0f);
+  stale.header.seq = 4;
+  CHECK(!t.proto.receive(old, stale));
+  CHECK(t.proto.stats().pushes == 1);
+  auto fresh = range_push(0, 0, 0, 4, 0.5f);
+  fresh.header.flags |= frame_flags::end_of_clock;
+  fresh.header.seq = 4;
+  CHECK(t.proto.receive(next, fresh));
+  CHECK(t.proto.stats().pushes == 2);
+  CHECK(t.proto.core().table(0).values[0] == -1.0f);
+  CHECK(t.proto.core().worker_clock(0) == 1);
+  // The old session's end does not unregister the new one.
+  t.proto.session_finished(old);
+  CHECK(t.proto.worker_session(0) == &next);
 }
 
 // ---- hostile input (issue 15) ----
@@ -633,34 +742,17 @@ TEST_CASE("peer_text: escapes control and non-ASCII bytes and bounds the length"
   CHECK(detail::peer_text(std::string(10000, '\x07')).size() <= 4 * 200 + 32);
 }
 
-TEST_CASE("server_protocol: a clock message or push at the largest clock is refused, not "
-          "overflowed") {
+TEST_CASE("server_protocol: a hello at the largest clock is refused, so no clock overflows") {
   // Found while writing the `frame` fuzz target (its seed regression_clock_overflow): a hello
-  // may rejoin at any clock >= 0, so a worker could reach clock INT64_MAX and its clock
-  // message then overflowed `clock + 1`.
+  // could rejoin at any clock >= 0, so a worker could reach clock INT64_MAX and its clock
+  // message then overflowed `clock + 1`. Since wire version 3 hello clocks lie in
+  // [0, protocol::max_clock] (the test above covers a worker at max_clock).
   constexpr clock_value top = std::numeric_limits<clock_value>::max();
   stepped t;
   auto& s = t.connect(0);
   auto h = hello_from(0, top);
-  REQUIRE(t.proto.receive(s, h));  // accepted: a rejoin at that clock
-  REQUIRE(t.proto.core().worker_clock(0) == top);
-  s.outbox.clear();
-  s.queued_bytes = 0;
-  SUBCASE("clock message") {
-    message clk;
-    clk.header.type = message_type::clock;
-    clk.header.sender = 0;
-    clk.header.clock = top;
-    CHECK(!t.proto.receive(s, clk));
-  }
-  SUBCASE("push ending the clock") {
-    auto p = range_push(0, top, 0, 1, 1.0f);
-    p.header.flags |= frame_flags::end_of_clock;
-    CHECK(!t.proto.receive(s, p));
-    CHECK(t.proto.stats().pushes == 0);
-    CHECK(t.proto.core().table(0).values[0] == 0.0f);  // nothing applied
-  }
-  CHECK(error_code_of(s) == errc::unexpected_message);
-  CHECK(t.proto.core().worker_clock(0) == top);  // not wrapped to a negative clock
-  CHECK(t.proto.core().clock() == 0);            // worker 1 is still at clock 0
+  CHECK(!t.proto.receive(s, h));
+  CHECK(error_code_of(s) == errc::bad_clock);
+  CHECK(t.proto.worker_session(0) == nullptr);
+  CHECK(t.proto.core().clock() == 0);
 }

@@ -268,11 +268,12 @@ asio::awaitable<raw_result> raw_exchange(asio::ip::tcp::endpoint ep, std::vector
   co_return r;
 }
 
-std::vector<std::byte> hello_frame(std::uint32_t worker, std::uint32_t rows, std::uint32_t width) {
+std::vector<std::byte> hello_frame(std::uint32_t worker, std::uint32_t rows, std::uint32_t width,
+                                   clock_value clock = 0) {
   buffer_pool pool;
   message m = protocol::encode(
       protocol::hello{.worker = worker,
-                      .clock = 0,
+                      .clock = clock,
                       .fingerprint = policy_fingerprint<consistency::ssp<1>, recovery::none>(),
                       .layout = {{rows, width}}},  // test_server's policy
       [&](std::size_t n) { return pool.allocate(n); });
@@ -410,8 +411,8 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
                        h.version = static_cast<std::uint16_t>(wire_version + 1);
                      }),
                      "'version'"});
-    cases.push_back(
-        {"a wire version 1 peer", raw_header([](frame_header& h) { h.version = 1; }), "'version'"});
+    cases.push_back({"a wire version 2 peer (hello without incarnation)",
+                     raw_header([](frame_header& h) { h.version = 2; }), "'version'"});
     cases.push_back({"unknown type",
                      raw_header([](frame_header& h) { h.type = static_cast<message_type>(77); }),
                      "'type'"});
@@ -447,12 +448,22 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
       auto f = push_frame(1, 0, 0, 8, 4, 5.0f);
       frame_header h =
           decode_header(std::span<const std::byte, header_size>(f.data(), header_size));
-      h.clock = std::numeric_limits<std::int64_t>::max();
+      h.clock = 5;
       std::vector<float> vals(32, 5.0f);
       auto hdr = encode(h, std::as_bytes(std::span(vals)));
       std::memcpy(f.data(), hdr.data(), header_size);
       cases.push_back(
           {"clock out of sequence", concat(hello_frame(1, 8, 4), f), "worker is at clock"});
+    }
+    {
+      auto f = push_frame(1, 0, 0, 8, 4, 5.0f);
+      frame_header h =
+          decode_header(std::span<const std::byte, header_size>(f.data(), header_size));
+      h.clock = std::numeric_limits<std::int64_t>::max();
+      std::vector<float> vals(32, 5.0f);
+      auto hdr = encode(h, std::as_bytes(std::span(vals)));
+      std::memcpy(f.data(), hdr.data(), header_size);
+      cases.push_back({"push clock INT64_MAX", concat(hello_frame(1, 8, 4), f), "maximum clock"});
     }
     cases.push_back(
         {"bad width", concat(hello_frame(1, 8, 4), push_frame(1, 0, 0, 8, 3, 5.0f)), "'width'"});
@@ -461,12 +472,20 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
                             push_frame(1, 0, 0, 8, 4, std::numeric_limits<float>::quiet_NaN())),
                      "NaN"});
     cases.push_back({"push before hello", push_frame(1, 0, 0, 8, 4, 5.0f), "expected hello"});
+    // Absurd hello clocks are refused; worker 0 keeps its place (checked below).
+    cases.push_back(
+        {"hello clock 10^12", hello_frame(1, 8, 4, 1'000'000'000'000), "'clock' of hello"});
+    cases.push_back({"hello clock INT64_MAX",
+                     hello_frame(1, 8, 4, std::numeric_limits<clock_value>::max()),
+                     "'clock' of hello"});
+    cases.push_back({"hello clock INT64_MIN",
+                     hello_frame(1, 8, 4, std::numeric_limits<clock_value>::min()),
+                     "'clock' of hello"});
     cases.push_back({"a refusal names the peer's address", push_frame(1, 0, 0, 8, 4, 5.0f),
                      "of unidentified peer 127.0.0.1:"});
     cases.push_back({"a sparse pull of one key repeated (amplification)",
                      concat(hello_frame(1, 8, 4), keyed_pull_frame(1, std::vector<row_id>(64, 3))),
                      "not strictly increasing"});
-    cases.push_back({"duplicate worker id", hello_frame(0, 8, 4), "already connected"});
     cases.push_back({"worker id out of range", hello_frame(9, 8, 4), "'sender'"});
     cases.push_back({"layout mismatch", hello_frame(1, 8, 5), "layouts differ"});
     cases.push_back({"spoofed sender",

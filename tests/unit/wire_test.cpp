@@ -348,8 +348,11 @@ TEST_CASE("protocol: typed control messages round-trip through frames") {
   const auto alloc = [&](std::size_t n) { return pool.allocate(n); };
   std::string why;
 
-  protocol::hello h{
-      .worker = 3, .clock = 17, .fingerprint = 0xabcdef01u, .layout = {{10, 4}, {7, 1}}};
+  protocol::hello h{.worker = 3,
+                    .clock = 17,
+                    .fingerprint = 0xabcdef01u,
+                    .incarnation = 0x0123456789abcdefu,
+                    .layout = {{10, 4}, {7, 1}}};
   message m = protocol::encode(h, alloc);
   CHECK(m.header.type == message_type::hello);
   CHECK(m.header.sender == 3);
@@ -361,16 +364,19 @@ TEST_CASE("protocol: typed control messages round-trip through frames") {
   CHECK(h2.worker == 3);
   CHECK(h2.clock == 17);
   CHECK(h2.fingerprint == 0xabcdef01u);
+  CHECK(h2.incarnation == 0x0123456789abcdefu);
   CHECK(h2.layout == h.layout);
 
   protocol::welcome w{.shard = 1,
                       .num_shards = 2,
                       .server_clock = 5,
+                      .last_seq = 41,
                       .worker_clock = 9,
                       .wants_state = true,
                       .tables = {{10, 4, 33}},
                       .local_step = 0.25f};
   m = protocol::encode(w, alloc);
+  CHECK(m.header.seq == 41);
   CHECK(m.header.first_row == 0);
   CHECK(m.header.has(frame_flags::state));
   protocol::welcome w2;
@@ -379,6 +385,7 @@ TEST_CASE("protocol: typed control messages round-trip through frames") {
   CHECK(w2.num_shards == 2);
   CHECK(w2.server_clock == 5);
   CHECK(w2.worker_clock == 9);
+  CHECK(w2.last_seq == 41);
   CHECK(w2.wants_state);
   REQUIRE(w2.tables.size() == 1);
   CHECK(w2.tables[0].applied == 33);
@@ -454,9 +461,9 @@ TEST_CASE("protocol: malformed control payloads are refused with the reason") {
   // A hello with more tables than max_tables is refused from its header alone.
   frame_header hh;
   hh.type = message_type::hello;
-  hh.payload_bytes = 8 + 5 * 8;
+  hh.payload_bytes = protocol::hello_bytes(5);
   CHECK(validate_header(hh, wire_limits{.max_tables = 4}) == errc::too_many_rows);
-  hh.payload_bytes = 8 + 4 * 8;
+  hh.payload_bytes = protocol::hello_bytes(4);
   CHECK(!validate_header(hh, wire_limits{.max_tables = 4}));
 }
 

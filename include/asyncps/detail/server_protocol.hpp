@@ -31,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -165,6 +166,7 @@ class server_protocol {
     stats_.bytes_in += m.payload.size();
     std::string detail;
     std::error_code err;
+    if (s.is_worker() && worker_session(s.worker) != &s) return false;  // taken over: ignored
     try {
       err = handle(s, m, detail);
     } catch (const std::bad_alloc&) {
@@ -203,6 +205,10 @@ class server_protocol {
     } else if constexpr (has_on_peer_message<part_type, ctx_t<Io>>) {
       err = part_.on_peer_message(io_->ctx(), s, m, detail);
     }
+    // A push or clock message taken (applied, or held by the recovery part): the next
+    // incarnation of the worker numbers its messages above it (see greet's welcome).
+    if (!err && s.is_worker() && numbered_type(m.header.type) && m.header.sender == s.worker)
+      seen_seq_[s.worker] = std::max(seen_seq_[s.worker], m.header.seq);
     return err;
   }
 
@@ -227,15 +233,12 @@ class server_protocol {
                " consistency and recovery '" + std::string(Recovery::name) + "')";
       return errc::policy_mismatch;
     }
-    if (h.clock < 0) {
-      detail = " (hello clock " + std::to_string(h.clock) + ")";
-      return errc::unexpected_message;
-    }
     if (h.sender >= opts_.num_workers) {
       detail = " (got " + std::to_string(h.sender) + ", num_workers " +
                std::to_string(opts_.num_workers) + ")";
       return errc::bad_sender;
     }
+    if (auto ec = check_hello_clock(h.sender, h.clock, detail)) return ec;
     if (!core_.layout_matches(hello.layout)) {
       detail = " (" + core_.layout_difference_from(hello.layout) + ")";
       return errc::layout_mismatch;
@@ -243,11 +246,14 @@ class server_protocol {
     if constexpr (has_on_hello<part_type, ctx_t<Io>>) {
       if (auto ec = part_.on_hello(io_->ctx(), h, detail)) return ec;  // e.g. not the head
     }
-    if (registered_.empty()) registered_.assign(opts_.num_workers, nullptr);
-    if (registered_[h.sender] != nullptr) {
-      detail = " (worker " + std::to_string(h.sender) + ")";
-      return errc::duplicate_worker;
+    if (registered_.empty()) {
+      registered_.assign(opts_.num_workers, nullptr);
+      incarnation_.assign(opts_.num_workers, 0);
+      seen_seq_.assign(opts_.num_workers, 0);
     }
+    if (Session* old = registered_[h.sender]; old != nullptr && old != &s)
+      take_over(*old, s, hello.incarnation);
+    incarnation_[h.sender] = hello.incarnation;
     registered_[h.sender] = &s;
     connected_once_[h.sender] = 1;
     s.worker = h.sender;
@@ -260,6 +266,7 @@ class server_protocol {
     protocol::welcome w{.shard = opts_.shard,
                         .num_shards = opts_.num_shards,
                         .server_clock = core_.clock(),
+                        .last_seq = std::max(core_.last_seq(s.worker), seen_seq_[s.worker]),
                         .worker_clock = std::max(core_.worker_clock(s.worker), h.clock),
                         .wants_state = (flags & frame_flags::state) != 0,
                         .tables = {},
@@ -481,11 +488,102 @@ class server_protocol {
   }
 
  private:
+  static constexpr bool numbered_type(message_type t) noexcept {
+    return t == message_type::push || t == message_type::clock;
+  }
   template <class I>
   using ctx_t = decltype(std::declval<I&>().ctx());
 
   auto alloc() {
     return [this](std::size_t n) { return io_->allocate(n); };
+  }
+
+  // The staleness bound when the consistency policy fixes it at compile time (bsp, ssp<s>,
+  // essp<s>); none for asp, vap and run-time bounds (ssp<>, essp<>).
+  static constexpr std::optional<clock_value> static_staleness() {
+    // A static member's address is a plain pointer (ssp<> and essp<> hold a data member).
+    if constexpr (requires {
+                    requires std::is_same_v<decltype(&Consistency::staleness), const clock_value*>;
+                  }) {
+      if (Consistency::staleness >= 0) return Consistency::staleness;
+    }
+    return std::nullopt;
+  }
+
+  // A hello's clock (docs/wire-format.md, "Clocks in hello"): in [0, protocol::max_clock],
+  // and, when the staleness bound s is known and another worker is connected, at most the
+  // highest clock of a connected worker here + s + 1 + protocol::rejoin_slack. A shard that
+  // knows no connected worker's clock (it restarted: checkpoint, stateless) takes the
+  // worker's clock as it comes.
+  std::error_code check_hello_clock(std::uint32_t w, clock_value c, std::string& detail) const {
+    if (c < 0 || c > protocol::max_clock) {
+      detail = " (worker " + std::to_string(w) + " says hello at clock " + std::to_string(c) +
+               "; clocks lie in [0, " + std::to_string(protocol::max_clock) + "])";
+      return errc::bad_clock;
+    }
+    constexpr auto s = static_staleness();
+    if constexpr (s.has_value()) {
+      if (*s > protocol::max_clock) return {};
+      std::optional<clock_value> lead;  // the highest clock of another connected worker
+      for (std::uint32_t v = 0; v < registered_.size(); ++v)
+        if (v != w && registered_[v] != nullptr && registered_[v]->open)
+          lead = std::max(lead.value_or(0), core_.worker_clock(v));
+      // lead <= max_clock + 1 and s <= max_clock: no overflow.
+      if (lead && c > *lead + *s + 1 + protocol::rejoin_slack) {
+        detail = " (worker " + std::to_string(w) + " says hello at clock " + std::to_string(c) +
+                 "; the connected workers are at clock " + std::to_string(*lead) +
+                 " or below, and staleness " + std::to_string(*s) + " lets a worker lead by " +
+                 std::to_string(*s + 1) + " clocks, plus " +
+                 std::to_string(protocol::rejoin_slack) + " for a rejoin)";
+        return errc::bad_clock;
+      }
+    }
+    return {};
+  }
+
+  // A push or clock message at clock `c` moves its worker to c + 1: refused at max_clock.
+  static std::error_code check_clock_room(clock_value c, std::string& detail) {
+    if (c < protocol::max_clock) return {};
+    detail = " (clock " + std::to_string(c) + " reaches the maximum clock " +
+             std::to_string(protocol::max_clock) + ")";
+    return errc::bad_clock;
+  }
+
+  // `next` said hello with the id of `old`'s worker: the newest authenticated hello wins.
+  // Either the worker restarted (another incarnation: its old connection belongs to a dead
+  // process, or to a peer that must not hold the id) or it reconnected before this server
+  // saw its old connection die (the same incarnation: a half-open connection). `old` gets
+  // an error (`duplicate_worker`), is closed once it is sent, and nothing more it sends is
+  // read (`receive`); its waiting pulls are dropped.
+  void take_over(Session& old, Session& next, std::uint64_t incarnation) {
+    const std::uint32_t w = old.worker;
+    const bool restarted = incarnation != incarnation_[w];
+    ++stats_.takeovers;
+    const auto from = address(next);
+    const auto was = address(old);
+    log("worker " + std::to_string(w) + (from ? " at " + *from : " on a new connection") +
+        " takes over its id from " + (was ? "the connection at " + *was : "its old connection") +
+        (restarted ? " (a new incarnation: the worker restarted)"
+                   : " (the same incarnation: its old connection is stale)") +
+        "; closing the old connection");
+    const std::string reason = make_error_code(errc::duplicate_worker).message() + " (worker " +
+                               std::to_string(w) + (from ? ", now at " + *from : "") + ")";
+    enqueue(old, protocol::encode(protocol::error{.sender = opts_.shard,
+                                                  .code = errc::duplicate_worker,
+                                                  .reason = reason},
+                                  alloc()));
+    close_after_flush(old);
+    core_.drop(&old);
+    old.pending_pulls = 0;
+  }
+
+  // The peer address of `s` for log lines, when the shell knows it (`io.address(s)`).
+  std::optional<std::string> address(const Session& s) const {
+    if constexpr (requires { io_->address(s); }) {
+      return io_->address(s);
+    } else {
+      return std::nullopt;
+    }
   }
 
   std::error_code on_push(Session& s, message& m, std::string& detail) {
@@ -516,6 +614,7 @@ class server_protocol {
   // A checked clock message of worker `w` (on session `s`, or null: see dispatch_held).
   std::error_code clock_of(Session* s, std::uint32_t w, message& m, std::string& detail) {
     const auto& h = m.header;
+    if (auto ec = check_clock_room(h.clock, detail)) return ec;
     if (h.clock != core_.worker_clock(w)) {
       detail = " (clock " + std::to_string(h.clock) + ", worker is at clock " +
                std::to_string(core_.worker_clock(w)) + ")";
@@ -537,6 +636,7 @@ class server_protocol {
   // counted, acknowledged, and the worker's clock advanced at the end of its clock.
   std::error_code push_of(Session* s, std::uint32_t w, message& m, std::string& detail) {
     const auto& h = m.header;
+    if (auto ec = check_clock_room(h.clock, detail)) return ec;
     if (h.clock != core_.worker_clock(w)) {
       detail = " (push for clock " + std::to_string(h.clock) + ", worker is at clock " +
                std::to_string(core_.worker_clock(w)) + ")";
@@ -652,7 +752,9 @@ class server_protocol {
   core_type core_;           // tables, clocks, subscriptions' versions, waiting pulls
   protocol::hello hello_{};  // the last hello decoded (reused)
   std::vector<Session*> registered_;
-  std::vector<char> connected_once_;  // per worker: has connected at least once
+  std::vector<std::uint64_t> incarnation_;  // per worker: its last accepted hello's
+  std::vector<std::uint64_t> seen_seq_;     // per worker: highest seq received (any connection)
+  std::vector<char> connected_once_;        // per worker: has connected at least once
   std::list<Session> sessions_;
 };
 

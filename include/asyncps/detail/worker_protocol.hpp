@@ -16,6 +16,7 @@
 #include <functional>
 #include <limits>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -89,6 +90,13 @@ struct worker_options {
   /// beyond which the worker waits for acks before its next clock (flow control: bounds its
   /// memory and how far the head runs ahead of the tail).
   std::uint32_t max_unacked = 64;
+  /// Names this worker process in its hellos (`protocol::hello::incarnation`). Unset (the
+  /// default) or 0: a random 64-bit value drawn from `std::random_device` once per worker
+  /// object. A server that sees the worker's id on a new connection lets it take the id over
+  /// (closing the old connection) and tells it the highest sequence number it applied from
+  /// the id, so a restarted worker's pushes are never taken for its old ones. Give a value
+  /// only to keep the same incarnation across worker objects of one process.
+  std::optional<std::uint64_t> incarnation{};
   /// Called on the worker's executor after each clock (evaluation, progress). May be empty.
   std::function<void(const clock_report&)> on_clock{};
   log_function log{};  ///< connection events; empty: stderr
@@ -120,6 +128,16 @@ struct worker_stats {
 };
 
 namespace detail {
+
+/// `given` when set and not 0, else a random non-zero 64-bit value from `std::random_device`
+/// (a worker's incarnation, see `worker_options::incarnation`).
+inline std::uint64_t draw_incarnation(std::optional<std::uint64_t> given) {
+  if (given && *given != 0) return *given;
+  std::random_device rd;
+  std::uint64_t v = 0;
+  while (v == 0) v = (std::uint64_t{rd()} << 32) ^ std::uint64_t{rd()};
+  return v;
+}
 
 /// A worker's protocol state and message handling (see the file comment). `Alloc` has
 /// `buffer allocate(std::size_t)` (the transport's pool). Thread safety: the owner's executor.
@@ -231,6 +249,7 @@ class worker_protocol {
     protocol::hello h{.worker = opts_.id,
                       .clock = links_[s].hello_clock,
                       .fingerprint = policy_fingerprint<Consistency, Recovery>(),
+                      .incarnation = incarnation_,
                       .layout = {}};
     h.layout.reserve(tables.size());
     for (const auto& t : tables) h.layout.push_back({t.rows, t.width});
@@ -271,6 +290,9 @@ class worker_protocol {
     }
     cache_.set_step(s, opts_.local_step.value_or(server_step));
     clock_ = std::max(clock_, w.worker_clock);
+    // Number the next messages above what the server applied from this id (a restarted
+    // worker would otherwise reuse its earlier incarnation's numbers: dropped as duplicates).
+    l.seq = std::max(l.seq, w.last_seq);
     auto& parts = cache_.parts(s);
     for (table_id t = 0; t < tables.size(); ++t) {
       auto& p = parts[t];
@@ -384,6 +406,9 @@ class worker_protocol {
             fail(s, refusal ? make_error_code(*code) : make_error_code(errc::unexpected_message),
                  std::move(reason));
         l.refused = refusal;
+        // Another connection took this worker's id over (a newer process with the same id):
+        // taking it back would only start a tug of war, so this worker stops with the code.
+        if (code == errc::duplicate_worker) l.gave_up = true;
         return {{}, was_up, was_up};
       }
       case message_type::bye: {
@@ -441,6 +466,7 @@ class worker_protocol {
   std::vector<rejoin_part> rejoin_parts_;      // scratch (no allocation once warm)
   std::vector<std::vector<message>> replies_;  // per link: the recovery part's replies
   protocol::welcome welcome_{};                // the last welcome decoded (reused)
+  std::uint64_t incarnation_ = draw_incarnation(opts_.incarnation);  // in every hello
   clock_value clock_ = 0;
   staleness_histogram staleness_{};
   worker_stats stats_{};
