@@ -2,8 +2,13 @@
 // next to the machine's raw loopback ceiling measured in the same run.
 //
 //   asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S] [--windows 1,16]
-//                 [--transport tcp|in-process] [--size BYTES] [--workers N]
+//                 [--transport tcp,tcp-secret,tcp-tls,in-process] [--size BYTES] [--workers N]
 //                 [--op push|pull|push+pull] [--no-raw]
+//
+// Transports: `tcp` (plain), `tcp-secret` (the shared-secret handshake on every connection),
+// `tcp-tls` (mutual TLS with certificates of a throwaway CA made at start-up,
+// tests/support/test_pki.hpp), `in-process`; several, comma-separated, run one after another
+// in the same process (docs/security.md, "Cost").
 //
 // Setup per (transport, value size, workers): one `basic_server<Transport, consistency::asp>`
 // shard holding one table of size / 4 KiB rows x 1024 floats, running on its own thread and
@@ -24,6 +29,7 @@
 #include <string_view>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <asio/co_spawn.hpp>
@@ -40,6 +46,7 @@
 #include "client.hpp"
 #include "raw_baseline.hpp"
 #include "report.hpp"
+#include "tests/support/test_pki.hpp"
 
 namespace asyncps::bench {
 namespace {
@@ -95,13 +102,18 @@ void measure_raw(const config& cfg, std::size_t size, baseline& out) {
 // ---------------------------------------------------------------------------------------------
 // Transports: a server-side and a client-side endpoint object per setup
 // ---------------------------------------------------------------------------------------------
+// The TCP transport in one of its modes: plain, with a shared secret, or with TLS.
 struct tcp_env {
   using transport_type = tcp_transport;
-  static constexpr const char* name = "tcp";
+  const char* name;
   tcp_transport server;
   tcp_transport client;
-  tcp_env(asio::io_context& s, asio::io_context& c)
-      : server(s.get_executor()), client(c.get_executor()) {}
+  tcp_env(asio::io_context& s, asio::io_context& c, const char* mode, const tcp_options& so = {},
+          const tcp_options& co = {})
+      : name(mode), server(s.get_executor(), so), client(c.get_executor(), co) {
+    if (!server.tls_setup_error().empty() || !client.tls_setup_error().empty())
+      throw std::runtime_error("TLS setup: " + server.tls_setup_error() + client.tls_setup_error());
+  }
   result<tcp_transport::acceptor> listen() {
     return server.listen({asio::ip::address_v4::loopback(), 0});
   }
@@ -115,7 +127,7 @@ struct tcp_env {
 
 struct in_process_env {
   using transport_type = in_process_transport;
-  static constexpr const char* name = "in-process";
+  const char* name = "in-process";
   in_process_network net;
   in_process_transport server;
   in_process_transport client;
@@ -204,9 +216,9 @@ asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_typ
         if (w.record_latency) lat.push_back(median(std::move(samples)));
       }
       rows.push_back(
-          row{Env::name, op_name(op), su.size, window, su.workers, "MB/s", summarize(mbps), 0.0});
+          row{env.name, op_name(op), su.size, window, su.workers, "MB/s", summarize(mbps), 0.0});
       if (w.record_latency) {
-        rows.push_back(row{Env::name, std::string(op_name(op)) + "-rtt", su.size, 1, su.workers,
+        rows.push_back(row{env.name, std::string(op_name(op)) + "-rtt", su.size, 1, su.workers,
                            "us", summarize(lat), 0.0});
       }
     }
@@ -214,11 +226,11 @@ asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_typ
   for (auto& c : clients) c->close();
 }
 
-template <class Env>
-void run_setup(const config& cfg, const setup& su, std::vector<row>& rows) {
+template <class Env, class... ModeArgs>
+void run_setup(const config& cfg, const setup& su, std::vector<row>& rows, ModeArgs&&... mode) {
   asio::io_context server_ctx{1};
   asio::io_context client_ctx{1};
-  Env env(server_ctx, client_ctx);
+  Env env(server_ctx, client_ctx, std::forward<ModeArgs>(mode)...);
 
   server_options opts;
   opts.num_workers = su.workers;
@@ -261,8 +273,9 @@ void run_setup(const config& cfg, const setup& su, std::vector<row>& rows) {
   std::fprintf(stderr,
                "asyncps_bench: %s\n"
                "usage: asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S]\n"
-               "                     [--windows 1,16] [--transport tcp|in-process] [--size BYTES]\n"
-               "                     [--workers N] [--op push|pull|push+pull] [--no-raw]\n",
+               "                     [--windows 1,16] [--size BYTES] [--workers N]\n"
+               "                     [--transport tcp,tcp-secret,tcp-tls,in-process]\n"
+               "                     [--op push|pull|push+pull] [--no-raw]\n",
                msg);
   std::exit(2);
 }
@@ -294,9 +307,16 @@ config parse(int argc, char** argv) {
         pos = comma + 1;
       }
     } else if (a == "--transport") {
-      cfg.transports = {value()};
-      if (cfg.transports[0] != "tcp" && cfg.transports[0] != "in-process")
-        usage("--transport takes tcp or in-process");
+      cfg.transports.clear();
+      const std::string v = value();
+      for (std::size_t pos = 0; pos <= v.size();) {
+        const std::size_t comma = std::min(v.find(',', pos), v.size());
+        const std::string t = v.substr(pos, comma - pos);
+        if (t != "tcp" && t != "tcp-secret" && t != "tcp-tls" && t != "in-process")
+          usage("--transport takes tcp, tcp-secret, tcp-tls or in-process (comma-separated)");
+        cfg.transports.push_back(t);
+        pos = comma + 1;
+      }
     } else if (a == "--size") {
       cfg.sizes = {static_cast<std::size_t>(std::stoull(value()))};
       if (cfg.sizes[0] == 0 || cfg.sizes[0] % (row_width * sizeof(float)) != 0)
@@ -345,7 +365,12 @@ double load_average() {
   return load;
 }
 
-int rank_transport(const std::string& t) { return t == "raw-tcp" ? 0 : t == "tcp" ? 1 : 2; }
+int rank_transport(const std::string& t) {
+  static const char* order[] = {"raw-tcp", "tcp", "tcp-secret", "tcp-tls", "in-process"};
+  for (int i = 0; i < 5; ++i)
+    if (t == order[i]) return i;
+  return 5;
+}
 int rank_op(const std::string& op) {
   static const char* order[] = {"one-way",   "rtt",      "push",    "pull",
                                 "push+pull", "push-rtt", "pull-rtt"};
@@ -368,6 +393,18 @@ int run(int argc, char** argv) {
       measure_raw(cfg, cfg.sizes[i], raw[i]);
     }
   };
+  // tcp-secret: one random secret for both ends; tcp-tls: a throwaway CA and a certificate
+  // for each end (files in a temporary directory, removed at the end).
+  tcp_options secret_opts;
+  secret_opts.secret = shared_secret::random().value();
+  std::optional<test::test_pki> pki;
+  tcp_options tls_server_opts, tls_client_opts;
+  if (std::find(cfg.transports.begin(), cfg.transports.end(), "tcp-tls") != cfg.transports.end()) {
+    pki.emplace("bench");
+    tls_server_opts.tls = pki->issue("server");
+    tls_client_opts.tls = pki->issue("client");
+  }
+
   measure_all_raw("before");
   for (const auto& t : cfg.transports) {
     for (std::size_t i = 0; i < cfg.sizes.size(); ++i) {
@@ -376,7 +413,11 @@ int run(int argc, char** argv) {
                      workers);
         const setup su{cfg.sizes[i], workers};
         if (t == "tcp") {
-          run_setup<tcp_env>(cfg, su, rows);
+          run_setup<tcp_env>(cfg, su, rows, "tcp");
+        } else if (t == "tcp-secret") {
+          run_setup<tcp_env>(cfg, su, rows, "tcp-secret", secret_opts, secret_opts);
+        } else if (t == "tcp-tls") {
+          run_setup<tcp_env>(cfg, su, rows, "tcp-tls", tls_server_opts, tls_client_opts);
         } else {
           run_setup<in_process_env>(cfg, su, rows);
         }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "asyncps/secret.hpp"
+#include "asyncps/tls.hpp"
 
 namespace fashion {
 
@@ -29,6 +30,9 @@ struct config {
   /// The loaded secret (role all without a file: a random one for this run); every transport
   /// gets it (`fashion::tcp_opts`).
   asyncps::shared_secret secret;
+  /// --tls-cert, --tls-key, --tls-ca: mutual TLS on every connection (all three or none;
+  /// main.cpp checks the files); every transport gets them (`fashion::tcp_opts`).
+  asyncps::tls_options tls;
   std::vector<std::string> connect;
   double epochs = 0;     // 0: the model's default
   double decay_at = -1;  // epoch after which gradients are scaled by decay_factor; <0: default

@@ -8,6 +8,7 @@
 //                 --secret-file secret
 //   fashion_mnist --role worker --worker-id 0 --workers 2 --connect 127.0.0.1:7000,127.0.0.1:7001
 //                 --secret-file secret
+//   fashion_mnist --tls-cert node.pem --tls-key node.key --tls-ca ca.pem  # mutual TLS
 //   fashion_mnist --recovery stateless --kill-at 3,8 --downtime 2   # kill -9 server 0 twice
 //   fashion_mnist --recovery chain --replicas 2 --kill-at 3,8         # kill the head of shard 0
 //   fashion_mnist --recovery replica-log --replica-interval 10 --kill-at 3,8  # SWIFT-style
@@ -283,6 +284,14 @@ int main(int argc, char** argv) {
                  "file holding the run's shared secret (at least 16 bytes, mode 0600; default: "
                  "$ASYNCPS_SECRET_FILE); every process of a run needs the same one. Required by "
                  "--role server|worker|master; --role all makes a random one for its run");
+  app.add_option("--tls-cert", c.tls.certificate_file,
+                 "PEM file: this process's TLS certificate (with --tls-key and --tls-ca: mutual "
+                 "TLS on every connection; every process of a run needs certificates of the "
+                 "same CA; docs/security.md)");
+  app.add_option("--tls-key", c.tls.private_key_file,
+                 "PEM file: the private key of --tls-cert (unencrypted, mode 0600)");
+  app.add_option("--tls-ca", c.tls.ca_file,
+                 "PEM file: the CA certificate that signs every process's --tls-cert");
   app.add_option("--connect", c.connect, "--role worker: host:port of every shard, in order")
       ->delimiter(',');
   app.add_option("--epochs", c.epochs, "passes over each worker's shard")
@@ -490,6 +499,23 @@ int main(int argc, char** argv) {
     }
     c.secret = std::move(s).value();
     ephemeral_secret = true;
+  }
+
+  // TLS: all three files or none, checked here so that a bad file is one clear line, not a
+  // failure of every transport.
+  const int tls_flags = static_cast<int>(app.count("--tls-cert") > 0) +
+                        static_cast<int>(app.count("--tls-key") > 0) +
+                        static_cast<int>(app.count("--tls-ca") > 0);
+  if (tls_flags != 0 && tls_flags != 3) {
+    std::cerr << "fashion_mnist: TLS needs all three of --tls-cert, --tls-key and --tls-ca\n";
+    return 2;
+  }
+  if (tls_flags == 3) {
+    std::string why;
+    if (!asyncps::make_tls_context(c.tls, why)) {
+      std::cerr << "fashion_mnist: --tls-cert/--tls-key/--tls-ca: " << why << '\n';
+      return 2;
+    }
   }
 
   try {

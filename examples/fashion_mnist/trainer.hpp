@@ -43,10 +43,12 @@
 namespace fashion {
 
 /// Options of every TCP transport of this process: the run's shared secret (main.cpp loads it
-/// from --secret-file or $ASYNCPS_SECRET_FILE, or makes a random one for --role all).
+/// from --secret-file or $ASYNCPS_SECRET_FILE, or makes a random one for --role all) and the
+/// TLS files (--tls-cert, --tls-key, --tls-ca; none: no TLS).
 inline asyncps::tcp_options tcp_opts(const config& c) {
   asyncps::tcp_options o;
   o.secret = c.secret;
+  o.tls = c.tls;
   return o;
 }
 

@@ -83,11 +83,19 @@ enum class errc {
   /// connected workers by more than the staleness bound allows; or a worker's clock would
   /// move past `protocol::max_clock` (docs/wire-format.md, "Clocks in hello")
   bad_clock,
+  /// (local, fatal) `tcp_options::tls` cannot be used: a certificate, private key or CA file
+  /// is missing, unreadable or not valid PEM, or the key does not match the certificate
+  /// (`tcp_transport::tls_setup_error()` names the file and OpenSSL's reason)
+  tls_setup_failed,
+  /// (remote input) the TLS handshake with a peer failed: the peer does not speak TLS, its
+  /// certificate is missing or not signed by `tls_options::ca_file`, or it refused this node's
+  /// certificate (`tcp_transport::connection::tls_failure()` gives OpenSSL's reason)
+  tls_handshake_failed,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::bad_clock;
+inline constexpr errc last_errc = errc::tls_handshake_failed;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -168,8 +176,9 @@ class error_category_impl final : public std::error_category {
       case errc::authentication_failed:
         return "authentication failed: the peer did not prove it holds the shared secret";
       case errc::authentication_required:
-        return "authentication required: set a shared secret (tcp_options::secret) on both "
-               "ends, or tcp_options::allow_unauthenticated for a trusted network";
+        return "authentication required: set the same shared secret (tcp_options::secret) or "
+               "TLS (tcp_options::tls) on both ends, or tcp_options::allow_unauthenticated for a "
+               "trusted network";
       case errc::weak_secret: return "shared secret is empty or shorter than 16 bytes";
       case errc::insecure_secret_file:
         return "secret file is readable by group or others (chmod 600 it)";
@@ -178,6 +187,12 @@ class error_category_impl final : public std::error_category {
       case errc::bad_clock:
         return "frame header field 'clock' of hello: negative, above the maximum clock, or "
                "too far ahead of the other workers";
+      case errc::tls_setup_failed:
+        return "TLS setup failed: a certificate, private key or CA file is missing, unreadable "
+               "or invalid (tcp_options::tls)";
+      case errc::tls_handshake_failed:
+        return "TLS handshake failed: the peer does not speak TLS, or one side's certificate "
+               "is missing or not signed by the other's CA";
     }
     return "unknown asyncps error";
   }
@@ -225,8 +240,9 @@ inline std::error_condition make_error_condition(condition c) noexcept {
 constexpr bool is_protocol_violation(errc e) noexcept {
   return (static_cast<int>(e) >= static_cast<int>(errc::bad_magic) &&
           static_cast<int>(e) <= static_cast<int>(errc::too_many_requests)) ||
-         e == errc::policy_mismatch || e == errc::bad_key_order || e == errc::authentication_failed ||
-         e == errc::bad_clock;
+         e == errc::policy_mismatch || e == errc::bad_key_order ||
+         e == errc::authentication_failed || e == errc::bad_clock ||
+         e == errc::tls_handshake_failed;
 }
 
 namespace detail {
@@ -244,9 +260,15 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
                e == errc::bad_gradient || e == errc::non_finite_update ||
                e == errc::authentication_required || e == errc::weak_secret ||
-               e == errc::insecure_secret_file || e == errc::shard_lost;
+               e == errc::insecure_secret_file || e == errc::shard_lost ||
+               e == errc::tls_setup_failed;
     }
     return false;
+  }
+  if (c == condition::protocol_violation) {
+    // OpenSSL's errors after the TLS handshake (Asio's "asio.ssl" category): a record that
+    // fails its integrity check, or bytes that are not TLS.
+    return std::string_view(code.category().name()) == "asio.ssl";
   }
   if (c == condition::transient) {
     // Asio's socket errors come in its own "asio.system" category (see posix_errc).

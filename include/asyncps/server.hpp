@@ -453,12 +453,12 @@ class basic_server {
     while (s.open) {
       auto [ec, m] = co_await s.conn.async_receive();
       if (ec) {
-        if (ec == errc::authentication_failed ||
+        if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
             (ec == errc::timeout && !s.is_worker() && !s.is_peer())) {
           // Refused by the transport's handshake (it told the peer); nothing to send.
           ++proto_.stats().rejected;
           proto_.log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
-                     ec.message());
+                     ec.message() + detail::tls_failure_note(s.conn));
         } else if (ec == condition::protocol_violation) {
           proto_.reject(s, ec, "");
         } else if (s.open && ec != errc::connection_closed) {

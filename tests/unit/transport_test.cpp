@@ -1,5 +1,6 @@
 // Transport conformance (the same suite for TCP and in-process) and the server's handling of
 // malformed, truncated, oversized and wrong-version frames over real TCP.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -32,7 +33,10 @@
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/transport/tcp.hpp"
+#include "asyncps/worker.hpp"
+#include "counter_model.hpp"
 #include "examples/fashion_mnist/serve_until_done.hpp"
+#include "test_pki.hpp"
 
 using namespace asyncps;
 
@@ -1219,4 +1223,480 @@ TEST_CASE("auth: an unauthenticated chain_hello never reaches the chain master")
     member.close();
     master.stop();
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// TLS (docs/security.md, "TLS"): mutual TLS on the TCP transport, before the secret's handshake.
+// Certificates come from a throwaway CA made in the test (tests/support/test_pki.hpp).
+
+namespace {
+
+tcp_options tls_opts(const tls_options& tls, shared_secret secret = {}) {
+  tcp_options o;
+  o.tls = tls;
+  o.secret = std::move(secret);
+  o.auth_timeout = std::chrono::milliseconds(2000);
+  return o;
+}
+
+// Waits (on the calling coroutine's executor) until `done()` or about `ms` milliseconds.
+template <class Pred>
+asio::awaitable<void> wait_for(Pred done, int ms = 3000) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  for (int i = 0; i < ms / 5 && !done(); ++i) {
+    t.expires_after(std::chrono::milliseconds(5));
+    co_await t.async_wait(detail::use_tuple);
+  }
+}
+
+// A TCP relay between one client and `target` that records the client's bytes and can flip
+// one of them (an on-path attacker). Runs on the executor of the coroutine that awaits run().
+struct relay {
+  explicit relay(asio::io_context& io, asio::ip::tcp::endpoint to)
+      : acceptor(io, {asio::ip::make_address("127.0.0.1"), 0}), target(to), down(io), up(io) {}
+  asio::ip::tcp::endpoint endpoint() const { return acceptor.local_endpoint(); }
+
+  asio::awaitable<void> run() {
+    auto [aec] = co_await acceptor.async_accept(down, detail::use_tuple);
+    if (aec) co_return;
+    auto [cec] = co_await up.async_connect(target, detail::use_tuple);
+    if (cec) co_return;
+    asio::co_spawn(co_await asio::this_coro::executor, pump(up, down, false), asio::detached);
+    co_await pump(down, up, true);
+  }
+  asio::awaitable<void> pump(asio::ip::tcp::socket& from, asio::ip::tcp::socket& to,
+                             bool from_client) {
+    std::vector<std::byte> buf(16384);
+    for (;;) {
+      auto [ec, n] = co_await from.async_read_some(asio::buffer(buf), detail::use_tuple);
+      std::error_code ignored;
+      if (ec) {
+        to.shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+        co_return;
+      }
+      if (from_client) {
+        if (flip_at >= client_bytes.size() && flip_at < client_bytes.size() + n)
+          buf[flip_at - client_bytes.size()] ^= std::byte{0x01};
+        client_bytes.insert(client_bytes.end(), buf.begin(), buf.begin() + n);
+      }
+      auto [wec, wn] =
+          co_await asio::async_write(to, asio::buffer(buf.data(), n), detail::use_tuple);
+      (void)wn;
+      if (wec) {
+        from.close(ignored);
+        co_return;
+      }
+    }
+  }
+  bool client_sent(std::span<const std::byte> needle) const {
+    return std::search(client_bytes.begin(), client_bytes.end(), needle.begin(), needle.end()) !=
+           client_bytes.end();
+  }
+
+  asio::ip::tcp::acceptor acceptor;
+  asio::ip::tcp::endpoint target;
+  asio::ip::tcp::socket down, up;
+  std::vector<std::byte> client_bytes;
+  std::size_t flip_at = static_cast<std::size_t>(-1);
+};
+
+// Accepts one connection on `acc` and echoes every message back until the peer goes; `last`
+// gets the receive error that ended it, `done` is set at the end.
+asio::awaitable<void> echo_one(tcp_transport::acceptor& acc, std::error_code& last, bool& done) {
+  auto [aec, conn] = co_await acc.async_accept();
+  REQUIRE(!aec);
+  for (;;) {
+    auto [ec, m] = co_await conn.async_receive();
+    if (ec) {
+      last = ec;
+      break;
+    }
+    if (co_await conn.async_send(std::move(m))) break;
+  }
+  done = true;
+}
+
+}  // namespace
+
+TEST_CASE("tls: frames cross intact both ways, encrypted; the peer's close is connection_closed") {
+  asio::io_context io;
+  test::test_pki pki("frames");
+  tcp_transport a(io.get_executor(), tls_opts(pki.issue("node-a")));
+  tcp_transport b(io.get_executor(), tls_opts(pki.issue("node-b")));
+  REQUIRE(a.uses_tls());
+  REQUIRE(b.uses_tls());
+  auto acc = b.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  relay tap(io, acc.value().local_endpoint());  // records what crosses the wire
+  std::error_code last;
+  bool done = false;
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(io, echo_one(acc.value(), last, done), asio::detached);
+    asio::co_spawn(io, tap.run(), asio::detached);
+    auto [ec, client] = co_await a.async_connect(tap.endpoint());
+    REQUIRE(!ec);
+    CHECK(client.uses_tls());
+    // 0 B to 1.2 MB: frames of one TLS record and of many (records hold 16 KiB at most).
+    const std::size_t sizes[] = {0, 1, 1000, 5000, 300000};
+    std::uint64_t seq = 0;
+    for (std::size_t floats : sizes) {
+      CHECK(!(co_await client.async_send(make_message(a, seq, floats))));
+      auto [rec, m] = co_await client.async_receive();
+      REQUIRE(!rec);
+      CHECK(m.header.type == message_type::push);
+      CHECK(m.header.seq == seq);
+      CHECK(m.header.sender == 7);
+      CHECK(m.header.clock == 11);
+      CHECK(m.payload.size() == floats * 4);
+      bool same = true;
+      for (std::size_t k = 0; k < m.payload.floats().size(); ++k)
+        same = same && m.payload.floats()[k] == static_cast<float>(seq * 1000 + k);
+      CHECK(same);
+      ++seq;
+    }
+    client.close();
+    co_await wait_for([&] { return done; });
+  });
+  CHECK(done);
+  CHECK(last == errc::connection_closed);  // no close_notify: the TCP end reads as a close
+  // Nothing of the frames is readable on the wire: no frame magic "APS1", no float pattern.
+  REQUIRE(tap.client_bytes.size() > 1200000);
+  const std::array<std::byte, 4> frame_magic{std::byte{'A'}, std::byte{'P'}, std::byte{'S'},
+                                             std::byte{'1'}};
+  CHECK(!tap.client_sent(frame_magic));
+  const float pattern[] = {4000.0f + 100, 4000.0f + 101, 4000.0f + 102};
+  CHECK(!tap.client_sent(std::as_bytes(std::span(pattern))));
+}
+
+TEST_CASE("tls: without TLS the same relay sees the frames (the wire check above is real)") {
+  asio::io_context io;
+  tcp_transport a(io.get_executor()), b(io.get_executor());
+  auto acc = b.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  relay tap(io, acc.value().local_endpoint());
+  std::error_code last;
+  bool done = false;
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(io, echo_one(acc.value(), last, done), asio::detached);
+    asio::co_spawn(io, tap.run(), asio::detached);
+    auto [ec, client] = co_await a.async_connect(tap.endpoint());
+    REQUIRE(!ec);
+    CHECK(!client.uses_tls());
+    CHECK(!(co_await client.async_send(make_message(a, 4, 300))));
+    auto [rec, m] = co_await client.async_receive();
+    CHECK(!rec);
+    client.close();
+    co_await wait_for([&] { return done; });
+  });
+  const std::array<std::byte, 4> frame_magic{std::byte{'A'}, std::byte{'P'}, std::byte{'S'},
+                                             std::byte{'1'}};
+  CHECK(tap.client_sent(frame_magic));
+  const float pattern[] = {4000.0f + 100, 4000.0f + 101, 4000.0f + 102};
+  CHECK(tap.client_sent(std::as_bytes(std::span(pattern))));
+}
+
+TEST_CASE("tls: a byte changed on the wire is detected, the frame is never delivered") {
+  asio::io_context io;
+  test::test_pki pki("tamper");
+  tcp_transport a(io.get_executor(), tls_opts(pki.issue("node-a")));
+  tcp_transport b(io.get_executor(), tls_opts(pki.issue("node-b")));
+  auto acc = b.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  relay tap(io, acc.value().local_endpoint());
+  tap.flip_at = 60000;  // inside the 1.2 MB frame, long after the handshake
+  std::error_code last;
+  bool done = false;
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(io, echo_one(acc.value(), last, done), asio::detached);
+    asio::co_spawn(io, tap.run(), asio::detached);
+    auto [ec, client] = co_await a.async_connect(tap.endpoint());
+    REQUIRE(!ec);
+    (void)co_await client.async_send(make_message(a, 1, 300000));
+    auto [rec, m] = co_await client.async_receive();
+    CHECK(rec);  // the listener closed instead of echoing
+    co_await wait_for([&] { return done; });
+  });
+  CHECK(done);
+  INFO(last.message());
+  CHECK(last == condition::protocol_violation);
+  CHECK(std::string_view(last.category().name()) == "asio.ssl");
+}
+
+TEST_CASE("tls: with a secret too, the secret's handshake runs inside TLS") {
+  asio::io_context io;
+  test::test_pki pki("secret");
+  tcp_transport st(io.get_executor(), tls_opts(pki.issue("server"), secret_of('s')));
+  std::vector<std::string> logs;
+  server_options so;
+  so.num_workers = 2;
+  so.tables = {table_spec{0, 8, 4, 0.0f}};
+  so.log = [&](std::string_view line) { logs.emplace_back(line); };
+  test_server server(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  tcp_transport good_t(io.get_executor(), tls_opts(pki.issue("worker-0"), secret_of('s')));
+  tcp_transport wrong_t(io.get_executor(), tls_opts(pki.issue("worker-1"), secret_of('w')));
+  tcp_transport no_tls_t(io.get_executor(), [] {
+    tcp_options o;
+    o.secret = secret_of('s');
+    o.auth_timeout = std::chrono::milliseconds(300);
+    return o;
+  }());
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    auto [ec, good] = co_await good_t.async_connect(ep);
+    REQUIRE(!ec);
+    co_await handshake(good_t, good, 0, 8, 4);
+    co_await acked_push(good_t, good, 0, -1.0f);
+    // A valid certificate but the wrong secret: TLS passes, the secret's handshake refuses.
+    auto before = logs.size();
+    auto [wec, wc] = co_await wrong_t.async_connect(ep);
+    CHECK(wec == errc::authentication_failed);
+    CHECK(!wc.is_open());
+    co_await wait_for([&] { return any_line(logs, before, "authentication failed"); });
+    CHECK(any_line(logs, before, "refused an unauthenticated connection (from 127.0.0.1:"));
+    // The secret without TLS: the listener waits for a TLS hello, the client for a challenge.
+    auto [nec, nc] = co_await no_tls_t.async_connect(ep);
+    CHECK(nec);
+    CHECK(!nc.is_open());
+    co_await acked_push(good_t, good, 0, -1.0f);
+    bool twice = true;
+    for (float v : server.values(0)) twice = twice && v == 2.0f;
+    CHECK(twice);
+    good.close();
+    server.stop();
+  });
+}
+
+TEST_CASE("tls: a client without TLS is refused with a named error; the listener serves others") {
+  asio::io_context io;
+  test::test_pki pki("plain");
+  tcp_transport st(io.get_executor(), tls_opts(pki.issue("server")));
+  std::vector<std::string> logs;
+  server_options so;
+  so.num_workers = 4;
+  so.tables = {table_spec{0, 8, 4, 0.0f}};
+  so.log = [&](std::string_view line) { logs.emplace_back(line); };
+  test_server server(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  tcp_transport plain_t(io.get_executor());
+  tcp_transport good_t(io.get_executor(), tls_opts(pki.issue("worker")));
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    auto [ec, plain] = co_await plain_t.async_connect(ep);  // plain TCP: nothing to check yet
+    REQUIRE(!ec);
+    message hello = protocol::encode(
+        protocol::hello{.worker = 1,
+                        .clock = 0,
+                        .fingerprint = policy_fingerprint<consistency::ssp<1>, recovery::none>(),
+                        .layout = {{8, 4}}},
+        [&](std::size_t n) { return plain_t.allocate(n); });
+    (void)co_await plain.async_send(std::move(hello));
+    auto [rec, reply] = co_await plain.async_receive();
+    INFO(rec.message());
+    CHECK(rec == errc::authentication_required);
+    CHECK(rec.message().find("TLS") != std::string::npos);
+    co_await wait_for([&] { return any_line(logs, 0, "TLS handshake failed"); });
+    CHECK(any_line(logs, 0, "refused an unauthenticated connection (from 127.0.0.1:"));
+    CHECK(any_line(logs, 0, "(TLS: the peer does not speak TLS)"));
+    CHECK(server.workers_seen() == 0);
+
+    auto [gec, good] = co_await good_t.async_connect(ep);
+    REQUIRE(!gec);
+    co_await handshake(good_t, good, 0, 8, 4);
+    co_await acked_push(good_t, good, 0, -1.0f);
+    CHECK(server.values(0)[0] == 1.0f);
+    CHECK(server.stats().rejected >= 1);
+    good.close();
+    server.stop();
+  });
+
+  // The other way round: a TLS client and a listener without TLS.
+  tcp_transport plain_listener(io.get_executor());
+  auto pacc = plain_listener.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(pacc.has_value());
+  std::error_code last;
+  bool done = false;
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(io, echo_one(pacc.value(), last, done), asio::detached);
+    auto [ec, c] = co_await good_t.async_connect(pacc.value().local_endpoint());
+    CHECK(ec == errc::tls_handshake_failed);
+    CHECK(!c.is_open());
+    co_await wait_for([&] { return done; });
+  });
+  CHECK(last == errc::authentication_required);  // the listener saw a TLS record, not a frame
+}
+
+TEST_CASE("tls: certificates of another CA are refused, both ways") {
+  asio::io_context io;
+  test::test_pki pki("cluster");
+  test::test_pki rogue_pki("rogue");
+  tcp_transport st(io.get_executor(), tls_opts(pki.issue("server")));
+  std::vector<std::string> logs;
+  server_options so;
+  so.num_workers = 4;
+  so.tables = {table_spec{0, 8, 4, 0.0f}};
+  so.log = [&](std::string_view line) { logs.emplace_back(line); };
+  test_server server(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  // A client whose certificate the rogue CA signed (it trusts the cluster's CA itself).
+  tls_options rogue = rogue_pki.issue("intruder");
+  rogue.ca_file = pki.ca_file().string();
+  tcp_transport rogue_t(io.get_executor(), tls_opts(rogue));
+  // A client that trusts only the rogue CA: it refuses the real server.
+  tcp_transport doubting_t(io.get_executor(), tls_opts(rogue_pki.issue("doubter")));
+  tcp_transport good_t(io.get_executor(), tls_opts(pki.issue("worker")));
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    auto [rec, rc] = co_await rogue_t.async_connect(ep);
+    CHECK(rec == errc::tls_handshake_failed);
+    CHECK(!rc.is_open());
+    CHECK(!rc.tls_failure().empty());  // OpenSSL's alert, e.g. "tlsv1 alert unknown ca"
+    co_await wait_for([&] { return any_line(logs, 0, "certificate verify failed"); });
+    CHECK(any_line(logs, 0, "refused an unauthenticated connection (from 127.0.0.1:"));
+    CHECK(any_line(logs, 0, "TLS handshake failed"));
+
+    auto [dec, dc] = co_await doubting_t.async_connect(ep);
+    CHECK(dec == errc::tls_handshake_failed);
+    CHECK(dc.tls_failure() == "certificate verify failed");
+
+    auto [gec, good] = co_await good_t.async_connect(ep);
+    REQUIRE(!gec);
+    co_await handshake(good_t, good, 0, 8, 4);
+    co_await acked_push(good_t, good, 0, -1.0f);
+    CHECK(server.values(0)[0] == 1.0f);
+    CHECK(server.workers_seen() == 1);
+    good.close();
+    server.stop();
+  });
+}
+
+TEST_CASE("tls: missing, garbled or mismatched files fail listen and connect, naming the file") {
+  asio::io_context io;
+  test::test_pki pki("files");
+  const tls_options a = pki.issue("node-a");
+  const tls_options b = pki.issue("node-b");
+  const auto garbled = (pki.dir() / "garbled.pem").string();
+  std::ofstream(garbled) << "-----BEGIN CERTIFICATE-----\nnot base64 at all\n";
+  const asio::ip::tcp::endpoint lo{asio::ip::make_address("127.0.0.1"), 0};
+
+  struct bad_case {
+    const char* what;
+    tls_options tls;
+    std::string expect;  // in tls_setup_error()
+  };
+  std::vector<bad_case> cases;
+  tls_options t = a;
+  t.certificate_file = (pki.dir() / "missing.pem").string();
+  cases.push_back({"missing certificate", t, "certificate file '" + t.certificate_file + "'"});
+  t = a;
+  t.certificate_file = garbled;
+  cases.push_back({"garbled certificate", t, "certificate file '" + garbled + "'"});
+  t = a;
+  t.private_key_file = (pki.dir() / "missing.key").string();
+  cases.push_back({"missing key", t, "private key file '" + t.private_key_file + "'"});
+  t = a;
+  t.private_key_file = b.private_key_file;  // node-b's key with node-a's certificate
+  cases.push_back({"mismatched key", t, "private key file '" + b.private_key_file + "'"});
+  t = a;
+  t.ca_file = garbled;
+  cases.push_back({"garbled CA", t, "CA file '" + garbled + "'"});
+  t = a;
+  t.ca_file.clear();
+  cases.push_back({"no CA", t, "needs a CA file"});
+  t = a;
+  t.certificate_file.clear();
+  cases.push_back({"no certificate", t, "needs a certificate file"});
+
+  for (const auto& c : cases) {
+    INFO(c.what);
+    tcp_transport bad(io.get_executor(), tls_opts(c.tls));
+    CHECK(!bad.uses_tls());
+    INFO(bad.tls_setup_error());
+    CHECK(bad.tls_setup_error().find(c.expect) != std::string::npos);
+    auto l = bad.listen(lo);
+    REQUIRE(!l);
+    CHECK(l.error() == errc::tls_setup_failed);
+    CHECK(l.error() == condition::fatal);
+    std::string why;
+    CHECK(make_tls_context(c.tls, why).error() == errc::tls_setup_failed);
+    CHECK(why == bad.tls_setup_error());
+    run_coro(io, [&]() -> asio::awaitable<void> {
+      auto [ec, conn] = co_await bad.async_connect(lo);
+      CHECK(ec == errc::tls_setup_failed);
+      CHECK(!conn.is_open());
+    });
+  }
+  tcp_transport missing(io.get_executor(), tls_opts(cases[0].tls));
+  CHECK(missing.tls_setup_error().find("No such file or directory") != std::string::npos);
+
+  // Good files: TLS that verifies peers authenticates them, so listening beyond loopback is
+  // allowed without a secret; without verification it is not.
+  tcp_transport good(io.get_executor(), tls_opts(a));
+  CHECK(good.tls_setup_error().empty());
+  CHECK(good.listen({asio::ip::make_address("0.0.0.0"), 0}).has_value());
+  tls_options unverified = a;
+  unverified.verify_peer = false;
+  tcp_transport lax(io.get_executor(), tls_opts(unverified));
+  REQUIRE(lax.uses_tls());
+  CHECK(lax.listen({asio::ip::make_address("0.0.0.0"), 0}).error() ==
+        errc::authentication_required);
+}
+
+TEST_CASE("tls: a server and two workers train over TLS, every push counted exactly") {
+  asio::io_context io(1);
+  test::test_pki pki("training");
+  tcp_transport st(io.get_executor(), tls_opts(pki.issue("server")));
+  server_options so;
+  so.num_workers = 2;
+  so.tables = {table_spec{0, 2, 4, 0.0f}};
+  so.log = [](std::string_view) {};
+  test_server server(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  using worker_t = basic_worker<test::counter_model, tcp_transport, consistency::ssp<1>>;
+  std::vector<std::unique_ptr<tcp_transport>> ts;
+  std::vector<test::counter_model> models;
+  std::vector<std::unique_ptr<worker_t>> ws;
+  for (std::uint32_t id = 0; id < 2; ++id) {
+    ts.push_back(std::make_unique<tcp_transport>(
+        io.get_executor(), tls_opts(pki.issue("worker-" + std::to_string(id)))));
+    models.emplace_back(id, 2, 1);
+  }
+  for (std::uint32_t id = 0; id < 2; ++id) {
+    worker_options<asio::ip::tcp::endpoint> o;
+    o.id = id;
+    o.servers = {ep};
+    o.wait_timeout = std::chrono::seconds(10);
+    o.log = [](std::string_view) {};
+    ws.push_back(std::make_unique<worker_t>(*ts[id], models[id], o));
+  }
+  std::error_code errors[2];
+  int done = 0;
+  for (std::size_t i = 0; i < 2; ++i) {
+    asio::co_spawn(
+        io,
+        [&, i]() -> asio::awaitable<void> {
+          errors[i] = co_await ws[i]->async_run(30);
+          if (++done == 2) server.stop();
+        },
+        asio::detached);
+  }
+  io.run_for(std::chrono::seconds(60));
+  REQUIRE(done == 2);
+  CHECK(!errors[0]);
+  CHECK(!errors[1]);
+  const auto v = server.values(0);
+  bool exact = true;
+  for (std::size_t i = 0; i < v.size(); ++i) exact = exact && v[i] == 30.0f;  // 30 pushes each
+  CHECK(exact);
+  CHECK(models[0].bound_violations + models[1].bound_violations == 0);
+  CHECK(models[0].own_write_violations + models[1].own_write_violations == 0);
 }

@@ -45,8 +45,21 @@ inline constexpr std::size_t challenge_bytes = prefix_bytes + nonce_bytes;
 inline constexpr std::size_t response_bytes = prefix_bytes + nonce_bytes + mac_bytes;
 inline constexpr std::size_t verdict_bytes = prefix_bytes + mac_bytes;
 
-/// The `kind` byte of a handshake message.
-enum class kind : std::uint8_t { challenge = 1, response = 2, accept = 3, refuse = 4 };
+/// The `kind` byte of a handshake message. Two are bare prefixes (8 bytes) of the TLS listener:
+/// `tls_ready`, sent inside TLS once the TLS handshake is done (under TLS 1.3 the connector's
+/// handshake ends before the listener has checked the connector's certificate, so the connector
+/// waits for it), and `tls_required`, sent in the clear to a peer whose first byte is not a TLS
+/// record, before the listener closes (so that peer can say what is missing).
+enum class kind : std::uint8_t {
+  challenge = 1,
+  response = 2,
+  accept = 3,
+  refuse = 4,
+  tls_ready = 5,
+  tls_required = 6
+};
+
+using prefix_msg = std::array<std::byte, prefix_bytes>;
 
 using nonce = std::array<std::byte, nonce_bytes>;
 using mac = std::array<std::byte, mac_bytes>;
@@ -105,6 +118,13 @@ inline std::error_code check_prefix(std::span<const std::byte, prefix_bytes> p,
   const auto k = static_cast<kind>(p[6]);
   if (k == expected || (expected == kind::accept && k == kind::refuse)) return {};
   return make_error_code(errc::authentication_failed);
+}
+
+/// A bare prefix of kind `k` (`tls_ready`, `tls_required`).
+inline prefix_msg encode_bare(kind k) noexcept {
+  prefix_msg out{};
+  encode_prefix(out.data(), k);
+  return out;
 }
 
 /// The listener's challenge carrying `ns`.

@@ -1,4 +1,5 @@
-// asyncps — detail: a connection's peer address for log lines, when its transport knows one.
+// asyncps — detail: a connection's peer address (and TLS failure reason) for log lines, when
+// its transport knows them.
 #pragma once
 
 #include <string>
@@ -15,6 +16,18 @@ std::string peer_address(const C& c) {
                 }) {
     const auto ep = c.remote_endpoint();
     return " (from " + ep.address().to_string() + ":" + std::to_string(ep.port()) + ")";
+  } else {
+    return {};
+  }
+}
+
+/// " (TLS: REASON)" when `c.tls_failure()` exists and names a reason (a TLS handshake failure
+/// of the TCP transport), else "". For the log line of a refused connection.
+template <class C>
+std::string tls_failure_note(const C& c) {
+  if constexpr (requires { std::string(c.tls_failure()); }) {
+    std::string reason(c.tls_failure());
+    return reason.empty() ? std::string{} : " (TLS: " + reason + ")";
   } else {
     return {};
   }

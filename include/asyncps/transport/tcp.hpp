@@ -1,12 +1,15 @@
 // asyncps — TCP transport over Asio (TCP_NODELAY, scatter-gather sends, pooled receives), with
-// an optional shared-secret handshake on every connection (detail/auth.hpp, docs/security.md).
+// optional mutual TLS (tls.hpp) and an optional shared-secret handshake on every connection
+// (detail/auth.hpp, docs/security.md).
 #pragma once
 
 #include <array>
 #include <charconv>
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <system_error>
 #include <tuple>
@@ -17,8 +20,12 @@
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
+#include <asio/ssl/context.hpp>
+#include <asio/ssl/error.hpp>
+#include <asio/ssl/stream.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/write.hpp>
+#include <openssl/err.h>
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/detail/asio_compat.hpp"
@@ -27,6 +34,7 @@
 #include "asyncps/options.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/secret.hpp"
+#include "asyncps/tls.hpp"
 #include "asyncps/transport.hpp"
 #include "asyncps/wire.hpp"
 
@@ -43,13 +51,18 @@ struct tcp_options {
   /// never gets a frame through. Empty: no authentication (see `allow_unauthenticated`).
   /// Every node of a run needs the same secret.
   shared_secret secret{};
-  /// Without a secret, `listen` refuses every address but a loopback one
-  /// (`errc::authentication_required`) unless this is set: set it only on a network where
+  /// Without a secret or TLS with `verify_peer`, `listen` refuses every address but a loopback
+  /// one (`errc::authentication_required`) unless this is set: set it only on a network where
   /// every host that can reach the port is trusted (docs/security.md).
   bool allow_unauthenticated = false;
-  /// How long the handshake may take, for either side; a peer that has not authenticated by
-  /// then is closed (`errc::timeout`). Unused without a secret.
+  /// How long the handshakes (TLS, then the secret's) may take, for either side; a peer that
+  /// has not authenticated by then is closed (`errc::timeout`). Unused without secret and TLS.
   std::chrono::milliseconds auth_timeout{5000};
+  /// Mutual TLS (any file set): every connection, accepted or made, runs a TLS 1.3 handshake
+  /// first, then the secret's handshake inside TLS when `secret` is set. Every node of a run
+  /// needs TLS, with certificates signed by the same CA. The transport loads the files when it
+  /// is constructed; a problem fails `listen` and `async_connect` with `errc::tls_setup_failed`.
+  tls_options tls{};
 };
 
 /// Parses "host:port" (IPv4 or IPv6 literal, or "localhost") into a TCP endpoint.
@@ -91,10 +104,24 @@ inline result<asio::ip::tcp::endpoint> parse_tcp_endpoint(std::string_view text)
 /// reading fixed-size handshake messages only (72 bytes at most) and allocating nothing from the
 /// pool before the peer has proved itself. Until that receive has completed, the accepted
 /// connection sends nothing (`async_send` fails with `errc::authentication_failed`).
+///
+/// TLS (`tcp_options::tls` set): each connection is an `asio::ssl::stream` over its socket. The
+/// TLS handshake runs where the secret's handshake runs (inside `async_connect`; inside an
+/// accepted connection's first `async_receive`, under the same `auth_timeout`) and before it;
+/// then the listener sends an 8-byte `tls_ready` message, so that `async_connect` completes only
+/// once the listener has accepted this node's certificate (docs/wire-format.md). With TLS the
+/// executor must run one handler at a time (a strand, or an `io_context` run by one thread):
+/// `asio::ssl::stream` allows one read and one write in flight, on one strand. `close()` does
+/// not send TLS's close_notify (it cannot wait for the peer): the peer sees the TCP end, which
+/// the transport reports as it does without TLS (`connection_closed` at a frame boundary,
+/// `truncated_frame` inside one). Frames over TLS are copied into TLS records (16 KiB at most)
+/// and may allocate per message; the plain path is unchanged.
 class tcp_transport {
  public:
   using executor_type = asio::any_io_executor;
   using endpoint_type = asio::ip::tcp::endpoint;
+  /// A connection's stream when TLS is on.
+  using tls_stream = asio::ssl::stream<asio::ip::tcp::socket>;
 
   /// A framed TCP connection. Models `asyncps::connection`.
   class connection {
@@ -106,7 +133,7 @@ class tcp_transport {
     /// Sends `m` (header + payload) with one gathered write. Computes `payload_bytes` and the
     /// checksum. Completes with the socket's error, or success.
     asio::awaitable<std::error_code> async_send(message m) {
-      if (!socket_) co_return make_error_code(errc::connection_closed);
+      if (!socket_ && !tls_) co_return make_error_code(errc::connection_closed);
       if (auth_ != auth_state::done) co_return make_error_code(errc::authentication_failed);
       m.header.payload_bytes = m.payload.size();
       encode_header(m.header, std::span<std::byte, header_size>(send_header_), m.payload.bytes(),
@@ -114,8 +141,14 @@ class tcp_transport {
       const std::array<asio::const_buffer, 2> bufs{
           asio::buffer(send_header_.data(), header_size),
           asio::buffer(m.payload.data(), m.payload.size())};
-      auto [ec, n] = co_await asio::async_write(*socket_, bufs, detail::use_tuple);
-      (void)n;
+      std::error_code ec;
+      if (tls_) {
+        ec = co_await tls_write(bufs);
+      } else {
+        auto [wec, n] = co_await asio::async_write(*socket_, bufs, detail::use_tuple);
+        (void)n;
+        ec = wec;
+      }
       if (ec) close();
       co_return ec;
     }
@@ -125,10 +158,14 @@ class tcp_transport {
     /// or the socket's error. A socket error closes the connection; after a malformed frame
     /// the stream cannot be parsed any more, so later receives repeat that error, but sending
     /// still works (to tell the peer why) until the owner calls `close()`. On an accepted
-    /// connection of a transport with a secret, the first receive runs the handshake first:
-    /// `errc::authentication_failed` (wrong or no secret; the peer got a refusal) or
-    /// `errc::timeout` (no proof within `auth_timeout`) close the connection for good.
-    /// `errc::authentication_required`: the peer requires a secret this transport lacks.
+    /// connection of a transport with a secret or TLS, the first receive runs the handshakes
+    /// first: `errc::tls_handshake_failed` (no TLS, or a certificate the CA did not sign;
+    /// `tls_failure()` says why), `errc::authentication_failed` (wrong or no secret; the peer
+    /// got a refusal) or `errc::timeout` (no proof within `auth_timeout`) close the connection
+    /// for good. `errc::authentication_required`: the peer requires a secret or TLS that this
+    /// transport lacks. Under TLS, OpenSSL's errors (category "asio.ssl", e.g. a record that
+    /// fails its integrity check) close the connection; they match
+    /// `condition::protocol_violation`.
     asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
       // One result object and no per-branch temporaries: keeps the coroutine frame small
       // enough for Asio's per-thread frame recycling (no heap allocation per message).
@@ -136,20 +173,31 @@ class tcp_transport {
       if (auth_ == auth_state::listener_pending) std::get<0>(out) = co_await listener_handshake();
       if (std::get<0>(out)) {
         // the handshake failed: the connection is closed
-      } else if (!socket_) {
+      } else if (!socket_ && !tls_) {
         std::get<0>(out) = make_error_code(errc::connection_closed);
       } else if (!poisoned_) {
-        auto [ec, n] = co_await asio::async_read(
-            *socket_, asio::buffer(recv_header_.data(), header_size), detail::use_tuple);
+        std::error_code ec;
+        std::size_t n = 0;
+        const auto b = asio::buffer(recv_header_.data(), header_size);
+        if (tls_) {
+          std::tie(ec, n) = co_await tls_read(b);
+        } else {
+          std::tie(ec, n) = co_await asio::async_read(*socket_, b, detail::use_tuple);
+        }
         std::get<0>(out) = on_header(ec, n, std::get<1>(out));
       } else {
         std::get<0>(out) = poisoned_;
       }
       if (!std::get<0>(out) && !std::get<1>(out).payload.empty()) {
         auto& p = std::get<1>(out).payload;
-        auto [ec, n] = co_await asio::async_read(*socket_, asio::buffer(p.data(), p.size()),
-                                                 detail::use_tuple);
-        (void)n;
+        std::error_code ec;
+        std::size_t n = 0;
+        if (tls_) {
+          std::tie(ec, n) = co_await tls_read(asio::buffer(p.data(), p.size()));
+        } else {
+          std::tie(ec, n) = co_await asio::async_read(*socket_, asio::buffer(p.data(), p.size()),
+                                                      detail::use_tuple);
+        }
         if (ec) std::get<0>(out) = on_error(ec, true);
       }
       if (!std::get<0>(out)) std::get<0>(out) = verify(std::get<1>(out));
@@ -158,29 +206,55 @@ class tcp_transport {
     }
 
     /// Closes the socket; outstanding operations complete with `asio::error::operation_aborted`.
+    /// Under TLS, no close_notify is sent (see the class comment).
     void close() noexcept {
-      if (!socket_) return;
+      if (!socket_ && !tls_) return;
       std::error_code ignored;
-      socket_->shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
-      socket_->close(ignored);
+      lowest().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+      lowest().close(ignored);
     }
-    bool is_open() const noexcept { return socket_ && socket_->is_open(); }
+    bool is_open() const noexcept {
+      return (socket_ && socket_->is_open()) || (tls_ && tls_->next_layer().is_open());
+    }
+    /// Whether this connection runs over TLS.
+    bool uses_tls() const noexcept { return tls_ != nullptr; }
+    /// Why this connection's TLS handshake failed: OpenSSL's reason (e.g. "certificate verify
+    /// failed", "wrong version number"), "the peer does not speak TLS" (a listener that got
+    /// something else), or "" (no failure, or no reason known: the peer hung up). A string
+    /// with static storage.
+    std::string_view tls_failure() const noexcept { return tls_failure_; }
 
     /// The peer's address when the connection was made (for logs; still valid after
     /// `close()`). Empty endpoint for a placeholder connection.
     endpoint_type remote_endpoint() const noexcept { return remote_; }
-    /// The underlying socket (for options such as buffer sizes). Precondition: connected
-    /// (not a default-constructed placeholder).
-    asio::ip::tcp::socket& socket() noexcept { return *socket_; }
+    /// The underlying socket (for options such as buffer sizes; under TLS, the socket below the
+    /// TLS stream). Precondition: connected (not a default-constructed placeholder).
+    asio::ip::tcp::socket& socket() noexcept { return lowest(); }
 
    private:
     friend class tcp_transport;
     enum class auth_state : std::uint8_t { done, listener_pending, failed };
 
+    asio::ip::tcp::socket& lowest() noexcept { return tls_ ? tls_->next_layer() : *socket_; }
+    const asio::ip::tcp::socket& lowest() const noexcept {
+      return tls_ ? tls_->next_layer() : *socket_;
+    }
+
+    // Reads all of `b` / writes all of `bs` over TLS (kept out of async_receive and async_send,
+    // so that their coroutine frames stay as small as without TLS).
+    asio::awaitable<std::tuple<std::error_code, std::size_t>> tls_read(asio::mutable_buffer b) {
+      co_return co_await asio::async_read(*tls_, b, detail::use_tuple);
+    }
+    asio::awaitable<std::error_code> tls_write(std::array<asio::const_buffer, 2> bs) {
+      auto [ec, n] = co_await asio::async_write(*tls_, bs, detail::use_tuple);
+      (void)n;
+      co_return ec;
+    }
+
     // Runs `steps` with `auth_timeout` as its deadline; closes the connection on any failure.
     asio::awaitable<std::error_code> with_deadline(asio::awaitable<std::error_code> steps) {
       using namespace asio::experimental::awaitable_operators;
-      asio::steady_timer timer(socket_->get_executor(), transport_->options_.auth_timeout);
+      asio::steady_timer timer(lowest().get_executor(), transport_->options_.auth_timeout);
       auto deadline = [](asio::steady_timer& t) -> asio::awaitable<std::error_code> {
         auto [ec] = co_await t.async_wait(detail::use_tuple);
         co_return ec ? ec : make_error_code(errc::timeout);
@@ -191,6 +265,7 @@ class tcp_transport {
         auth_ = auth_state::failed;
         close();
         socket_.reset();  // later receives and sends see connection_closed
+        tls_.reset();     // no operation is in flight: both branches above have completed
       } else {
         auth_ = auth_state::done;
       }
@@ -199,21 +274,90 @@ class tcp_transport {
 
     // Reads all of `b` during the handshake; a peer that hangs up has failed to authenticate.
     asio::awaitable<std::error_code> handshake_read(asio::mutable_buffer b) {
-      auto [ec, n] = co_await asio::async_read(*socket_, b, detail::use_tuple);
+      std::error_code ec;
+      std::size_t n = 0;
+      if (tls_) {
+        std::tie(ec, n) = co_await asio::async_read(*tls_, b, detail::use_tuple);
+      } else {
+        std::tie(ec, n) = co_await asio::async_read(*socket_, b, detail::use_tuple);
+      }
       (void)n;
-      co_return ec == asio::error::eof ? make_error_code(errc::authentication_failed) : ec;
+      // A peer that hangs up has failed to authenticate.
+      if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated)
+        ec = make_error_code(errc::authentication_failed);
+      co_return ec;
+    }
+    // The first bytes of a TLS record (content type handshake or alert, version 3.x): what a TLS
+    // peer sends where this transport without TLS expects a frame.
+    static bool looks_like_tls(const std::byte* p, std::size_t n) noexcept {
+      return n >= 2 && (p[0] == std::byte{0x15} || p[0] == std::byte{0x16}) &&
+             p[1] == std::byte{0x03};
+    }
+    asio::awaitable<std::error_code> handshake_write(asio::const_buffer b) {
+      std::error_code ec;
+      std::size_t n = 0;
+      if (tls_) {
+        std::tie(ec, n) = co_await asio::async_write(*tls_, b, detail::use_tuple);
+      } else {
+        std::tie(ec, n) = co_await asio::async_write(*socket_, b, detail::use_tuple);
+      }
+      co_return ec;
     }
 
-    // The listener's side (detail/auth.hpp): challenge, check the response, verdict.
+    // The TLS handshake, then the listener's `tls_ready` (sent by a listener, awaited by a
+    // connector). Any failure is `tls_handshake_failed`; OpenSSL's reason goes to tls_failure_.
+    // A listener first peeks at the peer's first byte: a peer that does not start with a TLS
+    // handshake record (OpenSSL would close without a word) is sent `tls_required` in the clear.
+    asio::awaitable<std::error_code> tls_steps(bool listener) {
+      if (listener) {
+        std::array<std::byte, 1> first{};
+        auto [pec, pn] = co_await tls_->next_layer().async_receive(
+            asio::buffer(first), asio::socket_base::message_peek, detail::use_tuple);
+        if (!pec && pn == 1 && first[0] != std::byte{0x16}) {
+          tls_failure_ = "the peer does not speak TLS";
+          const auto required = detail::auth::encode_bare(detail::auth::kind::tls_required);
+          (void)co_await asio::async_write(tls_->next_layer(), asio::buffer(required),
+                                           detail::use_tuple);
+          co_return make_error_code(errc::tls_handshake_failed);
+        }
+      }
+      auto [ec] = co_await tls_->async_handshake(listener ? asio::ssl::stream_base::server
+                                                          : asio::ssl::stream_base::client,
+                                                 detail::use_tuple);
+      if (!ec && listener) {
+        const auto ready = detail::auth::encode_bare(detail::auth::kind::tls_ready);
+        auto [wec, wn] = co_await asio::async_write(*tls_, asio::buffer(ready), detail::use_tuple);
+        (void)wn;
+        ec = wec;
+      } else if (!ec) {
+        detail::auth::prefix_msg ready{};
+        auto [rec, rn] = co_await asio::async_read(*tls_, asio::buffer(ready), detail::use_tuple);
+        (void)rn;
+        ec = rec;
+        if (!ec && detail::auth::check_prefix(ready, detail::auth::kind::tls_ready))
+          ec = make_error_code(errc::tls_handshake_failed);
+      }
+      if (!ec) co_return ec;
+      if (ec.category() == asio::error::get_ssl_category()) {
+        const char* reason = ERR_reason_error_string(
+            static_cast<unsigned long>(static_cast<unsigned int>(ec.value())));
+        tls_failure_ = reason != nullptr ? reason : "";
+      }
+      co_return make_error_code(errc::tls_handshake_failed);
+    }
+
+    // The listener's side: TLS, then the secret's (detail/auth.hpp): challenge, check the
+    // response, verdict.
     asio::awaitable<std::error_code> listener_steps() {
+      if (tls_) {
+        if (auto ec = co_await tls_steps(true)) co_return ec;
+      }
       const shared_secret& key = transport_->options_.secret;
+      if (key.empty()) co_return std::error_code{};
       detail::auth::nonce ns{}, nc{};
       if (!detail::auth::make_nonce(ns)) co_return make_error_code(errc::authentication_failed);
       const auto challenge = detail::auth::encode_challenge(ns);
-      auto [wec, wn] =
-          co_await asio::async_write(*socket_, asio::buffer(challenge), detail::use_tuple);
-      (void)wn;
-      if (wec) co_return wec;
+      if (auto wec = co_await handshake_write(asio::buffer(challenge))) co_return wec;
       detail::auth::response_msg response{};
       // The prefix first: a peer that sends a frame (no secret) is refused at once.
       if (auto ec =
@@ -232,25 +376,25 @@ class tcp_transport {
       }
       if (verdict) verdict = make_error_code(errc::authentication_failed);
       const auto answer = detail::auth::encode_verdict(key, ns, nc, !verdict);
-      auto [vec, vn] =
-          co_await asio::async_write(*socket_, asio::buffer(answer), detail::use_tuple);
-      (void)vn;
+      const auto vec = co_await handshake_write(asio::buffer(answer));
       co_return verdict ? verdict : vec;
     }
 
-    // The connector's side: answer the challenge, check the listener's proof.
+    // The connector's side: TLS, then the secret's: answer the challenge, check the listener's
+    // proof.
     asio::awaitable<std::error_code> connector_steps() {
+      if (tls_) {
+        if (auto ec = co_await tls_steps(false)) co_return ec;
+      }
       const shared_secret& key = transport_->options_.secret;
+      if (key.empty()) co_return std::error_code{};
       detail::auth::challenge_msg challenge{};
       if (auto ec = co_await handshake_read(asio::buffer(challenge))) co_return ec;
       detail::auth::nonce ns{}, nc{};
       if (auto ec = detail::auth::parse_challenge(challenge, ns)) co_return ec;
       if (!detail::auth::make_nonce(nc)) co_return make_error_code(errc::authentication_failed);
       const auto response = detail::auth::encode_response(key, ns, nc);
-      auto [wec, wn] =
-          co_await asio::async_write(*socket_, asio::buffer(response), detail::use_tuple);
-      (void)wn;
-      if (wec) co_return wec;
+      if (auto wec = co_await handshake_write(asio::buffer(response))) co_return wec;
       detail::auth::verdict_msg verdict{};
       if (auto ec = co_await handshake_read(asio::buffer(verdict))) co_return ec;
       co_return detail::auth::check_verdict(key, ns, nc, verdict);
@@ -265,17 +409,27 @@ class tcp_transport {
 
     std::error_code on_error(std::error_code ec, bool inside_frame) noexcept {
       close();
-      if (ec == asio::error::eof)
+      // Without close_notify (see close()), a TLS peer's end reads as a truncated stream.
+      if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated)
         return inside_frame ? make_error_code(errc::truncated_frame)
                             : make_error_code(errc::connection_closed);
       return ec;
     }
     std::error_code on_header(std::error_code ec, std::size_t n, message& m) {
+      // A handshake prefix and the end where a frame was expected: a TLS listener's
+      // `tls_required` (or a challenge cut short). The peer requires what this node lacks.
+      if (ec && !tls_ && n >= 4 &&
+          detail::load_le<std::uint32_t>(recv_header_.data()) == detail::auth::magic) {
+        close();
+        return make_error_code(errc::authentication_required);
+      }
       if (ec) return on_error(ec, n != 0);
       m.header = decode_header(std::span<const std::byte, header_size>(recv_header_));
       if (auto v = validate_header(m.header, transport_->options_.limits)) {
-        // A listener's handshake challenge where a frame was expected: it requires a secret.
-        if (v == errc::bad_magic && m.header.magic == detail::auth::magic)
+        // A listener's handshake challenge where a frame was expected: it requires a secret;
+        // a TLS record: the peer speaks TLS, which this transport lacks.
+        if (v == errc::bad_magic && (m.header.magic == detail::auth::magic ||
+                                     (!tls_ && looks_like_tls(recv_header_.data(), n))))
           v = make_error_code(errc::authentication_required);
         return poisoned_ = v;
       }
@@ -288,15 +442,23 @@ class tcp_transport {
         return poisoned_ = make_error_code(errc::bad_checksum);
       return {};
     }
-    connection(tcp_transport& t, asio::ip::tcp::socket s, bool accepted)
-        : transport_(&t), socket_(std::move(s)) {
+    connection(tcp_transport& t, asio::ip::tcp::socket s, bool accepted) : transport_(&t) {
       std::error_code ignored;
-      if (t.options_.no_delay) socket_->set_option(asio::ip::tcp::no_delay(true), ignored);
-      remote_ = socket_->remote_endpoint(ignored);
-      if (accepted && !t.options_.secret.empty()) auth_ = auth_state::listener_pending;
+      if (t.options_.no_delay) s.set_option(asio::ip::tcp::no_delay(true), ignored);
+      remote_ = s.remote_endpoint(ignored);
+      if (t.tls_context_) {
+        tls_ = std::make_unique<tls_stream>(std::move(s), *t.tls_context_);
+      } else {
+        socket_.emplace(std::move(s));
+      }
+      if (accepted && (!t.options_.secret.empty() || tls_)) auth_ = auth_state::listener_pending;
     }
+    bool needs_handshake() const noexcept { return tls_ || !transport_->options_.secret.empty(); }
     tcp_transport* transport_ = nullptr;
-    std::optional<asio::ip::tcp::socket> socket_;  // empty for a placeholder connection
+    // At most one of these two holds the socket; neither for a placeholder connection.
+    std::optional<asio::ip::tcp::socket> socket_;  // without TLS
+    std::unique_ptr<tls_stream> tls_;              // with TLS (the socket is its next layer)
+    const char* tls_failure_ = "";
     endpoint_type remote_{};
     auth_state auth_ = auth_state::done;
     std::error_code poisoned_;
@@ -338,23 +500,43 @@ class tcp_transport {
   using acceptor_type = acceptor;
 
   /// `ex`: where every connection of this node runs (a strand serialises the node).
+  /// With `opts.tls` set, loads the TLS files (`make_tls_context`: blocking file I/O); a problem
+  /// is reported by `listen` and `async_connect` (`errc::tls_setup_failed`) and by
+  /// `tls_setup_error()`. Exceptions: `std::bad_alloc` only.
   explicit tcp_transport(executor_type ex, tcp_options opts = {})
-      : executor_(std::move(ex)), options_(std::move(opts)), pool_(options_.pool_cache_bytes) {}
+      : executor_(std::move(ex)), options_(std::move(opts)), pool_(options_.pool_cache_bytes) {
+    if (!options_.tls.enabled()) return;
+    auto ctx = make_tls_context(options_.tls, tls_setup_error_);
+    if (ctx) {
+      tls_context_.emplace(ctx.value().release());
+    } else {
+      tls_setup_ec_ = ctx.error();
+    }
+  }
   tcp_transport(const tcp_transport&) = delete;
   tcp_transport& operator=(const tcp_transport&) = delete;
 
   executor_type get_executor() const noexcept { return executor_; }
   const wire_limits& limits() const noexcept { return options_.limits; }
   const tcp_options& options() const noexcept { return options_; }
+  /// Whether connections use TLS (`tcp_options::tls` set and its files loaded).
+  bool uses_tls() const noexcept { return tls_context_.has_value(); }
+  /// Why the TLS files could not be used: one line naming the file and the reason (see
+  /// `make_tls_context`); empty when TLS is off or ready.
+  const std::string& tls_setup_error() const noexcept { return tls_setup_error_; }
 
   /// Listens on `ep` (SO_REUSEADDR). Errors: the socket's (e.g. address in use);
-  /// `errc::weak_secret` when the secret is shorter than `min_secret_bytes`;
-  /// `errc::authentication_required` for a non-loopback `ep` (0.0.0.0 included) without a
-  /// secret, unless `tcp_options::allow_unauthenticated`.
+  /// `errc::tls_setup_failed` (see `tls_setup_error()`); `errc::weak_secret` when the secret is
+  /// shorter than `min_secret_bytes`; `errc::authentication_required` for a non-loopback `ep`
+  /// (0.0.0.0 included) without a secret nor TLS that verifies peers, unless
+  /// `tcp_options::allow_unauthenticated`.
   result<acceptor> listen(const endpoint_type& ep) {
+    if (tls_setup_ec_) return tls_setup_ec_;
     if (!options_.secret.empty() && !options_.secret.valid())
       return make_error_code(errc::weak_secret);
-    if (options_.secret.empty() && !options_.allow_unauthenticated && !ep.address().is_loopback())
+    const bool tls_authenticates = uses_tls() && options_.tls.verify_peer;
+    if (options_.secret.empty() && !tls_authenticates && !options_.allow_unauthenticated &&
+        !ep.address().is_loopback())
       return make_error_code(errc::authentication_required);
     asio::ip::tcp::acceptor a(executor_);
     std::error_code ec;
@@ -366,21 +548,26 @@ class tcp_transport {
     return acceptor{*this, std::move(a)};
   }
 
-  /// Connects to `ep`; with a secret, also runs the handshake and completes only once both
-  /// ends proved they hold it. Errors: the socket's (e.g. connection refused);
-  /// `errc::weak_secret`; `errc::authentication_failed` (the listener refused this node's
-  /// proof, or its own proof is wrong: it does not hold the secret);
-  /// `errc::authentication_required` (the listener answered with a frame, not a challenge);
-  /// `errc::timeout` (no handshake within `auth_timeout`, e.g. a listener without a secret).
+  /// Connects to `ep`; with TLS and/or a secret, also runs the handshakes and completes only
+  /// once both ends proved themselves (TLS: the listener accepted this node's certificate and
+  /// this node the listener's). Errors: the socket's (e.g. connection refused);
+  /// `errc::tls_setup_failed`; `errc::weak_secret`; `errc::tls_handshake_failed` (the
+  /// listener does not speak TLS, or one side refused the other's certificate; the returned,
+  /// closed connection's `tls_failure()` says why); `errc::authentication_failed` (the
+  /// listener refused this node's proof, or its own proof is wrong: it does not hold the
+  /// secret); `errc::authentication_required` (the listener answered with a frame, not a
+  /// challenge, or it requires TLS); `errc::timeout` (no handshake within `auth_timeout`, e.g.
+  /// a listener without a secret). On failure the connection returned is closed.
   asio::awaitable<std::tuple<std::error_code, connection>> async_connect(endpoint_type ep) {
+    if (tls_setup_ec_) co_return std::tuple{tls_setup_ec_, connection{}};
     if (!options_.secret.empty() && !options_.secret.valid())
       co_return std::tuple{make_error_code(errc::weak_secret), connection{}};
     asio::ip::tcp::socket s(executor_);
     auto [ec] = co_await s.async_connect(ep, detail::use_tuple);
     if (ec) co_return std::tuple{ec, connection{}};
     connection c{*this, std::move(s), false};
-    if (!options_.secret.empty()) {
-      if (auto hec = co_await c.connector_handshake()) co_return std::tuple{hec, connection{}};
+    if (c.needs_handshake()) {
+      if (auto hec = co_await c.connector_handshake()) co_return std::tuple{hec, std::move(c)};
     }
     co_return std::tuple{std::error_code{}, std::move(c)};
   }
@@ -394,6 +581,9 @@ class tcp_transport {
   executor_type executor_;
   tcp_options options_;
   buffer_pool pool_;
+  std::optional<asio::ssl::context> tls_context_;  // set when TLS is on and its files loaded
+  std::error_code tls_setup_ec_;
+  std::string tls_setup_error_;
 };
 
 static_assert(transport<tcp_transport>);

@@ -178,9 +178,10 @@ class basic_chain_master {
     while (s.open) {
       auto [ec, m] = co_await s.conn.async_receive();
       if (ec) {
-        if (ec == errc::authentication_failed || (ec == errc::timeout && !s.registered))
+        if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
+            (ec == errc::timeout && !s.registered))
           log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
-              ec.message());
+              ec.message() + detail::tls_failure_note(s.conn));
         break;
       }
       s.last_seen = clock_type::now();
