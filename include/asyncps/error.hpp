@@ -287,3 +287,19 @@ template <>
 struct std::is_error_code_enum<asyncps::errc> : std::true_type {};
 template <>
 struct std::is_error_condition_enum<asyncps::condition> : std::true_type {};
+
+namespace asyncps {
+
+/// True when a failed connect (`tcp_transport::async_connect` or any transport's) will fail
+/// the same way on every retry with the same options: the peer refused this node's proof of
+/// the shared secret or its certificate, requires a secret or TLS this node lacks, or this
+/// node's own secret or TLS files are unusable. A worker gives up at once on these instead of
+/// retrying for `connect_timeout`. A hang-up during the handshake (`connection_closed`) and a
+/// handshake `timeout` are not final: the listener may have died or been slow.
+inline bool is_final_connect_error(const std::error_code& ec) noexcept {
+  return ec == errc::authentication_failed || ec == errc::authentication_required ||
+         ec == errc::weak_secret || ec == errc::insecure_secret_file ||
+         ec == errc::tls_setup_failed || ec == errc::tls_handshake_failed;
+}
+
+}  // namespace asyncps

@@ -93,7 +93,9 @@ class basic_worker {
   /// `errc::not_head` (chain replication: no server of a shard accepted it within
   /// `connect_timeout`), `errc::shard_lost` (chain replication: every server holding a
   /// shard's state failed; `stats().lost_pushes` counts this worker's pushes lost with it),
-  /// or a connect error (the log names the endpoint). Precondition: runs
+  /// or a connect error (the log names the endpoint; one that `is_final_connect_error` says
+  /// no retry can fix, such as a wrong secret or a refused certificate, ends the run at once
+  /// instead of after `connect_timeout`). Precondition: runs
   /// on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
     core_.start(clocks, co_await connect_all());
@@ -220,6 +222,9 @@ class basic_worker {
           ec = co_await handshake(l.shard);
           if (!ec) break;
           if (ec != errc::not_head) co_return ec;
+        } else if (is_final_connect_error(ec)) {  // e.g. a wrong secret: no retry helps
+          core_.log("cannot connect to " + core_.server_name(l) + ": " + ec.message());
+          co_return ec;
         }
         const auto now = clock_type::now();
         if (now >= deadline) {
@@ -322,6 +327,14 @@ class basic_worker {
     while (!stopping_) {
       if (!l.reading) {  // the old read loop is done with the old connection
         auto [ec, conn] = co_await transport_.async_connect(core_.endpoint_of(l));
+        if (ec && is_final_connect_error(ec)) {  // e.g. a wrong secret: no retry helps
+          core_.log("cannot reconnect to server " + std::to_string(s) + ": " + ec.message() +
+                    "; giving up");
+          l.gave_up = true;
+          l.refused = true;
+          l.failure = ec;
+          break;
+        }
         if (!ec && !stopping_) {
           conns_[s] = std::move(conn);
           ec = co_await handshake(s);

@@ -282,10 +282,15 @@ class tcp_transport {
         std::tie(ec, n) = co_await asio::async_read(*socket_, b, detail::use_tuple);
       }
       (void)n;
-      // A peer that hangs up has failed to authenticate.
-      if (ec == asio::error::eof || ec == asio::ssl::error::stream_truncated)
-        ec = make_error_code(errc::authentication_failed);
+      // A connecting peer that hangs up has failed to authenticate. A listener that hangs up
+      // may have died (a server killed mid-handshake): the connector may retry.
+      if (hung_up(ec))
+        ec = make_error_code(accepted_ ? errc::authentication_failed : errc::connection_closed);
       co_return ec;
+    }
+    static bool hung_up(std::error_code ec) noexcept {
+      return ec == asio::error::eof || ec == asio::ssl::error::stream_truncated ||
+             ec == asio::error::connection_reset;
     }
     // The first bytes of a TLS record (content type handshake or alert, version 3.x): what a TLS
     // peer sends where this transport without TLS expects a frame.
@@ -338,6 +343,8 @@ class tcp_transport {
           ec = make_error_code(errc::tls_handshake_failed);
       }
       if (!ec) co_return ec;
+      // The listener hung up without a TLS alert (it may have died): retrying may succeed.
+      if (!listener && hung_up(ec)) co_return make_error_code(errc::connection_closed);
       if (ec.category() == asio::error::get_ssl_category()) {
         const char* reason = ERR_reason_error_string(
             static_cast<unsigned long>(static_cast<unsigned int>(ec.value())));
@@ -452,6 +459,7 @@ class tcp_transport {
         socket_.emplace(std::move(s));
       }
       if (accepted && (!t.options_.secret.empty() || tls_)) auth_ = auth_state::listener_pending;
+      accepted_ = accepted;
     }
     bool needs_handshake() const noexcept { return tls_ || !transport_->options_.secret.empty(); }
     tcp_transport* transport_ = nullptr;
@@ -461,6 +469,7 @@ class tcp_transport {
     const char* tls_failure_ = "";
     endpoint_type remote_{};
     auth_state auth_ = auth_state::done;
+    bool accepted_ = false;  // made by an acceptor (the listener's side of the handshake)
     std::error_code poisoned_;
     alignas(64) std::array<std::byte, header_size> send_header_{};
     alignas(64) std::array<std::byte, header_size> recv_header_{};
@@ -557,7 +566,11 @@ class tcp_transport {
   /// listener refused this node's proof, or its own proof is wrong: it does not hold the
   /// secret); `errc::authentication_required` (the listener answered with a frame, not a
   /// challenge, or it requires TLS); `errc::timeout` (no handshake within `auth_timeout`, e.g.
-  /// a listener without a secret). On failure the connection returned is closed.
+  /// a listener without a secret); `errc::connection_closed` (the listener hung up during
+  /// the handshake without refusing: it may have died, a retry may succeed). Every error
+  /// but the socket's, `connection_closed` and `timeout` is final: retrying the same
+  /// endpoint with the same options fails the same way (`is_final_connect_error`). On
+  /// failure the connection returned is closed.
   asio::awaitable<std::tuple<std::error_code, connection>> async_connect(endpoint_type ep) {
     if (tls_setup_ec_) co_return std::tuple{tls_setup_ec_, connection{}};
     if (!options_.secret.empty() && !options_.secret.valid())
