@@ -378,6 +378,14 @@ class basic_server {
   }
 
   const core_type& core() const noexcept { return proto_.core(); }
+  // Whether the transport's connections declare `sends_complete_at_once = true`.
+  static constexpr bool sends_complete_at_once = [] {
+    if constexpr (requires { Transport::connection_type::sends_complete_at_once; }) {
+      return bool{Transport::connection_type::sends_complete_at_once};
+    } else {
+      return false;
+    }
+  }();
 
   // ---- the effects server_protocol asks for (see detail/server_protocol.hpp) ----
   context ctx() noexcept { return context{this}; }
@@ -441,7 +449,9 @@ class basic_server {
       for (auto& m : s.sending) {
         const std::size_t n = m.payload.size();
         if (!failed) {
-          proto_.send_started(s);  // the send deadline (server_options::send_timeout)
+          // The send deadline (server_options::send_timeout), unless the transport's sends
+          // never wait for the peer (the simulated transport: no wake-up per write).
+          if constexpr (!sends_complete_at_once) proto_.send_started(s);
           if (co_await s.conn.async_send(std::move(m))) failed = true;
         }
         proto_.sent(s, n);  // written (or dropped after a failure): no longer queued

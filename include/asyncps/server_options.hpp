@@ -56,7 +56,9 @@ struct server_options {
   /// `server_stats::rejected`). Time between messages does not count: a worker may compute
   /// for minutes between requests. A worker that computes on its I/O thread (no compute
   /// executor) longer than this while the server has more than a socket buffer of messages
-  /// for it (ESSP eager rows, heartbeat reports) is closed too. 0: no limit.
+  /// for it (ESSP eager rows, heartbeat reports) is closed too. Not armed on a transport whose
+  /// sends complete at once (the simulated transport, docs/concepts/transport.md). 0: no
+  /// limit.
   std::chrono::milliseconds send_timeout{std::chrono::seconds(60)};
   log_function log{};  ///< connection events and rejected frames
   /// Called on the server's executor each time the server clock advances, with the new
