@@ -11,8 +11,8 @@
 // rules, detail::shard_core (detail/shard_core.hpp); the recovery policy's server part plugs
 // into the hooks of detail/server_hooks.hpp; a connection is a detail::server_session
 // (detail/server_session.hpp). The shell accepts connections, runs each session's read and
-// write loops and the watchdog, and executes what the protocol asks (wake a write loop, close
-// a connection).
+// write loops, the watchdog and the sweeper (hello and send deadlines), and executes what the
+// protocol asks (wake a write loop, close a connection).
 //
 // Concurrency: every coroutine of a server runs on the transport's executor; pass a strand
 // (or a single-threaded io_context) so shard state is touched by one thread at a time and no
@@ -88,7 +88,8 @@ class basic_server {
   // it declares its own, e.g. a simulated transport's virtual time).
   using timer_type = detail::transport_timer_t<Transport>;
   using clock_type = detail::transport_clock_t<Transport>;
-  using session = detail::server_session<typename Transport::connection_type, timer_type>;
+  using session = detail::server_session<typename Transport::connection_type, timer_type,
+                                         typename clock_type::time_point>;
   using protocol_type = detail::server_protocol<Consistency, Recovery, Optimizer, session,
                                                 typename clock_type::time_point, basic_server>;
   using core_type = typename protocol_type::core_type;
@@ -110,7 +111,7 @@ class basic_server {
                typename Recovery::server_part recovery = {})
       : transport_(transport), proto_(*this, std::move(opts), opt, std::move(recovery)),
         done_(transport.get_executor()), running_(transport.get_executor()),
-        watchdog_(transport.get_executor()) {
+        watchdog_(transport.get_executor()), sweeper_(transport.get_executor()) {
     static_assert(detail::check_server_part<typename Recovery::server_part, context>());
   }
 
@@ -144,6 +145,7 @@ class basic_server {
       }
     }
     if (options().watchdog_interval.count() > 0) spawn(watchdog());
+    if (options().hello_timeout.count() > 0 || options().send_timeout.count() > 0) spawn(sweeper());
     while (!stopped_) {
       auto [ec, conn] = co_await acceptor.async_accept();
       if (ec && !stopped_ && transient_accept_error(ec)) {
@@ -176,6 +178,7 @@ class basic_server {
     for (auto& s : proto_.sessions()) proto_.close(s);
     done_.cancel();
     watchdog_.cancel();
+    sweeper_.cancel();
   }
 
   /// The server clock: the minimum clock over all `num_workers` workers.
@@ -375,6 +378,14 @@ class basic_server {
   }
 
   const core_type& core() const noexcept { return proto_.core(); }
+  // Whether the transport's connections declare `sends_complete_at_once = true`.
+  static constexpr bool sends_complete_at_once = [] {
+    if constexpr (requires { Transport::connection_type::sends_complete_at_once; }) {
+      return bool{Transport::connection_type::sends_complete_at_once};
+    } else {
+      return false;
+    }
+  }();
 
   // ---- the effects server_protocol asks for (see detail/server_protocol.hpp) ----
   context ctx() noexcept { return context{this}; }
@@ -394,6 +405,7 @@ class basic_server {
   }
   static typename clock_type::time_point now() { return clock_type::now(); }
   void wake_watchdog() { watchdog_.cancel(); }
+  void wake_sweeper() { sweeper_.cancel(); }
   basic_server& server() noexcept { return *this; }  // for the part's on_clock(c, server)
 
   // Runs `a` on the executor, counted in `running_` (async_serve waits for it).
@@ -435,8 +447,14 @@ class basic_server {
       std::swap(s.outbox, s.sending);
       bool failed = false;
       for (auto& m : s.sending) {
-        s.queued_bytes -= m.payload.size();
-        if (!failed && (co_await s.conn.async_send(std::move(m)))) failed = true;
+        const std::size_t n = m.payload.size();
+        if (!failed) {
+          // The send deadline (server_options::send_timeout), unless the transport's sends
+          // never wait for the peer (the simulated transport: no wake-up per write).
+          if constexpr (!sends_complete_at_once) proto_.send_started(s);
+          if (co_await s.conn.async_send(std::move(m))) failed = true;
+        }
+        proto_.sent(s, n);  // written (or dropped after a failure): no longer queued
       }
       s.sending.clear();
       if (failed) {
@@ -453,15 +471,18 @@ class basic_server {
     while (s.open) {
       auto [ec, m] = co_await s.conn.async_receive();
       if (ec) {
-        if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
-            (ec == errc::timeout && !s.is_worker() && !s.is_peer())) {
+        if (!s.open) {
+          // The server closed it meanwhile (a deadline, the queue budget, a takeover, stop),
+          // which was logged and counted there; the receive failed because of that.
+        } else if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
+                   (ec == errc::timeout && !s.is_worker() && !s.is_peer())) {
           // Refused by the transport's handshake (it told the peer); nothing to send.
           ++proto_.stats().rejected;
           proto_.log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
                      ec.message() + detail::tls_failure_note(s.conn));
         } else if (ec == condition::protocol_violation) {
           proto_.reject(s, ec, "");
-        } else if (s.open && ec != errc::connection_closed) {
+        } else if (ec != errc::connection_closed) {
           proto_.log("connection of " + proto_.who(s) + detail::peer_address(s.conn) +
                      " lost: " + ec.message());
         }
@@ -499,11 +520,28 @@ class basic_server {
     proto_.watchdog_idle = false;
   }
 
+  // The sweeper: one coroutine and one timer per server (none per connection). It closes the
+  // connections past their hello or send deadline (server_protocol::sweep: logged, counted in
+  // `rejected`) and sleeps until the next deadline. While no connection awaits its first
+  // message and no write is in progress its timer is not armed (a simulation stays
+  // quiescent); the protocol wakes it when a deadline earlier than its timer appears.
+  asio::awaitable<void> sweeper() {
+    while (!stopped_) {
+      if (auto next = proto_.sweep()) {
+        sweeper_.expires_at(*next);
+      } else {
+        sweeper_.expires_at(clock_type::time_point::max());
+      }
+      co_await sweeper_.async_wait(detail::use_tuple);
+    }
+  }
+
   Transport& transport_;
   protocol_type proto_;  // options, counters, recovery part, shard core, sessions (sans-io)
   timer_type done_;      // the accept loop's retry pause
   detail::wait_group<timer_type> running_;  // sessions and spawned coroutines (async_serve)
   timer_type watchdog_;                     // the watchdog's timer (see `watchdog`)
+  timer_type sweeper_;                      // the sweeper's timer (see `sweeper`)
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
 };

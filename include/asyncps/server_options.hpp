@@ -31,6 +31,35 @@ struct server_options {
   /// slow (or not reading) and its connection is closed, so it cannot grow server memory.
   std::uint32_t max_queued_messages = 4096;
   std::uint64_t max_queued_bytes = std::uint64_t{256} << 20;  ///< same, in payload bytes
+  /// Server-wide budget of queued outgoing payload bytes: the sum over all connections of the
+  /// messages queued and not yet written (replies, acks, eager rows, errors; recovery links'
+  /// messages count too). When queuing a message to a worker or an unidentified connection
+  /// would exceed it, the connection holding the largest queue (it is the one not reading; a
+  /// recovery peer's is never chosen) is closed at once, logged with its address and the
+  /// figures and counted in `server_stats::over_budget_closes`, until the message fits; a
+  /// message larger than the whole budget closes its own connection. A message is never
+  /// dropped for a connection that stays open. Size it above `num_workers` x the largest
+  /// reply when every worker may wait for the same clock (BSP): their replies are queued
+  /// together when the clock advances. docs/security.md, "Resource budget".
+  std::uint64_t max_total_queued_bytes = std::uint64_t{1} << 30;
+  /// How long a connection may take from its accept to a valid first message: a worker's
+  /// `hello`, or a recovery peer's first message (the transport's authentication handshake
+  /// counts in it, see `tcp_options::auth_timeout`). Past it the connection is refused with
+  /// `errc::timeout` (logged with its address, counted in `server_stats::rejected`). 0: no
+  /// limit. Checked by one timer per server, armed only while a connection waits for its
+  /// first message or a write is in progress; a connection is closed at most 1/8 of the
+  /// smaller timeout late.
+  std::chrono::milliseconds hello_timeout{std::chrono::seconds(10)};
+  /// How long one message's write to a worker or an unidentified connection may take: a peer
+  /// that has stopped reading (its receive window stays closed) is closed at once when a write
+  /// has not completed for this long (logged with its address and its queue, counted in
+  /// `server_stats::rejected`). Time between messages does not count: a worker may compute
+  /// for minutes between requests. A worker that computes on its I/O thread (no compute
+  /// executor) longer than this while the server has more than a socket buffer of messages
+  /// for it (ESSP eager rows, heartbeat reports) is closed too. Not armed on a transport whose
+  /// sends complete at once (the simulated transport, docs/concepts/transport.md). 0: no
+  /// limit.
+  std::chrono::milliseconds send_timeout{std::chrono::seconds(60)};
   log_function log{};  ///< connection events and rejected frames
   /// Called on the server's executor each time the server clock advances, with the new
   /// clock (progress, evaluation, a group server's central link). May be empty.
@@ -46,8 +75,11 @@ struct server_options {
 
 /// Counters of a server (read on its executor).
 struct server_stats {
-  std::uint64_t connections = 0;     ///< connections accepted
-  std::uint64_t rejected = 0;        ///< connections closed for a protocol violation
+  std::uint64_t connections = 0;  ///< connections accepted
+  /// Connections refused or closed for misbehaving: a protocol violation, a failed
+  /// authentication, no first message within `hello_timeout`, a write stalled past
+  /// `send_timeout`.
+  std::uint64_t rejected = 0;
   std::uint64_t pushes = 0;          ///< push messages applied
   std::uint64_t pulls = 0;           ///< pull requests answered
   std::uint64_t deferred_pulls = 0;  ///< pulls that had to wait for the clock
@@ -58,6 +90,9 @@ struct server_stats {
   /// Hellos that took a worker id over from another connection (a restarted worker, or a
   /// reconnect while the old connection was not yet seen to be dead); the old one is closed.
   std::uint64_t takeovers = 0;
+  /// Connections closed because queuing a message would have exceeded
+  /// `server_options::max_total_queued_bytes` (see there).
+  std::uint64_t over_budget_closes = 0;
   // The recovery policy's counters are in its server part: `basic_server::recovery().stats()`.
 };
 

@@ -41,7 +41,7 @@ using namespace asyncps;
 using fuzz::require;
 using fuzz_time = std::chrono::steady_clock::time_point;
 
-struct fuzz_session : detail::server_session_state {
+struct fuzz_session : detail::server_session_state<fuzz_time> {
   explicit fuzz_session(int slot_) : slot(slot_) {}
   int slot;
   std::list<fuzz_session>::iterator self;
@@ -56,6 +56,7 @@ struct fuzz_io {
   buffer allocate(std::size_t n) { return fuzz::allocate(n); }
   fuzz_time now() const { return time; }
   void wake_watchdog() {}
+  void wake_sweeper() {}
   fuzz_io& server() { return *this; }
 
   std::vector<fuzz_session*> cut;  // sessions closed at once (e.g. over their queue limits)
@@ -73,6 +74,7 @@ server_options options() {
   o.tables = {table_spec{0, 8, 2, 0.5f}, table_spec{1, 16, 1, 0.0f}};
   o.max_pending_pulls = 4;
   o.max_queued_messages = 64;
+  o.max_total_queued_bytes = 2048;  // small: eager rows and replies to 4 sessions reach it
   o.log = [](std::string_view) {};
   return o;
 }
@@ -169,9 +171,12 @@ void run(fuzz::byte_reader& in) {
 
   auto drain = [&] {
     for (auto& s : proto.sessions()) {
-      for (auto& m : s.outbox) check_sent(proto, m);
+      for (auto& m : s.outbox) {  // what basic_server's write loop does, the peer reading
+        check_sent(proto, m);
+        proto.send_started(s);
+        proto.sent(s, m.payload.size());
+      }
       s.outbox.clear();
-      s.queued_bytes = 0;
     }
   };
   auto finish = [&](fuzz_session& s) {
@@ -188,8 +193,13 @@ void run(fuzz::byte_reader& in) {
             "the server clock is the minimum of the worker clocks");
     require(core.clock() >= server_clock, "the server clock never moves back");
     server_clock = core.clock();
-    for (const auto& s : proto.sessions())
+    std::uint64_t queued = 0;
+    for (const auto& s : proto.sessions()) {
       require(s.pending_pulls <= proto.options().max_pending_pulls, "pending pulls bounded");
+      if (!s.cut) queued += s.queued_bytes;
+    }
+    require(queued == proto.total_queued_bytes(), "the server's queued bytes add up");
+    require(queued <= proto.options().max_total_queued_bytes, "queued bytes within the budget");
   };
 
   while (in.left() != 0) {
@@ -198,7 +208,12 @@ void run(fuzz::byte_reader& in) {
     if (op >= 0xc0) {
       io.time += std::chrono::seconds(1);
       proto.report_blocked(std::chrono::milliseconds(500));
+      (void)proto.sweep();  // sessions without a hello for hello_timeout (10 s) are refused
+      for (auto* c : slot)
+        if (c != nullptr && !c->open) finish(*c);
+      io.cut.clear();
       drain();
+      check_state();
       continue;
     }
     if (op >= 0x80) {

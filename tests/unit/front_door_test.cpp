@@ -484,3 +484,152 @@ TEST_CASE("front door: the defaulted aliases and the model-layout constructor") 
   CHECK(s.values(0)[0] == 5.0f);               // row 0 counts worker 0's pushes
   CHECK(models[0].own_write_violations == 0);  // local_step learned from the server (1)
 }
+
+// ---- deadlines over real TCP (issue 15) ----
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// Waits (polling every 10 ms) until `done()` holds; false after `limit`.
+template <class P>
+asio::awaitable<bool> eventually(P done, std::chrono::milliseconds limit = 10s) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  for (auto waited = 0ms; !done(); waited += 10ms) {
+    if (waited >= limit) co_return false;
+    t.expires_after(10ms);
+    co_await t.async_wait(detail::use_tuple);
+  }
+  co_return true;
+}
+
+// Runs `body` on `io` until it has finished (the test fails after `limit`).
+template <class F>
+void run_body(asio::io_context& io, F body, std::chrono::seconds limit = 30s) {
+  bool finished = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        co_await body();
+        finished = true;
+      },
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+  io.run_for(limit);
+  REQUIRE_MESSAGE(finished, "test coroutine did not finish in time");
+}
+
+shared_secret test_secret() {
+  std::array<std::byte, 32> b{};
+  b.fill(std::byte{0x5a});
+  return shared_secret(b);
+}
+
+message hello_message(tcp_transport& t, std::uint32_t id, std::uint32_t rows, std::uint32_t width) {
+  return protocol::encode(
+      protocol::hello{.worker = id,
+                      .clock = 0,
+                      .fingerprint = policy_fingerprint<consistency::bsp, recovery::none>(),
+                      .layout = {{rows, width}}},
+      [&](std::size_t n) { return t.allocate(n); });
+}
+
+}  // namespace
+
+TEST_CASE("front door: an authenticated connection that never says hello is refused with "
+          "timeout after hello_timeout; workers are not") {
+  asio::io_context io(1);
+  tcp_options secured;
+  secured.secret = test_secret();
+  tcp_transport st(io.get_executor(), secured);
+  tcp_transport idle_t(io.get_executor(), secured);
+  lines log;
+  server_options so = one_table(1);
+  so.hello_timeout = 300ms;
+  so.log = [&](std::string_view l) { log.emplace_back(l); };
+  server<consistency::bsp> s(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { (void)co_await s.async_serve(std::move(acc).value()); },
+      asio::detached);
+  std::error_code worker_ec;
+  run_body(io, [&]() -> asio::awaitable<void> {
+    // Proves the secret, then says nothing.
+    auto [ec, c] = co_await idle_t.async_connect(ep);
+    REQUIRE(!ec);
+    auto [rec, m] = co_await c.async_receive();  // the server speaks first only to refuse
+    REQUIRE(!rec);
+    REQUIRE(m.header.type == message_type::error);
+    protocol::error e;
+    std::string detail;
+    REQUIRE(!protocol::decode(m, e, detail));
+    CHECK(e.code == errc::timeout);
+    CHECK(e.reason.find("within 300 ms") != std::string::npos);
+    auto [eof, none] = co_await c.async_receive();
+    CHECK(eof);  // then closed
+    CHECK(s.stats().rejected == 1);
+    CHECK(s.connections() == 0);
+    INFO(joined(log));
+    CHECK(any_line_has(log, "closing connection of unidentified peer 127.0.0.1:"));
+    CHECK(any_line_has(log, "operation timed out (no hello or other valid first message within "
+                            "300 ms of the connection)"));
+
+    // A worker says hello at once and trains; its compute time is not bounded.
+    tcp_transport wt(io.get_executor(), secured);
+    test::counter_model model(0, 1, 0, 4);
+    worker_options<asio::ip::tcp::endpoint> o;
+    o.servers = {ep};
+    o.log = [](std::string_view) {};
+    worker<test::counter_model, consistency::bsp> w(wt, model, o);
+    worker_ec = co_await w.async_run(3);
+    s.stop();
+  });
+  CHECK(!worker_ec);
+  CHECK(s.clock() == 3);
+  CHECK(s.stats().rejected == 1);
+}
+
+TEST_CASE("front door: a worker that stops reading is closed after send_timeout") {
+  asio::io_context io(1);
+  tcp_transport st(io.get_executor());
+  tcp_transport ct(io.get_executor());
+  lines log;
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {table_spec{0, 256, 1024, 0.0f}};  // a whole-table reply is 1 MiB
+  so.send_timeout = 300ms;
+  so.log = [&](std::string_view l) { log.emplace_back(l); };
+  server<consistency::bsp> s(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { (void)co_await s.async_serve(std::move(acc).value()); },
+      asio::detached);
+  run_body(io, [&]() -> asio::awaitable<void> {
+    auto [ec, c] = co_await ct.async_connect(ep);
+    REQUIRE(!ec);
+    c.socket().set_option(asio::socket_base::receive_buffer_size(4096));
+    REQUIRE(!(co_await c.async_send(hello_message(ct, 0, 256, 1024))));
+    // 32 MiB of replies: far more than the sockets' buffers hold. Nothing is read.
+    for (int i = 0; i < 32; ++i) {
+      message pull;
+      pull.header.type = message_type::pull;
+      pull.header.flags = frame_flags::range;
+      pull.header.row_count = 256;
+      REQUIRE(!(co_await c.async_send(std::move(pull))));
+    }
+    CHECK(co_await eventually([&] { return s.stats().rejected == 1; }));
+    CHECK(co_await eventually([&] { return s.connections() == 0; }));
+    INFO(joined(log));
+    CHECK(any_line_has(log, "closing connection of worker 0 127.0.0.1:"));
+    CHECK(any_line_has(log, "a write has not completed for 300 ms (send_timeout; "));
+    CHECK(s.workers_connected() == 0);
+    c.close();
+    s.stop();
+  });
+  CHECK(s.stats().over_budget_closes == 0);
+}

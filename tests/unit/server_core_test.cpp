@@ -7,9 +7,11 @@
 #include <limits>
 #include <list>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <doctest/doctest.h>
@@ -207,7 +209,7 @@ struct test_conn {
 };
 
 // A session: the protocol only reads and writes its sans-io state (and its address).
-struct test_session : detail::server_session_state {
+struct test_session : detail::server_session_state<test_time> {
   explicit test_session(int tag_) : tag(tag_) {}
   int tag;
   test_conn conn;
@@ -229,12 +231,14 @@ struct test_io {
   }
   test_time now() const { return time; }
   void wake_watchdog() { ++watchdog_wakes; }
+  void wake_sweeper() { ++sweeper_wakes; }
   test_io& server() { return *this; }  // what a part's on_clock(clock, server) would receive
 
   std::vector<int> woken;
   std::vector<int> closed;
   test_time time{};
   int watchdog_wakes = 0;
+  int sweeper_wakes = 0;
   int fail_allocations = 0;  ///< the next this many `allocate` calls throw std::bad_alloc
 };
 
@@ -273,8 +277,10 @@ std::optional<errc> error_code_of(const test_session& s) {
 }
 
 struct stepped {
+  explicit stepped(server_options o = proto_options())
+      : proto{io, std::move(o), optimizer::sgd{1.0f}, {}} {}
   test_io io;
-  proto_t proto{io, proto_options(), optimizer::sgd{1.0f}, {}};
+  proto_t proto;
   test_session& connect(int tag) { return proto.add_session(tag); }
   // A registered worker session `w`, its welcome taken out of the outbox.
   test_session& worker(std::uint32_t w) {
@@ -282,9 +288,17 @@ struct stepped {
     auto h = hello_from(w);
     REQUIRE(proto.receive(s, h));
     REQUIRE(s.outbox.size() == 1);
-    s.outbox.clear();
-    s.queued_bytes = 0;
+    drain(s);
     return s;
+  }
+  // What basic_server's write loop does when the peer reads: writes every queued message.
+  void drain(test_session& s) {
+    std::swap(s.outbox, s.sending);
+    for (auto& m : s.sending) {
+      proto.send_started(s);
+      proto.sent(s, m.payload.size());
+    }
+    s.sending.clear();
   }
 };
 
@@ -755,4 +769,175 @@ TEST_CASE("server_protocol: a hello at the largest clock is refused, so no clock
   CHECK(error_code_of(s) == errc::bad_clock);
   CHECK(t.proto.worker_session(0) == nullptr);
   CHECK(t.proto.core().clock() == 0);
+}
+
+// ---- resource bounds across connections, and deadlines (issue 15) ----
+
+namespace {
+
+using namespace std::chrono_literals;
+
+bool has_line(const std::vector<std::string>& lines, std::string_view what) {
+  for (const auto& l : lines)
+    if (l.find(what) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("server_protocol: over the server-wide queue budget the largest queue is closed; "
+          "the other connections keep every message") {
+  std::vector<std::string> lines;
+  auto o = proto_options();
+  o.num_workers = 3;
+  o.tables = {table_spec{0, 8, 16, 0.0f}};  // shard 0: rows [0, 4); one row is 64 bytes
+  o.max_total_queued_bytes = 200;
+  o.log = [&](std::string_view l) { lines.emplace_back(l); };
+  stepped t(o);
+  auto hello = [&](std::uint32_t w) -> test_session& {
+    auto& s = t.connect(static_cast<int>(w));
+    auto h = hello_from(w, 0, 16);
+    REQUIRE(t.proto.receive(s, h));
+    t.drain(s);
+    return s;
+  };
+  auto& w0 = hello(0);
+  auto& w1 = hello(1);
+  auto& w2 = hello(2);
+  REQUIRE(t.proto.total_queued_bytes() == 0);
+  // Worker 0 does not read: two replies of one row stay queued; worker 1 has one.
+  for (int i = 0; i < 2; ++i) {
+    auto p = pull(0, 0, 0, 1);
+    REQUIRE(t.proto.receive(w0, p));
+  }
+  auto p1 = pull(1, 0, 0, 1);
+  REQUIRE(t.proto.receive(w1, p1));
+  REQUIRE(w0.outbox.size() == 2);
+  REQUIRE(w0.queued_bytes == 128);
+  CHECK(t.proto.total_queued_bytes() == 192);
+  CHECK(t.proto.stats().over_budget_closes == 0);
+  // Worker 2's reply would make 256 > 200: worker 0, the largest queue, is closed at once.
+  auto p2 = pull(2, 0, 0, 1);
+  CHECK(t.proto.receive(w2, p2));
+  CHECK(t.io.closed == std::vector<int>{0});
+  CHECK(!w0.open);
+  CHECK(t.proto.stats().over_budget_closes == 1);
+  CHECK(t.proto.stats().rejected == 0);
+  CHECK(w1.open);
+  CHECK(w1.outbox.size() == 1);
+  CHECK(w2.open);
+  REQUIRE(w2.outbox.size() == 1);  // queued, not dropped
+  CHECK(w2.outbox[0].header.type == message_type::rows);
+  CHECK(t.proto.total_queued_bytes() == 128);
+  CHECK(has_line(lines, "closing connection of worker 0 192.0.2.7:4242: the server's queued "
+                        "bytes would exceed max_total_queued_bytes 200 (all connections hold "
+                        "192 bytes; this one holds 128 bytes in 2 messages, the largest queue; "
+                        "64 more bytes were to be queued to worker 2 192.0.2.7:4242)"));
+  // The closed session's messages no longer count, neither when its write loop drops them
+  // nor when it ends.
+  t.drain(w0);
+  t.proto.session_finished(w0);
+  CHECK(t.proto.total_queued_bytes() == 128);
+
+  // A reply larger than the whole budget (4 rows: 256 bytes) closes its own connection; the
+  // others are left alone.
+  auto all = pull(1, 0, 0, 4);
+  CHECK(t.proto.receive(w1, all));
+  CHECK(!w1.open);
+  CHECK(w1.outbox.size() == 1);  // its earlier reply only
+  CHECK(w2.open);
+  CHECK(t.proto.stats().over_budget_closes == 2);
+  CHECK(t.io.closed == std::vector<int>{0, 1});
+  CHECK(t.proto.total_queued_bytes() == 64);
+  t.drain(w2);
+  CHECK(t.proto.total_queued_bytes() == 0);
+}
+
+TEST_CASE("server_protocol: a connection without a hello within hello_timeout is refused with "
+          "timeout; the sweeper's timer is armed only while something is watched") {
+  std::vector<std::string> lines;
+  auto o = proto_options();
+  o.hello_timeout = 10s;
+  o.send_timeout = 60s;
+  o.log = [&](std::string_view l) { lines.emplace_back(l); };
+  stepped t(o);
+  const test_time start{};
+  CHECK(!t.proto.sweep());  // nothing to watch: no timer
+  auto& quiet = t.connect(5);
+  CHECK(t.io.sweeper_wakes == 1);  // the sleeping sweeper learns of the deadline
+  t.io.time = start + 4s;
+  auto& w = t.worker(0);  // greeted at 4 s: its deadline ends with its hello
+  auto next = t.proto.sweep();
+  REQUIRE(next);
+  CHECK(*next == start + 10s);
+  t.io.time = start + 10s - 1ms;
+  CHECK(t.proto.sweep() == start + 10s - 1ms + 1250ms);  // not yet; at most 1/8 late
+  CHECK(quiet.open);
+  t.io.time = start + 10s;
+  CHECK(!t.proto.sweep());  // refused; nothing left to watch
+  CHECK(!quiet.open);
+  CHECK(error_code_of(quiet) == errc::timeout);  // told why, closed after the flush
+  CHECK(t.io.closed.empty());
+  CHECK(t.proto.stats().rejected == 1);
+  CHECK(has_line(lines, "closing connection of unidentified peer 192.0.2.7:4242: operation "
+                        "timed out (no hello or other valid first message within 10000 ms"));
+  CHECK(w.open);  // the worker is not affected
+  CHECK(t.proto.worker_session(0) == &w);
+
+  // A connection that says hello in time disarms the timer at once (a simulation stays
+  // quiescent): the sweeper is woken to sleep.
+  const int wakes = t.io.sweeper_wakes;
+  auto& late = t.connect(6);
+  CHECK(t.io.sweeper_wakes == wakes + 1);
+  auto h = hello_from(1);
+  REQUIRE(t.proto.receive(late, h));
+  CHECK(t.io.sweeper_wakes == wakes + 2);
+  CHECK(!t.proto.sweep());
+}
+
+TEST_CASE("server_protocol: a write stalled for send_timeout closes its connection; time "
+          "between messages does not count") {
+  std::vector<std::string> lines;
+  auto o = proto_options();
+  o.send_timeout = 60s;
+  o.log = [&](std::string_view l) { lines.emplace_back(l); };
+  stepped t(o);
+  const test_time start{};
+  auto& w0 = t.worker(0);
+  auto& w1 = t.worker(1);
+  CHECK(!t.proto.sweep());
+  // Worker 0's reply: the write loop starts writing it and the write never completes.
+  auto p0 = pull(0, 0, 0, 4);
+  REQUIRE(t.proto.receive(w0, p0));
+  std::swap(w0.outbox, w0.sending);
+  const std::size_t n = w0.sending[0].payload.size();
+  t.proto.send_started(w0);
+  CHECK(t.proto.sweep() == start + 60s);
+  // Worker 1 keeps reading its replies.
+  for (int i = 1; i < 6; ++i) {
+    t.io.time = start + i * 10s;
+    auto p = pull(1, 0, 0, 4);
+    REQUIRE(t.proto.receive(w1, p));
+    t.drain(w1);
+    CHECK(t.proto.sweep());
+    CHECK(w0.open);
+  }
+  t.io.time = start + 60s;
+  CHECK(!t.proto.sweep());
+  CHECK(!w0.open);
+  CHECK(t.io.closed == std::vector<int>{0});  // at once: it reads nothing, not even an error
+  CHECK(t.proto.stats().rejected == 1);
+  CHECK(has_line(lines, "closing connection of worker 0 192.0.2.7:4242: a write has not "
+                        "completed for 60000 ms (send_timeout; 1 messages, " +
+                            std::to_string(n) + " bytes queued): the peer does not read"));
+  t.proto.sent(w0, n);  // the aborted write
+  w0.sending.clear();
+  CHECK(t.proto.total_queued_bytes() == 0);
+  // Worker 1 was idle between its messages, then computes for ten minutes: never closed.
+  t.io.time = start + 11min;
+  CHECK(!t.proto.sweep());
+  CHECK(w1.open);
+  auto p = pull(1, 0, 0, 4);
+  CHECK(t.proto.receive(w1, p));
+  CHECK(w1.outbox.size() == 1);
 }

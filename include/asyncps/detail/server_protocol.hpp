@@ -5,7 +5,10 @@
 // and the counters. A message in (`receive`) greets a hello, validates and dispatches a
 // worker's push, clock, pull, bye or error, or hands a peer's message to the recovery part;
 // its effects are recorded as data (messages queued in a session's outbox, sessions marked
-// closing) plus a few calls on the shell `Io`, which owns every socket, timer and executor:
+// closing) plus a few calls on the shell `Io`, which owns every socket, timer and executor.
+// It also keeps the server's resource bounds: the per-connection queue limits, the server-wide
+// queue budget (`enqueue`), and the hello and send deadlines (`sweep`, run by one timer of the
+// shell: the sweeper), deciding them with detail::server_bounds (detail/server_bounds.hpp).
 //
 //   io.ctx()             the recovery hooks' context (basic_server::context)
 //   io.wake(s)           session `s` has a message to send or is closing: wake its write loop
@@ -13,6 +16,8 @@
 //   io.allocate(n)       a payload buffer of n bytes
 //   io.now()             the transport clock's time
 //   io.wake_watchdog()   a pull now waits, or nothing can wait any more: re-arm the watchdog
+//   io.wake_sweeper()    a deadline earlier than the sweeper's timer appeared, or nothing is
+//                        watched any more: the sweeper calls `sweep` and re-arms its timer
 //   io.server()          what the recovery part's `on_clock(clock, server)` receives
 //
 // `basic_server` (server.hpp) is the shell; tests/unit/server_core_test.cpp steps it with a
@@ -36,6 +41,7 @@
 #include <vector>
 
 #include "asyncps/consistency.hpp"
+#include "asyncps/detail/server_bounds.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/server_session.hpp"
 #include "asyncps/detail/shard_core.hpp"
@@ -50,8 +56,9 @@
 namespace asyncps::detail {
 
 /// The protocol of one server shard (see the file comment). `Session` derives from
-/// `server_session_state` and has `typename std::list<Session>::iterator self`; `TimePoint`
-/// is the transport clock's time; `Io` is the shell (pointer kept; it outlives this object).
+/// `server_session_state<TimePoint>` and has `typename std::list<Session>::iterator self`;
+/// `TimePoint` is the transport clock's time; `Io` is the shell (pointer kept; it outlives
+/// this object).
 template <class Consistency, class Recovery, class Optimizer, class Session, class TimePoint,
           class Io>
 class server_protocol {
@@ -64,7 +71,7 @@ class server_protocol {
   server_protocol(Io& io, server_options opts, Optimizer opt, part_type part)
       : io_(&io), opts_(std::move(opts)), part_(std::move(part)),
         core_(opts_.shard, opts_.num_shards, opts_.num_workers, opts_.tables, opts_.seed, opt),
-        connected_once_(opts_.num_workers, 0) {}
+        connected_once_(opts_.num_workers, 0), bounds_(opts_) {}
 
   const server_options& options() const noexcept { return opts_; }
   server_stats& stats() noexcept { return stats_; }
@@ -81,6 +88,9 @@ class server_protocol {
   }
   /// Whether the watchdog sleeps until a pull is deferred (read and set by the shell).
   bool watchdog_idle = false;
+  /// Payload bytes queued now over all sessions not closed at once (see
+  /// `server_options::max_total_queued_bytes`).
+  std::uint64_t total_queued_bytes() const noexcept { return bounds_.queued_bytes(); }
 
   // ---- sessions ----
 
@@ -93,6 +103,7 @@ class server_protocol {
       // Taken now: once the peer has gone, a socket no longer knows it.
       s.address = endpoint_string(s.conn.remote_endpoint());
     }
+    if (bounds_.on_opened(s, io_->now())) io_->wake_sweeper();
     return s;
   }
   /// Both loops of `s` finished: forgets it (worker registry, waiting pulls, recovery part).
@@ -109,10 +120,15 @@ class server_protocol {
       part_.on_session_closed(io_->ctx(), s);
     }
     core_.drop(&s);
+    bounds_.on_finished(s);
     sessions_.erase(s.self);
+    settle();  // e.g. the last connection ended: the sweeper's timer is disarmed
   }
   /// Queues `m` to `s` (nothing when `s` is closing). A worker session over the queue limits
-  /// is closed instead (logged); `peer`: a recovery link, bounded by its own protocol.
+  /// is closed instead (logged); `peer`: a recovery link, bounded by its own protocol. When
+  /// `m` would take the server's queued bytes past `max_total_queued_bytes`, the sessions
+  /// with the largest queues are closed until it fits (see `make_room`); `s` among them, then
+  /// `m` is not queued.
   void enqueue(Session& s, message m, bool peer = false) {
     if (!s.open) return;
     if (!peer &&
@@ -123,14 +139,51 @@ class server_protocol {
       close(s);
       return;
     }
+    if (!peer && !make_room(s, m.payload.size())) return;
     stats_.bytes_out += m.payload.size();
+    bounds_.on_queued(m.payload.size());
     s.queue(std::move(m));
     io_->wake(s);
   }
-  /// Closes `s` now (even while it flushes its last messages).
+  /// Closes `s` now (even while it flushes its last messages). Its queued messages no longer
+  /// count toward the server's budget (the write loop frees them as its write is aborted).
   void close(Session& s) {
     s.open = false;
+    bounds_.on_cut(s);
     io_->close(s);
+  }
+
+  // ---- the write loop's accounting and the deadlines ----
+
+  /// The shell's write loop starts writing one message of `s` (its send deadline starts).
+  void send_started(Session& s) {
+    if (bounds_.on_send_started(s, io_->now())) io_->wake_sweeper();
+  }
+  /// The write of a message of `payload_bytes` to `s` has completed (or was dropped): it no
+  /// longer counts as queued.
+  void sent(Session& s, std::size_t payload_bytes) noexcept { bounds_.on_sent(s, payload_bytes); }
+  /// Closes every session past a deadline as of `io.now()`: no valid first message within
+  /// `hello_timeout` of its start (refused with `errc::timeout`), or a write in progress for
+  /// `send_timeout` (closed at once). Both are logged with the address and counted in
+  /// `stats().rejected`. Returns when to call it next (see `server_bounds::sweep`); none when
+  /// nothing is watched: the shell's timer then sleeps until `io.wake_sweeper()`. Cost: one
+  /// pass over the sessions.
+  std::optional<TimePoint> sweep() {
+    return bounds_.sweep(
+        sessions_, io_->now(),
+        [this](Session& s) {
+          ++stats_.rejected;
+          log("closing connection of " + who(s) + ": a write has not completed for " +
+              std::to_string(opts_.send_timeout.count()) + " ms (send_timeout; " +
+              std::to_string(s.queued()) + " messages, " + std::to_string(s.queued_bytes) +
+              " bytes queued): the peer does not read");
+          close(s);
+        },
+        [this](Session& s) {
+          reject(s, errc::timeout,
+                 " (no hello or other valid first message within " +
+                     std::to_string(opts_.hello_timeout.count()) + " ms of the connection)");
+        });
   }
   /// Closes `s` once its queued messages are sent.
   void close_after_flush(Session& s) {
@@ -167,6 +220,7 @@ class server_protocol {
     std::string detail;
     std::error_code err;
     if (s.is_worker() && worker_session(s.worker) != &s) return false;  // taken over: ignored
+    const bool first = bounds_.awaits_hello(s);
     try {
       err = handle(s, m, detail);
     } catch (const std::bad_alloc&) {
@@ -178,13 +232,15 @@ class server_protocol {
       detail = " (type " + std::to_string(static_cast<int>(m.header.type)) + ", " +
                std::to_string(m.payload.size()) + " payload bytes)";
     }
-    if (!err) return true;
-    try {
-      reject(s, err, detail);
-    } catch (const std::exception&) {  // no memory for the error frame either: just close
-      close(s);
+    if (err) {
+      try {
+        reject(s, err, detail);
+      } catch (const std::exception&) {  // no memory for the error frame either: just close
+        close(s);
+      }
     }
-    return false;
+    if (first) settle();  // greeted, claimed or refused: its hello deadline is over
+    return !err;
   }
 
  private:
@@ -488,6 +544,30 @@ class server_protocol {
   }
 
  private:
+  // Makes room for `bytes` more queued bytes for session `s` under max_total_queued_bytes:
+  // closes the sessions with the largest queues (`server_bounds::over_budget`) until they
+  // fit, each logged with its address and the figures. Returns false when `s` itself was
+  // closed (then nothing is queued to it).
+  bool make_room(Session& s, std::size_t bytes) {
+    while (Session* victim = bounds_.over_budget(sessions_, s, bytes)) {
+      ++stats_.over_budget_closes;
+      log("closing connection of " + who(*victim) +
+          ": the server's queued bytes would exceed max_total_queued_bytes " +
+          std::to_string(opts_.max_total_queued_bytes) + " (all connections hold " +
+          std::to_string(bounds_.queued_bytes()) + " bytes; this one holds " +
+          std::to_string(victim->queued_bytes) + " bytes in " + std::to_string(victim->queued()) +
+          " messages" + (victim == &s ? "" : ", the largest queue") + "; " + std::to_string(bytes) +
+          " more bytes were to be queued to " + (victim == &s ? "it" : who(s)) + ")");
+      close(*victim);
+      if (victim == &s) return false;
+    }
+    return true;
+  }
+  // A session's deadline ended: the sweeper disarms its timer when nothing is watched.
+  void settle() {
+    if (bounds_.settle(sessions_)) io_->wake_sweeper();
+  }
+
   static constexpr bool numbered_type(message_type t) noexcept {
     return t == message_type::push || t == message_type::clock;
   }
@@ -756,6 +836,7 @@ class server_protocol {
   std::vector<std::uint64_t> seen_seq_;     // per worker: highest seq received (any connection)
   std::vector<char> connected_once_;        // per worker: has connected at least once
   std::list<Session> sessions_;
+  server_bounds<Session, TimePoint> bounds_;  // queue budget, hello and send deadlines
 };
 
 }  // namespace asyncps::detail

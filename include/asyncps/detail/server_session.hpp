@@ -3,8 +3,9 @@
 //
 // `server_session_state` is the sans-io part (what `server_protocol` reads and writes: the
 // recovery part's view `session_base`, the queued messages, the reader's subscriptions, its
-// waiting pulls); `server_session` adds the connection and the timer that wakes its write
-// loop (`basic_server` runs the loops). Thread safety: the server's executor.
+// waiting pulls, the times its hello and send deadlines count from); `server_session` adds the
+// connection and the timer that wakes its write loop (`basic_server` runs the loops). Thread
+// safety: the server's executor.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +27,9 @@ struct queue_limits {
   std::uint64_t bytes = std::uint64_t{256} << 20;  ///< payload bytes queued
 };
 
-/// The sans-io state of one server connection (see the file comment).
+/// The sans-io state of one server connection (see the file comment). `TimePoint`: the
+/// transport clock's time.
+template <class TimePoint>
 struct server_session_state : session_base {
   /// The peer's address as text (for log lines), taken when the session starts; empty when
   /// the connection has no `remote_endpoint()`.
@@ -37,6 +40,12 @@ struct server_session_state : session_base {
   std::uint32_t pending_pulls = 0;  ///< pulls of this session waiting in the shard core
   std::uint64_t queued_bytes = 0;   ///< payload bytes in outbox + sending
   int running = 2;                  ///< loops still running (read_loop + write_loop)
+  bool cut = false;  ///< closed at once (`server_protocol::close`): its queue no longer counts
+  /// When the session started (`server_options::hello_timeout` counts from here).
+  TimePoint opened{};
+  /// When the write in progress began (`server_options::send_timeout` counts from here);
+  /// `TimePoint::max()` while no write is in progress.
+  TimePoint send_since = TimePoint::max();
 
   /// Messages queued in all (outbox and being sent).
   std::size_t queued() const noexcept { return outbox.size() + sending.size(); }
@@ -54,10 +63,11 @@ struct server_session_state : session_base {
 /// One server connection: the sans-io state, the transport's connection `Connection` and the
 /// timer `Timer` its write loop sleeps on (expires at `time_point::max()`, set once; queuing
 /// a message cancels the wait). `self` is its position in the server's session list.
-template <class Connection, class Timer>
-struct server_session : server_session_state {
-  template <class Executor, class TimePoint>
-  server_session(Connection c, const Executor& ex, TimePoint never)
+/// `TimePoint`: the transport clock's time.
+template <class Connection, class Timer, class TimePoint>
+struct server_session : server_session_state<TimePoint> {
+  template <class Executor, class Never>
+  server_session(Connection c, const Executor& ex, Never never)
       : conn(std::move(c)), wake(ex, never) {}
   Connection conn;
   Timer wake;

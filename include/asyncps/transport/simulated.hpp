@@ -72,6 +72,10 @@ class simulated_transport {
     }
     ~connection() { close(); }  // then `end_` releases the pipe
 
+    /// `async_send` never waits for the peer (see there): a server arms no send deadline
+    /// (`server_options::send_timeout`) for its writes.
+    static constexpr bool sends_complete_at_once = true;
+
     /// Puts `m` on the wire; it arrives after the latency model's delay (FIFO per connection).
     /// Completes at once (the sender is never blocked). Errors: `errc::connection_closed`
     /// when this side closed, `std::errc::connection_reset` after a fault. After the peer
