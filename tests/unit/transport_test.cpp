@@ -230,6 +230,17 @@ namespace {
 using test_server = basic_server<tcp_transport, consistency::ssp<1>>;
 using test_server_in_process = basic_server<in_process_transport, consistency::ssp<1>>;
 
+// Listens on a free loopback port of `t` and runs `node.async_serve` (a server or a chain
+// master) on `io`; returns the port's address.
+template <class Node>
+asio::ip::tcp::endpoint serve_on_loopback(asio::io_context& io, tcp_transport& t, Node& node) {
+  auto acc = t.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(io, node.async_serve(std::move(acc).value()), asio::detached);
+  return ep;
+}
+
 struct raw_result {
   bool closed_by_server = false;
   std::string error_reason;  // payload of an error frame, if one came
@@ -365,10 +376,7 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
   so.tables = {table_spec{0, 8, 4, 0.0f}};
   so.log = [&](std::string_view line) { logs.emplace_back(line); };
   test_server server(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
-  REQUIRE(acc.has_value());
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  const auto ep = serve_on_loopback(io, st, server);
 
   tcp_transport wt(io.get_executor());
   run_coro(io, [&]() -> asio::awaitable<void> {
@@ -1020,10 +1028,7 @@ TEST_CASE(
   so.tables = {table_spec{0, 8, 4, 0.0f}};
   so.log = [&](std::string_view line) { logs.emplace_back(line); };
   test_server server(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
-  REQUIRE(acc.has_value());
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  const auto ep = serve_on_loopback(io, st, server);
   auto all_equal = [&](float want) {
     bool same = true;
     for (float v : server.values(0)) same = same && v == want;
@@ -1143,10 +1148,7 @@ TEST_CASE("auth: before authenticating, a peer costs a fixed handshake read and 
   so.tables = {table_spec{0, 8, 4, 0.0f}};
   so.log = [&](std::string_view line) { logs.emplace_back(line); };
   test_server server(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
-  REQUIRE(acc.has_value());
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  const auto ep = serve_on_loopback(io, st, server);
   const auto pool_before = st.pool().stats();
   run_coro(io, [&]() -> asio::awaitable<void> {
     frame_header big;
@@ -1188,10 +1190,7 @@ TEST_CASE("auth: an unauthenticated chain_hello never reaches the chain master")
   mo.heartbeat_timeout = std::chrono::seconds(10);
   mo.log = [&](std::string_view line) { logs.emplace_back(line); };
   basic_chain_master<tcp_transport> master(mt, mo);
-  auto acc = mt.listen({asio::ip::make_address("127.0.0.1"), 0});
-  REQUIRE(acc.has_value());
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(io, master.async_serve(std::move(acc).value()), asio::detached);
+  const auto ep = serve_on_loopback(io, mt, master);
   tcp_transport member_t(io.get_executor(), secured);
   run_coro(io, [&]() -> asio::awaitable<void> {
     buffer_pool pool;
@@ -1432,10 +1431,7 @@ TEST_CASE("tls: with a secret too, the secret's handshake runs inside TLS") {
   so.tables = {table_spec{0, 8, 4, 0.0f}};
   so.log = [&](std::string_view line) { logs.emplace_back(line); };
   test_server server(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
-  REQUIRE(acc.has_value());
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  const auto ep = serve_on_loopback(io, st, server);
   tcp_transport good_t(io.get_executor(), tls_opts(pki.issue("worker-0"), secret_of('s')));
   tcp_transport wrong_t(io.get_executor(), tls_opts(pki.issue("worker-1"), secret_of('w')));
   tcp_transport no_tls_t(io.get_executor(), [] {
@@ -1479,10 +1475,7 @@ TEST_CASE("tls: a client without TLS is refused with a named error; the listener
   so.tables = {table_spec{0, 8, 4, 0.0f}};
   so.log = [&](std::string_view line) { logs.emplace_back(line); };
   test_server server(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
-  REQUIRE(acc.has_value());
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  const auto ep = serve_on_loopback(io, st, server);
   tcp_transport plain_t(io.get_executor());
   tcp_transport good_t(io.get_executor(), tls_opts(pki.issue("worker")));
   run_coro(io, [&]() -> asio::awaitable<void> {
@@ -1546,10 +1539,7 @@ TEST_CASE("tls: certificates of another CA are refused, both ways") {
   so.tables = {table_spec{0, 8, 4, 0.0f}};
   so.log = [&](std::string_view line) { logs.emplace_back(line); };
   test_server server(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
-  REQUIRE(acc.has_value());
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  const auto ep = serve_on_loopback(io, st, server);
   // A client whose certificate the rogue CA signed (it trusts the cluster's CA itself).
   tls_options rogue = rogue_pki.issue("intruder");
   rogue.ca_file = pki.ca_file().string();
@@ -1662,10 +1652,7 @@ TEST_CASE("tls: a server and two workers train over TLS, every push counted exac
   so.tables = {table_spec{0, 2, 4, 0.0f}};
   so.log = [](std::string_view) {};
   test_server server(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
-  REQUIRE(acc.has_value());
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  const auto ep = serve_on_loopback(io, st, server);
   using worker_t = basic_worker<test::counter_model, tcp_transport, consistency::ssp<1>>;
   std::vector<std::unique_ptr<tcp_transport>> ts;
   std::vector<test::counter_model> models;
@@ -1718,10 +1705,7 @@ TEST_CASE("auth: a worker refused for its secret gives up at once instead of ret
   so.tables = {table_spec{0, 2, 4, 0.0f}};
   so.log = [](std::string_view) {};
   test_server server(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen({asio::ip::make_address("127.0.0.1"), 0});
-  REQUIRE(acc.has_value());
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+  const auto ep = serve_on_loopback(io, st, server);
   tcp_options wrong;
   wrong.secret = secret_of('w');
   tcp_transport wt(io.get_executor(), wrong);
