@@ -272,15 +272,16 @@ class tcp_transport {
       co_return ec;
     }
 
-    // Reads all of `b` during the handshake; a peer that hangs up has failed to authenticate.
+    // `op(stream)` on the TLS stream or the plain socket, whichever this connection uses
+    // (`op` returns the same awaitable type for both).
+    template <class Op>
+    auto on_stream(Op op) {
+      return tls_ ? op(*tls_) : op(*socket_);
+    }
+    // Reads all of `b` during the handshake (see below for a peer that hangs up).
     asio::awaitable<std::error_code> handshake_read(asio::mutable_buffer b) {
-      std::error_code ec;
-      std::size_t n = 0;
-      if (tls_) {
-        std::tie(ec, n) = co_await asio::async_read(*tls_, b, detail::use_tuple);
-      } else {
-        std::tie(ec, n) = co_await asio::async_read(*socket_, b, detail::use_tuple);
-      }
+      auto [ec, n] = co_await on_stream(
+          [b](auto& stream) { return asio::async_read(stream, b, detail::use_tuple); });
       (void)n;
       // A connecting peer that hangs up has failed to authenticate. A listener that hangs up
       // may have died (a server killed mid-handshake): the connector may retry.
@@ -299,13 +300,9 @@ class tcp_transport {
              p[1] == std::byte{0x03};
     }
     asio::awaitable<std::error_code> handshake_write(asio::const_buffer b) {
-      std::error_code ec;
-      std::size_t n = 0;
-      if (tls_) {
-        std::tie(ec, n) = co_await asio::async_write(*tls_, b, detail::use_tuple);
-      } else {
-        std::tie(ec, n) = co_await asio::async_write(*socket_, b, detail::use_tuple);
-      }
+      auto [ec, n] = co_await on_stream(
+          [b](auto& stream) { return asio::async_write(stream, b, detail::use_tuple); });
+      (void)n;
       co_return ec;
     }
 
