@@ -1,12 +1,18 @@
-// asyncps_memory_probe: the server-wide queue budget under a probe (docs/security.md, Resource
-// budget). K clients say hello as workers, ask for the whole 64 MiB shard N times each and never
-// read. Prints the peak RSS and the counters. Usage: asyncps_memory_probe BUDGET_MIB [K] [N]
-// (BUDGET_MIB: server_options::max_total_queued_bytes in MiB, 0 = unlimited).
+// asyncps_memory_probe: the server-wide memory budgets under two probes (docs/security.md,
+// Resource budget). Prints the peak RSS and the counters. Usage:
+//   asyncps_memory_probe replies BUDGET_MIB [K] [N]
+//     K clients say hello as workers, ask for the whole 64 MiB shard N times each and never
+//     read (BUDGET_MIB: server_options::max_total_queued_bytes, 0 = unlimited).
+//   asyncps_memory_probe frames BUDGET_MIB [K]
+//     K connections each announce a 64 MiB push, send half of it and stall (BUDGET_MIB:
+//     tcp_options::max_receive_bytes, 0 = unlimited).
 #include <sys/resource.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +21,7 @@
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/write.hpp>
 
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/protocol.hpp"
@@ -24,16 +31,15 @@
 using namespace asyncps;
 using namespace std::chrono_literals;
 
-static long peak_rss_mib() {
+namespace {
+
+long peak_rss_mib() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return u.ru_maxrss / 1024;
 }
 
-int main(int argc, char** argv) {
-  const std::uint64_t budget_mib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 0;
-  const std::uint32_t k = argc > 2 ? static_cast<std::uint32_t>(std::atoi(argv[2])) : 8;
-  const int n = argc > 3 ? std::atoi(argv[3]) : 2;
+int probe_replies(std::uint64_t budget_mib, std::uint32_t k, int n) {
   const std::uint32_t rows = 1u << 16, width = 256;  // 64 MiB shard, 64 MiB per full reply
   asio::io_context io(1);
   tcp_transport st(io.get_executor());
@@ -95,4 +101,77 @@ int main(int argc, char** argv) {
   io.run();
   if (!log.empty()) std::printf("first log line: %s\n", log.front().c_str());
   return 0;
+}
+
+int probe_frames(std::uint64_t budget_mib, std::uint32_t k) {
+  constexpr std::size_t frame = std::size_t{64} << 20;
+  asio::io_context io(1);
+  tcp_options to;
+  to.max_receive_bytes = budget_mib << 20;  // 0: unlimited
+  tcp_transport st(io.get_executor(), to);
+  server_options so;
+  so.num_workers = k;
+  so.tables = {table_spec{0, 1u << 16, 256, 0.0f}};  // 64 MiB: a push of it all is 64 MiB
+  so.hello_timeout = 0ms;  // the probe measures the budget, not the deadline
+  so.log = [](std::string_view) {};
+  server<consistency::asp> s(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { (void)co_await s.async_serve(std::move(acc).value()); },
+      asio::detached);
+  // One header announcing a 64 MiB push, then half of its payload (one shared source buffer).
+  frame_header h;
+  h.type = message_type::push;
+  h.flags = frame_flags::range;
+  h.row_count = 1u << 16;
+  h.width = 256;
+  h.payload_bytes = frame;
+  std::array<std::byte, header_size> header{};
+  encode_header(h, header, {}, false);
+  std::vector<std::byte> half(frame / 2, std::byte{1});
+  std::vector<asio::ip::tcp::socket> socks;
+  socks.reserve(k);  // async_write holds a reference to its socket: no reallocation
+  const long before = peak_rss_mib();
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        for (std::uint32_t i = 0; i < k; ++i) {
+          socks.emplace_back(io);
+          auto [ec] = co_await socks.back().async_connect(ep, detail::use_tuple);
+          if (ec) std::abort();
+          const std::array<asio::const_buffer, 2> bufs{asio::buffer(header), asio::buffer(half)};
+          asio::async_write(socks.back(), bufs, [](std::error_code, std::size_t) {});
+        }
+        asio::steady_timer t(io);
+        t.expires_after(2s);
+        co_await t.async_wait(detail::use_tuple);
+        std::printf("max_receive_bytes %llu MiB, %u connections x half of a %zu MiB frame: peak "
+                    "RSS %ld MiB (before the connections: %ld MiB); receive pool %zu MiB lent, "
+                    "%zu MiB cached, %llu frames waited\n",
+                    static_cast<unsigned long long>(budget_mib), k, frame >> 20, peak_rss_mib(),
+                    before, st.receive_pool().lent_bytes() >> 20,
+                    st.receive_pool().cached_bytes() >> 20,
+                    static_cast<unsigned long long>(st.receive_waits()));
+        for (auto& c : socks) c.close();
+        s.stop();
+      },
+      asio::detached);
+  io.run();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const std::uint64_t budget_mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 0;
+  if (mode == "replies")
+    return probe_replies(budget_mib, argc > 3 ? static_cast<std::uint32_t>(std::atoi(argv[3])) : 8,
+                         argc > 4 ? std::atoi(argv[4]) : 2);
+  if (mode == "frames")
+    return probe_frames(budget_mib, argc > 3 ? static_cast<std::uint32_t>(std::atoi(argv[3])) : 16);
+  std::fprintf(stderr, "usage: asyncps_memory_probe replies BUDGET_MIB [K] [N]\n"
+                       "       asyncps_memory_probe frames BUDGET_MIB [K]\n");
+  return 2;
 }

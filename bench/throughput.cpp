@@ -2,10 +2,13 @@
 // next to the machine's raw loopback ceiling measured in the same run.
 //
 //   asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S] [--windows 1,16]
-//                 [--transport tcp,tcp-secret,tcp-tls,in-process] [--size BYTES] [--workers N]
+//                 [--transport tcp,tcp-nocheck,tcp-secret,tcp-tls,in-process] [--size BYTES]
+//                 [--workers N]
 //                 [--op push|pull|push+pull] [--no-raw]
 //
-// Transports: `tcp` (plain), `tcp-secret` (the shared-secret handshake on every connection),
+// Transports: `tcp` (plain), `tcp-nocheck` (plain, frames checksum their header only:
+// `tcp_options::checksum_payloads` off at both ends), `tcp-secret` (the shared-secret
+// handshake on every connection),
 // `tcp-tls` (mutual TLS with certificates of a throwaway CA made at start-up,
 // tests/support/test_pki.hpp), `in-process`; several, comma-separated, run one after another
 // in the same process (docs/security.md, "Cost").
@@ -274,7 +277,7 @@ void run_setup(const config& cfg, const setup& su, std::vector<row>& rows, ModeA
                "asyncps_bench: %s\n"
                "usage: asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S]\n"
                "                     [--windows 1,16] [--size BYTES] [--workers N]\n"
-               "                     [--transport tcp,tcp-secret,tcp-tls,in-process]\n"
+               "                     [--transport tcp,tcp-nocheck,tcp-secret,tcp-tls,in-process]\n"
                "                     [--op push|pull|push+pull] [--no-raw]\n",
                msg);
   std::exit(2);
@@ -312,8 +315,10 @@ config parse(int argc, char** argv) {
       for (std::size_t pos = 0; pos <= v.size();) {
         const std::size_t comma = std::min(v.find(',', pos), v.size());
         const std::string t = v.substr(pos, comma - pos);
-        if (t != "tcp" && t != "tcp-secret" && t != "tcp-tls" && t != "in-process")
-          usage("--transport takes tcp, tcp-secret, tcp-tls or in-process (comma-separated)");
+        if (t != "tcp" && t != "tcp-nocheck" && t != "tcp-secret" && t != "tcp-tls" &&
+            t != "in-process")
+          usage("--transport takes tcp, tcp-nocheck, tcp-secret, tcp-tls or in-process "
+                "(comma-separated)");
         cfg.transports.push_back(t);
         pos = comma + 1;
       }
@@ -366,10 +371,11 @@ double load_average() {
 }
 
 int rank_transport(const std::string& t) {
-  static const char* order[] = {"raw-tcp", "tcp", "tcp-secret", "tcp-tls", "in-process"};
-  for (int i = 0; i < 5; ++i)
+  static const char* order[] = {"raw-tcp",    "tcp",     "tcp-nocheck",
+                                "tcp-secret", "tcp-tls", "in-process"};
+  for (int i = 0; i < 6; ++i)
     if (t == order[i]) return i;
-  return 5;
+  return 6;
 }
 int rank_op(const std::string& op) {
   static const char* order[] = {"one-way",   "rtt",      "push",    "pull",
@@ -395,6 +401,8 @@ int run(int argc, char** argv) {
   };
   // tcp-secret: one random secret for both ends; tcp-tls: a throwaway CA and a certificate
   // for each end (files in a temporary directory, removed at the end).
+  tcp_options nocheck_opts;
+  nocheck_opts.checksum_payloads = false;
   tcp_options secret_opts;
   secret_opts.secret = shared_secret::random().value();
   std::optional<test::test_pki> pki;
@@ -414,6 +422,8 @@ int run(int argc, char** argv) {
         const setup su{cfg.sizes[i], workers};
         if (t == "tcp") {
           run_setup<tcp_env>(cfg, su, rows, "tcp");
+        } else if (t == "tcp-nocheck") {
+          run_setup<tcp_env>(cfg, su, rows, "tcp-nocheck", nocheck_opts, nocheck_opts);
         } else if (t == "tcp-secret") {
           run_setup<tcp_env>(cfg, su, rows, "tcp-secret", secret_opts, secret_opts);
         } else if (t == "tcp-tls") {

@@ -149,17 +149,67 @@ class buffer_pool {
         ++stats_.fresh_blocks;
       }
       ++outstanding_;
+      lent_bytes_ += std::size_t{1} << cls;
     }
-    if (b == nullptr) {
-      void* mem = ::operator new(sizeof(detail::block_header) + (std::size_t{1} << cls),
-                                 std::align_val_t{64});
-      b = ::new (mem) detail::block_header{};
-      b->pool = this;
-      b->size_class = cls;
+    return lend(b != nullptr ? b : fresh_block(cls), bytes);
+  }
+
+  /// Like `allocate`, but only while the blocks lent out plus this one stay within
+  /// `max_bytes` of capacity (powers of two, so a buffer of `bytes` may count up to twice
+  /// that); otherwise returns a buffer with `data() == nullptr` and allocates nothing. Cached
+  /// blocks of other sizes are returned to the heap first when lent plus cached bytes would
+  /// exceed `max_bytes`, so a pool used only through this call never holds more than
+  /// `max_bytes` (lent and cached). Used by `tcp_transport` to bound the frames its accepted
+  /// connections receive (`tcp_options::max_receive_bytes`). Throws `std::bad_alloc` only
+  /// when the heap is exhausted. Thread safety: any thread.
+  buffer try_allocate(std::size_t bytes, std::size_t max_bytes) {
+    const std::uint32_t cls = size_class_for(bytes);
+    const std::size_t cap = std::size_t{1} << cls;
+    detail::block_header* b = nullptr;
+    detail::block_header* to_free = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      if (cap > max_bytes || lent_bytes_ > max_bytes - cap) return buffer{};
+      b = free_[cls];
+      if (b != nullptr) {
+        free_[cls] = b->next_free;
+        cached_bytes_ -= cap;
+        ++stats_.reused_blocks;
+      } else {
+        ++stats_.fresh_blocks;
+        // Make room: hand back cached blocks, largest first, until lent + cached + cap fit.
+        for (std::uint32_t c = 63; cached_bytes_ > max_bytes - cap - lent_bytes_ && c > 0;) {
+          detail::block_header* h = free_[c];
+          if (h == nullptr) {
+            --c;
+            continue;
+          }
+          free_[c] = h->next_free;
+          cached_bytes_ -= std::size_t{1} << c;
+          h->next_free = to_free;
+          to_free = h;
+        }
+      }
+      ++outstanding_;
+      lent_bytes_ += cap;
     }
-    b->next_free = nullptr;
-    b->refs.store(1, std::memory_order_relaxed);
-    return buffer{b, reinterpret_cast<std::byte*>(b + 1), bytes};
+    while (to_free != nullptr) {
+      auto* next = to_free->next_free;
+      free_block(to_free);
+      to_free = next;
+    }
+    return lend(b != nullptr ? b : fresh_block(cls), bytes);
+  }
+
+  /// Capacity bytes of the blocks lent out (their `buffer`s alive). Thread safety: any thread.
+  std::size_t lent_bytes() const {
+    std::lock_guard lock(mutex_);
+    return lent_bytes_;
+  }
+  /// Capacity bytes of the blocks cached in the free lists. Thread safety: any thread.
+  std::size_t cached_bytes() const {
+    std::lock_guard lock(mutex_);
+    return cached_bytes_;
   }
 
   /// Snapshot of the counters. Thread safety: any thread.
@@ -175,6 +225,27 @@ class buffer_pool {
     const std::size_t n = bytes < 64 ? 64 : bytes;
     return static_cast<std::uint32_t>(std::bit_width(n - 1));
   }
+  detail::block_header* fresh_block(std::uint32_t cls) {
+    void* mem = nullptr;
+    try {
+      mem = ::operator new(sizeof(detail::block_header) + (std::size_t{1} << cls),
+                           std::align_val_t{64});
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      --outstanding_;
+      lent_bytes_ -= std::size_t{1} << cls;
+      throw;
+    }
+    auto* b = ::new (mem) detail::block_header{};
+    b->pool = this;
+    b->size_class = cls;
+    return b;
+  }
+  static buffer lend(detail::block_header* b, std::size_t bytes) noexcept {
+    b->next_free = nullptr;
+    b->refs.store(1, std::memory_order_relaxed);
+    return buffer{b, reinterpret_cast<std::byte*>(b + 1), bytes};
+  }
   static void free_block(detail::block_header* b) noexcept {
     b->~block_header();
     ::operator delete(static_cast<void*>(b), std::align_val_t{64});
@@ -184,6 +255,7 @@ class buffer_pool {
     {
       std::lock_guard lock(mutex_);
       --outstanding_;
+      lent_bytes_ -= cap;
       if (cached_bytes_ + cap <= max_cached_bytes_) {
         b->next_free = free_[b->size_class];
         free_[b->size_class] = b;
@@ -198,7 +270,8 @@ class buffer_pool {
   detail::block_header* free_[64] = {};
   std::size_t cached_bytes_ = 0;
   std::size_t max_cached_bytes_;
-  std::size_t outstanding_ = 0;
+  std::size_t outstanding_ = 0;  // blocks lent out
+  std::size_t lent_bytes_ = 0;   // their capacity in bytes
   buffer_pool_stats stats_{};
 };
 

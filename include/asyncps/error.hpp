@@ -37,7 +37,7 @@ enum class errc {
   duplicate_worker,       ///< a second connection claimed a worker id that is connected
   layout_mismatch,        ///< worker and server disagree on the table layout
   non_finite_value,       ///< a pushed gradient holds NaN or infinity
-  too_many_requests,      ///< a peer exceeded a per-connection limit (e.g. waiting pulls)
+  too_many_requests,      ///< a peer exceeded a limit on waiting pulls (its own or the server's)
   // --- local / operational ---
   connection_closed,  ///< the peer closed the connection
   server_lost,        ///< a server stayed unreachable past the recovery policy's timeout
@@ -153,7 +153,7 @@ class error_category_impl final : public std::error_category {
         return "worker id taken over by a newer connection of that worker";
       case errc::layout_mismatch: return "worker and server table layouts differ";
       case errc::non_finite_value: return "pushed gradient holds NaN or infinity";
-      case errc::too_many_requests: return "too many outstanding requests on one connection";
+      case errc::too_many_requests: return "too many outstanding requests";
       case errc::connection_closed: return "connection closed by peer";
       case errc::server_lost: return "parameter server lost";
       case errc::timeout: return "operation timed out";

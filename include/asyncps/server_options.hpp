@@ -42,6 +42,12 @@ struct server_options {
   /// reply when every worker may wait for the same clock (BSP): their replies are queued
   /// together when the clock advances. docs/security.md, "Resource budget".
   std::uint64_t max_total_queued_bytes = std::uint64_t{1} << 30;
+  /// Server-wide bound on the key bytes of the sparse pulls waiting for the server clock, over
+  /// all connections (a ranged pull has no keys and counts 0). A pull that would exceed it is
+  /// refused with `errc::too_many_requests`, naming the figures, and its connection closed,
+  /// as for `max_pending_pulls`. A worker waits for at most one clock with a handful of pulls,
+  /// so a real run stays far below it. docs/security.md, "Resource budget".
+  std::uint64_t max_total_pending_pull_bytes = std::uint64_t{256} << 20;
   /// How long a connection may take from its accept to a valid first message: a worker's
   /// `hello`, or a recovery peer's first message (the transport's authentication handshake
   /// counts in it, see `tcp_options::auth_timeout`). Past it the connection is refused with

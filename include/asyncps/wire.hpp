@@ -19,7 +19,8 @@
 //   36     4    width          floats per row
 //   40     8    first_row      first row when flags has `range` (else 0)
 //   48     8    payload_bytes  bytes that follow the header
-//   56     8    checksum       XXH3-64 of header bytes [0,56) (seeding) and the payload
+//   56     8    checksum       XXH3-64 of header bytes [0,56) (seeding) and the payload (the
+//                               header only when flags has `payload_unchecked`)
 //
 // Payloads: push/rows = [keys: row_count x u32, padded to 16 bytes, only without `range`]
 // followed by row_count x width float32 (little-endian IEEE-754); a backlog push has a 16-byte
@@ -112,7 +113,11 @@ struct frame_flags {
   /// of server clock `clock`; the payload starts with the number of clocks it sums
   /// (`backlog_prefix_bytes`); merged by the recovery policy's rule.
   static constexpr std::uint8_t backlog = 32;
-  static constexpr std::uint8_t all = 63;
+  /// any type: `checksum` covers the header only, not the payload (the sender's transport
+  /// leaves payloads to TCP's and the link's own checks, or to TLS's integrity:
+  /// `tcp_options::checksum_payloads` false). Set and read by the TCP transport.
+  static constexpr std::uint8_t payload_unchecked = 64;
+  static constexpr std::uint8_t all = 127;
 };
 
 /// A decoded frame header (host representation).
@@ -220,7 +225,8 @@ inline frame_header decode_header(std::span<const std::byte, header_size> in) no
 }
 
 /// Validates every header field that can be checked without knowing the receiver's tables:
-/// magic, version, type, flags, limits, and that `payload_bytes` matches the shape.
+/// magic, version, type, flags (`payload_unchecked` never on a `state`), limits, and that
+/// `payload_bytes` matches the shape.
 /// Errors: `errc::bad_magic`, `unsupported_version`, `bad_message_type`, `bad_flags`,
 /// `frame_too_large`, `too_many_rows`, `bad_width`, `payload_size_mismatch`.
 /// Complexity: O(1). Thread safety: pure.
@@ -230,6 +236,9 @@ inline std::error_code validate_header(const frame_header& h, const wire_limits&
   const auto t = static_cast<std::uint8_t>(h.type);
   if (t == 0 || t > max_message_type) return errc::bad_message_type;
   if ((h.flags & ~frame_flags::all) != 0) return errc::bad_flags;
+  // A state transfer replaces a shard's parameters: its payload is always checksummed.
+  if (h.type == message_type::state && h.has(frame_flags::payload_unchecked))
+    return errc::bad_flags;
   if (h.payload_bytes > lim.max_frame_bytes) return errc::frame_too_large;
   if (h.row_count > lim.max_rows) return errc::too_many_rows;
   // A handshake's layout: at most max_tables tables (8 bytes each in a hello, 16 in a welcome).

@@ -10,7 +10,8 @@
 //   - the parameters are bitwise unchanged, except after an accepted push, when they are
 //     exactly the previous values minus the push's gradient (sgd, rate 1) at its rows;
 //   - every parameter is finite; the server clock is the minimum of the worker clocks and
-//     never moves back; no session has more pulls waiting than `max_pending_pulls`;
+//     never moves back; no session has more pulls waiting than `max_pending_pulls`, and their
+//     keys stay within `max_total_pending_pull_bytes`;
 //   - every message the server queues passes `validate_header` once encoded; a welcome,
 //     error or report decodes; a rows message holds rows of this shard with the values the
 //     shard has now.
@@ -74,7 +75,8 @@ server_options options() {
   o.tables = {table_spec{0, 8, 2, 0.5f}, table_spec{1, 16, 1, 0.0f}};
   o.max_pending_pulls = 4;
   o.max_queued_messages = 64;
-  o.max_total_queued_bytes = 2048;  // small: eager rows and replies to 4 sessions reach it
+  o.max_total_queued_bytes = 2048;      // small: eager rows and replies to 4 sessions reach it
+  o.max_total_pending_pull_bytes = 64;  // four keyed pulls of up to 4 keys
   o.log = [](std::string_view) {};
   return o;
 }
@@ -199,6 +201,10 @@ void run(fuzz::byte_reader& in) {
       if (!s.cut) queued += s.queued_bytes;
     }
     require(queued == proto.total_queued_bytes(), "the server's queued bytes add up");
+    std::uint64_t keys = 0;
+    for (const auto& p : core.pending()) keys += p.request.payload.size();
+    require(keys == core.pending_bytes(), "the waiting pulls' key bytes add up");
+    require(keys <= proto.options().max_total_pending_pull_bytes, "waiting keys within bound");
     require(queued <= proto.options().max_total_queued_bytes, "queued bytes within the budget");
   };
 

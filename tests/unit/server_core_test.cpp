@@ -941,3 +941,45 @@ TEST_CASE("server_protocol: a write stalled for send_timeout closes its connecti
   CHECK(t.proto.receive(w1, p));
   CHECK(w1.outbox.size() == 1);
 }
+
+TEST_CASE("server_protocol: the keys of waiting pulls are bounded across connections") {
+  // Each connection may have max_pending_pulls waiting; together their keys stay within
+  // max_total_pending_pull_bytes: the pull that would exceed it is refused, the others wait.
+  auto o = proto_options();
+  o.num_workers = 3;
+  constexpr std::uint64_t k = key_bytes(1);  // up to four keys (padded to 16 bytes)
+  o.max_total_pending_pull_bytes = 2 * k;
+  stepped t(o);
+  auto& w0 = t.worker(0);
+  auto& w1 = t.worker(1);
+  t.worker(2);                        // stays at clock 0: the server clock stays 0
+  for (std::uint32_t w : {0u, 1u}) {  // workers 0 and 1 end clock 0: their pulls of 1 wait
+    auto c = range_push(w, 0, 0, 1, 0.0f);
+    c.header.flags |= frame_flags::end_of_clock;
+    REQUIRE(t.proto.receive(w == 0 ? w0 : w1, c));
+  }
+  const auto waiting = [](std::uint32_t w, std::vector<row_id> keys) {
+    return keyed_pull(w, 1, std::move(keys));
+  };
+  w0.outbox.clear();
+  auto a = waiting(0, {0, 1});
+  CHECK(t.proto.receive(w0, a));  // k bytes of keys wait
+  auto b = waiting(1, {2});
+  CHECK(t.proto.receive(w1, b));  // 2k: at the bound
+  CHECK(t.proto.core().pending().size() == 2);
+  CHECK(t.proto.core().pending_bytes() == 2 * k);
+  auto c = waiting(1, {3});
+  CHECK(!t.proto.receive(w1, c));  // 3k: refused, its connection closed
+  CHECK(error_code_of(w1) == errc::too_many_requests);
+  CHECK(!w1.open);
+  CHECK(w1.pending_pulls <= 2);
+  CHECK(t.proto.core().pending_bytes() == 2 * k);
+  // w1's pull is dropped with its session; w0's keeps waiting and room is freed.
+  t.proto.session_finished(w1);
+  CHECK(t.proto.core().pending_bytes() == k);
+  CHECK(w0.open);
+  auto d = waiting(0, {3});
+  CHECK(t.proto.receive(w0, d));
+  CHECK(t.proto.core().pending_bytes() == 2 * k);
+  CHECK(w0.outbox.empty());
+}

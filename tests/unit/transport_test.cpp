@@ -1150,6 +1150,7 @@ TEST_CASE("auth: before authenticating, a peer costs a fixed handshake read and 
   test_server server(st, so, optimizer::sgd{1.0f});
   const auto ep = serve_on_loopback(io, st, server);
   const auto pool_before = st.pool().stats();
+  const auto receive_before = st.receive_pool().stats();
   run_coro(io, [&]() -> asio::awaitable<void> {
     frame_header big;
     big.type = message_type::push;
@@ -1173,6 +1174,10 @@ TEST_CASE("auth: before authenticating, a peer costs a fixed handshake read and 
   const auto pool_after = st.pool().stats();
   CHECK(pool_after.fresh_blocks == pool_before.fresh_blocks);
   CHECK(pool_after.reused_blocks == pool_before.reused_blocks);
+  // Accepted connections receive into their own pool: nothing was allocated there either.
+  CHECK(receive_before.fresh_blocks == 0);
+  CHECK(st.receive_pool().stats().fresh_blocks == 0);
+  CHECK(st.receive_pool().stats().reused_blocks == 0);
   CHECK(server.stats().rejected >= 17);
 }
 
@@ -1220,6 +1225,33 @@ TEST_CASE("auth: an unauthenticated chain_hello never reaches the chain master")
     CHECK(master.stats().registrations == 1);
     CHECK(master.chain(0) == std::vector<std::uint32_t>{0});
     member.close();
+    master.stop();
+  });
+}
+
+TEST_CASE("chain master: a connection that never registers is closed after register_timeout") {
+  // Authenticated or on loopback, a peer that sends nothing must not hold a session forever.
+  asio::io_context io;
+  tcp_transport mt(io.get_executor());
+  std::vector<std::string> logs;
+  chain_master_options mo;
+  mo.num_shards = 1;
+  mo.members = 1;
+  mo.heartbeat_timeout = std::chrono::milliseconds(100);
+  mo.register_timeout = std::chrono::milliseconds(300);
+  mo.log = [&](std::string_view line) { logs.emplace_back(line); };
+  basic_chain_master<tcp_transport> master(mt, mo);
+  const auto ep = serve_on_loopback(io, mt, master);
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    const auto start = std::chrono::steady_clock::now();
+    const auto idle = co_await raw_exchange(ep, {}, false);  // connects, sends nothing
+    const auto waited = std::chrono::steady_clock::now() - start;
+    CHECK(idle.closed_by_server);
+    CHECK(waited >= std::chrono::milliseconds(300));
+    CHECK(master.stats().refused == 1);
+    CHECK(any_line(logs, 0, "no chain_hello within 300 ms (register_timeout)"));
+    CHECK(any_line(logs, 0, "(from 127.0.0.1:"));
+    CHECK(master.stats().registrations == 0);
     master.stop();
   });
 }
@@ -1736,4 +1768,160 @@ TEST_CASE("auth: a worker refused for its secret gives up at once instead of ret
   CHECK(is_final_connect_error(make_error_code(errc::tls_handshake_failed)));
   CHECK(!is_final_connect_error(make_error_code(errc::connection_closed)));
   CHECK(!is_final_connect_error(make_error_code(errc::timeout)));
+}
+
+TEST_CASE("tcp: frames on accepted connections wait for max_receive_bytes, then arrive whole") {
+  // Many peers sending big frames together cannot make a listener hold more than its budget:
+  // the second 1 MiB frame waits, unread, until the first one is freed.
+  asio::io_context io;
+  const tcp_options bounded{.limits = {.max_frame_bytes = 1 << 20},
+                            .max_receive_bytes = std::uint64_t{1} << 20};
+  tcp_transport client_side(io.get_executor(), bounded);
+  tcp_transport listener(io.get_executor(),
+                         tcp_options{.limits = {.max_frame_bytes = 1 << 20},
+                                     .max_receive_bytes = std::uint64_t{1} << 20});
+  auto acc = listener.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  constexpr std::size_t floats = (1 << 20) / 4;  // exactly the budget
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    auto [e1, c1] = co_await client_side.async_connect(ep);
+    REQUIRE(!e1);
+    auto [a1, s1] = co_await acc.value().async_accept();
+    REQUIRE(!a1);
+    auto [e2, c2] = co_await client_side.async_connect(ep);
+    REQUIRE(!e2);
+    auto [a2, s2] = co_await acc.value().async_accept();
+    REQUIRE(!a2);
+    CHECK(!(co_await c1.async_send(make_message(client_side, 1, floats))));
+    auto [r1, m1] = co_await s1.async_receive();
+    REQUIRE(!r1);
+    CHECK(listener.receive_pool().lent_bytes() == std::size_t{1} << 20);
+    // A second big frame on another connection: it must wait while m1 is held.
+    CHECK(!(co_await c2.async_send(make_message(client_side, 2, floats))));
+    bool second = false;
+    message m2;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          auto [r2, m] = co_await s2.async_receive();
+          CHECK(!r2);
+          m2 = std::move(m);
+          second = true;
+        },
+        asio::detached);
+    // Small frames neither wait nor count: a 1 KiB frame on the first connection arrives.
+    CHECK(!(co_await c1.async_send(make_message(client_side, 3, 256))));
+    auto [r3, m3] = co_await s1.async_receive();
+    CHECK(!r3);
+    CHECK(m3.header.seq == 3);
+    asio::steady_timer t(io);
+    t.expires_after(std::chrono::milliseconds(100));
+    co_await t.async_wait(detail::use_tuple);
+    CHECK_FALSE(second);
+    CHECK(listener.receive_waits() == 1);
+    CHECK(listener.receive_pool().lent_bytes() + listener.receive_pool().cached_bytes() <=
+          std::size_t{1} << 20);
+    m1 = message{};  // frees the first frame's buffer
+    for (int k = 0; k < 200 && !second; ++k) {
+      t.expires_after(std::chrono::milliseconds(5));
+      co_await t.async_wait(detail::use_tuple);
+    }
+    REQUIRE(second);
+    CHECK(m2.header.seq == 2);
+    REQUIRE(m2.payload.floats().size() == floats);
+    CHECK(m2.payload.floats()[floats - 1] == static_cast<float>(2 * 1000 + floats - 1));
+    // Connections a node made are not bounded: two 1 MiB frames held at once never wait.
+    CHECK(!(co_await s1.async_send(make_message(listener, 4, floats))));
+    CHECK(!(co_await s1.async_send(make_message(listener, 5, floats))));
+    auto [r4, m4] = co_await c1.async_receive();
+    auto [r5, m5] = co_await c1.async_receive();
+    CHECK(!r4);
+    CHECK(!r5);
+    CHECK(m5.header.seq == 5);
+    CHECK(client_side.receive_waits() == 0);
+  });
+}
+
+TEST_CASE("tcp: checksum_payloads off checks the header only; state transfers stay checked") {
+  asio::io_context io;
+  tcp_transport sender(io.get_executor(), tcp_options{.checksum_payloads = false});
+  tcp_transport listener(io.get_executor());
+  auto acc = listener.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    auto [ec, c] = co_await sender.async_connect(ep);
+    REQUIRE(!ec);
+    auto [aec, s] = co_await acc.value().async_accept();
+    REQUIRE(!aec);
+    CHECK(!(co_await c.async_send(make_message(sender, 1, 1000))));
+    auto [r1, m1] = co_await s.async_receive();
+    REQUIRE(!r1);
+    CHECK(m1.header.has(frame_flags::payload_unchecked));
+    CHECK(m1.payload.floats()[999] == 1999.0f);
+    // A state transfer is checksummed whole whatever the option says.
+    message st;
+    st.header.type = message_type::state;
+    st.payload = sender.allocate(64);
+    std::memset(st.payload.data(), 7, 64);
+    CHECK(!(co_await c.async_send(std::move(st))));
+    auto [r2, m2] = co_await s.async_receive();
+    REQUIRE(!r2);
+    CHECK(m2.header.type == message_type::state);
+    CHECK_FALSE(m2.header.has(frame_flags::payload_unchecked));
+    // The listener's own replies are checksummed whole (its option is on).
+    CHECK(!(co_await s.async_send(make_message(listener, 3, 10))));
+    auto [r3, m3] = co_await c.async_receive();
+    REQUIRE(!r3);
+    CHECK_FALSE(m3.header.has(frame_flags::payload_unchecked));
+  });
+
+  // On the wire: with payload_unchecked, a changed header byte is refused before any payload
+  // buffer is taken; a changed payload byte is not seen (TCP's and the link's checks remain).
+  const auto raw_frame = [](bool unchecked, bool spoil_header, bool spoil_payload) {
+    frame_header h;
+    h.type = message_type::push;
+    h.flags = static_cast<std::uint8_t>(frame_flags::range |
+                                        (unchecked ? frame_flags::payload_unchecked : 0));
+    h.row_count = 1024;  // 4 KiB
+    h.width = 1;
+    h.payload_bytes = 4096;
+    std::vector<std::byte> payload(4096, std::byte{1});
+    std::array<std::byte, header_size> hdr{};
+    encode_header(h, hdr, unchecked ? std::span<const std::byte>{} : payload, true);
+    if (spoil_header) hdr[24] ^= std::byte{1};  // seq
+    if (spoil_payload) payload[100] ^= std::byte{1};
+    std::vector<std::byte> out(hdr.begin(), hdr.end());
+    out.insert(out.end(), payload.begin(), payload.end());
+    return out;
+  };
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    struct outcome {
+      std::error_code ec;
+      std::uint64_t pool_blocks;
+    };
+    const auto send_raw = [&](std::vector<std::byte> bytes) -> asio::awaitable<outcome> {
+      asio::ip::tcp::socket raw(io);
+      auto [cec] = co_await raw.async_connect(ep, detail::use_tuple);
+      REQUIRE(!cec);
+      auto [aec, s] = co_await acc.value().async_accept();
+      REQUIRE(!aec);
+      const auto before = listener.pool().stats();
+      auto [wec, n] = co_await asio::async_write(raw, asio::buffer(bytes), detail::use_tuple);
+      (void)n;
+      REQUIRE(!wec);
+      auto [rec, m] = co_await s.async_receive();
+      const auto after = listener.pool().stats();
+      co_return outcome{rec, (after.fresh_blocks + after.reused_blocks) -
+                                 (before.fresh_blocks + before.reused_blocks)};
+    };
+    const auto header_spoiled = co_await send_raw(raw_frame(true, true, false));
+    CHECK(header_spoiled.ec == errc::bad_checksum);
+    CHECK(header_spoiled.pool_blocks == 0);  // refused before the payload was read
+    CHECK(!(co_await send_raw(raw_frame(true, false, true))).ec);
+    CHECK((co_await send_raw(raw_frame(false, false, true))).ec == errc::bad_checksum);
+    CHECK((co_await send_raw(raw_frame(false, true, false))).ec == errc::bad_checksum);
+    CHECK(!(co_await send_raw(raw_frame(false, false, false))).ec);
+  });
 }

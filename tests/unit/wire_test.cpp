@@ -487,3 +487,50 @@ TEST_CASE("protocol: a backlog push carries its clock count before the floats") 
   m.header.payload_bytes = 16;  // without the prefix
   CHECK(validate_header(m.header, wire_limits{}) == errc::payload_size_mismatch);
 }
+
+TEST_CASE("buffer_pool::try_allocate keeps lent plus cached bytes within its bound") {
+  buffer_pool pool;
+  buffer a = pool.try_allocate(1000, 4096);  // a 1 KiB block
+  REQUIRE(a.data() != nullptr);
+  CHECK(a.size() == 1000);
+  CHECK(pool.lent_bytes() == 1024);
+  // 4 KiB more would make 5 KiB lent: refused, nothing allocated.
+  const auto before = pool.stats();
+  buffer refused = pool.try_allocate(3000, 4096);
+  CHECK(refused.data() == nullptr);
+  CHECK(pool.stats().fresh_blocks == before.fresh_blocks);
+  CHECK(pool.lent_bytes() == 1024);
+  CHECK(pool.try_allocate(5000, std::size_t{1} << 20).data() != nullptr);  // a wider bound
+  a.reset();
+  CHECK(pool.lent_bytes() == 0);
+  CHECK(pool.cached_bytes() == 1024 + 8192);
+  // Cached blocks of other sizes are handed back so that lent + cached stay within the bound.
+  buffer b = pool.try_allocate(3000, 4096);
+  REQUIRE(b.data() != nullptr);
+  CHECK(pool.lent_bytes() == 4096);
+  CHECK(pool.cached_bytes() == 0);
+  // A block of the same size class is reused from the cache.
+  b.reset();
+  const auto reused = pool.stats().reused_blocks;
+  buffer c = pool.try_allocate(4096, 4096);
+  REQUIRE(c.data() != nullptr);
+  CHECK(pool.stats().reused_blocks == reused + 1);
+  CHECK(pool.try_allocate(1, 4096).data() == nullptr);  // full
+  // allocate() is not bounded, but counts toward lent_bytes.
+  buffer d = pool.allocate(64);
+  CHECK(pool.lent_bytes() == 4096 + 64);
+}
+
+TEST_CASE("validate_header: a state transfer never goes without its payload checksum") {
+  frame_header h;
+  h.type = message_type::state;
+  h.payload_bytes = 64;
+  CHECK(!validate_header(h, wire_limits{}));
+  h.flags = frame_flags::payload_unchecked;
+  CHECK(validate_header(h, wire_limits{}) == errc::bad_flags);
+  h.type = message_type::clock;
+  h.payload_bytes = 0;
+  CHECK(!validate_header(h, wire_limits{}));
+  h.flags = 128;
+  CHECK(validate_header(h, wire_limits{}) == errc::bad_flags);
+}

@@ -766,6 +766,15 @@ class server_protocol {
         detail = " (more than " + std::to_string(opts_.max_pending_pulls) + " pulls waiting)";
         return errc::too_many_requests;
       }
+      if (core_.pending_bytes() + m.payload.size() > opts_.max_total_pending_pull_bytes) {
+        --s.pending_pulls;
+        detail = " (its " + std::to_string(m.payload.size()) +
+                 " bytes of keys would take the pulls waiting here past "
+                 "max_total_pending_pull_bytes " +
+                 std::to_string(opts_.max_total_pending_pull_bytes) + "; they hold " +
+                 std::to_string(core_.pending_bytes()) + ")";
+        return errc::too_many_requests;
+      }
       core_.defer(&s, std::move(m), io_->now());
       if (watchdog_idle) {  // the watchdog sleeps while nothing waits: wake it
         watchdog_idle = false;

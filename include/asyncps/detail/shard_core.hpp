@@ -424,13 +424,20 @@ class shard_core {
 
   /// Keeps pull `req` of `reader` until the server clock reaches `req.header.clock`.
   void defer(Reader reader, message req, TimePoint now) {
+    pending_bytes_ += req.payload.size();
     pending_.push_back(pending_pull<Reader, TimePoint>{reader, std::move(req), now});
   }
   /// The waiting pulls, oldest first.
   const std::vector<pending_pull<Reader, TimePoint>>& pending() const noexcept { return pending_; }
+  /// Payload bytes (sparse keys) of the waiting pulls.
+  std::uint64_t pending_bytes() const noexcept { return pending_bytes_; }
   /// Forgets the pulls of `reader`.
   void drop(Reader reader) {
-    std::erase_if(pending_, [&](const auto& p) { return p.reader == reader; });
+    std::erase_if(pending_, [&](const auto& p) {
+      if (p.reader != reader) return false;
+      pending_bytes_ -= p.request.payload.size();
+      return true;
+    });
   }
   /// Calls `answer(reader, request)` for each pull the server clock now satisfies, in arrival
   /// order, and forgets it; pulls whose reader is not `alive(reader)` are dropped.
@@ -444,7 +451,9 @@ class shard_core {
       } else if (alive(p.reader)) {
         if (keep != i) pending_[keep] = std::move(p);
         ++keep;
+        continue;
       }
+      pending_bytes_ -= pending_[i].request.payload.size();
     }
     pending_.resize(keep);
   }
@@ -578,6 +587,7 @@ class shard_core {
   clock_value server_clock_ = 0;
   bool has_state_ = false;
   std::vector<pending_pull<Reader, TimePoint>> pending_;
+  std::uint64_t pending_bytes_ = 0;  // payload bytes of pending_
 
  public:
   /// Floats per chunk of `check_update` (per value plane and optimizer state plane).

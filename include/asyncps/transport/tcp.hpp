@@ -3,10 +3,14 @@
 // (detail/auth.hpp, docs/security.md).
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <atomic>
+#include <bit>
 #include <charconv>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -63,6 +67,29 @@ struct tcp_options {
   /// needs TLS, with certificates signed by the same CA. The transport loads the files when it
   /// is constructed; a problem fails `listen` and `async_connect` with `errc::tls_setup_failed`.
   tls_options tls{};
+  /// Payload bytes of received frames that the accepted connections may hold at once, in all:
+  /// the frames being read and those the application still holds (pulls waiting for the
+  /// server clock, pushes a chain head keeps until its tail acknowledges them). This bounds
+  /// what many peers sending big frames together can make a server hold. Counted in pool
+  /// blocks (powers of two: a 40 MiB frame counts 64 MiB), cached blocks included. A frame of
+  /// more than `small_frame_bytes` that does not fit waits, unread (TCP then slows its
+  /// sender), until held frames are freed; `receive_waits()` counts such waits. Frames of at
+  /// most `small_frame_bytes` (acknowledgements, clocks, hellos, most pulls) neither wait nor
+  /// count: per connection one is read at a time, and what the server keeps of them has its
+  /// own bounds (`server_options::max_total_pending_pull_bytes`). Raised to fit one frame of
+  /// `limits.max_frame_bytes`. 0: no bound. Connections this node made are not counted (a
+  /// worker's pull replies are bounded by what it asked for).
+  std::uint64_t max_receive_bytes = std::uint64_t{1} << 30;
+  /// Whether frames carry a checksum (XXH3-64) of their payload as well as of their header.
+  /// Off: the header is still checksummed (checked before its payload is read) and the frame
+  /// says so (`frame_flags::payload_unchecked`), the payload is left to TCP's checksum and
+  /// the link's CRC, or to TLS's integrity; state transfers (`message_type::state`) are
+  /// always checksummed whole. A receiver accepts both kinds, whatever its own setting.
+  /// docs/performance.md, "Checksum", measures what the payload hash costs.
+  bool checksum_payloads = true;
+  /// Frames up to this many payload bytes are received without waiting for
+  /// `max_receive_bytes` (see there).
+  static constexpr std::size_t small_frame_bytes = std::size_t{64} << 10;
 };
 
 /// Parses "host:port" (IPv4 or IPv6 literal, or "localhost") into a TCP endpoint.
@@ -136,8 +163,14 @@ class tcp_transport {
       if (!socket_ && !tls_) co_return make_error_code(errc::connection_closed);
       if (auth_ != auth_state::done) co_return make_error_code(errc::authentication_failed);
       m.header.payload_bytes = m.payload.size();
-      encode_header(m.header, std::span<std::byte, header_size>(send_header_), m.payload.bytes(),
-                    true);
+      // State transfers are always checked whole: they replace a shard's parameters.
+      const bool whole =
+          transport_->options_.checksum_payloads || m.header.type == message_type::state;
+      m.header.flags =
+          static_cast<std::uint8_t>(whole ? m.header.flags & ~frame_flags::payload_unchecked
+                                          : m.header.flags | frame_flags::payload_unchecked);
+      encode_header(m.header, std::span<std::byte, header_size>(send_header_),
+                    whole ? m.payload.bytes() : std::span<const std::byte>{}, true);
       const std::array<asio::const_buffer, 2> bufs{
           asio::buffer(send_header_.data(), header_size),
           asio::buffer(m.payload.data(), m.payload.size())};
@@ -185,6 +218,8 @@ class tcp_transport {
           std::tie(ec, n) = co_await asio::async_read(*socket_, b, detail::use_tuple);
         }
         std::get<0>(out) = on_header(ec, n, std::get<1>(out));
+        if (!std::get<0>(out) && std::get<1>(out).payload.data() == nullptr)
+          std::get<0>(out) = co_await wait_for_budget(std::get<1>(out));
       } else {
         std::get<0>(out) = poisoned_;
       }
@@ -437,12 +472,43 @@ class tcp_transport {
           v = make_error_code(errc::authentication_required);
         return poisoned_ = v;
       }
-      m.payload = transport_->allocate(static_cast<std::size_t>(m.header.payload_bytes));
+      // A header-only checksum is checked before anything is allocated for the payload.
+      if (m.header.has(frame_flags::payload_unchecked)) {
+        if (auto ec = verify_header(m)) return ec;
+      }
+      m.payload =
+          transport_->receive_buffer(static_cast<std::size_t>(m.header.payload_bytes), accepted_);
       return {};
     }
+    // The frame in `m` does not fit `max_receive_bytes` yet: polls (1 ms, doubling up to
+    // 16 ms) until it does, or the connection is closed. Its own coroutine, so that
+    // async_receive's frame stays small.
+    asio::awaitable<std::error_code> wait_for_budget(message& m) {
+      transport_->receive_waits_.fetch_add(1, std::memory_order_relaxed);
+      asio::steady_timer timer(lowest().get_executor());
+      auto delay = std::chrono::milliseconds(1);
+      for (;;) {
+        timer.expires_after(delay);
+        auto [ec] = co_await timer.async_wait(detail::use_tuple);
+        if (ec || !is_open()) co_return on_error(asio::error::operation_aborted, true);
+        m.payload =
+            transport_->receive_buffer(static_cast<std::size_t>(m.header.payload_bytes), true);
+        if (m.payload.data() != nullptr) co_return std::error_code{};
+        delay = std::min(delay * 2, std::chrono::milliseconds(16));
+      }
+    }
+    // The checksum over the payload too, unless the header says it covers the header only
+    // (then on_header checked it).
     std::error_code verify(const message& m) noexcept {
+      if (m.header.has(frame_flags::payload_unchecked)) return {};
       if (frame_checksum(std::span<const std::byte, header_size>(recv_header_),
                          m.payload.bytes()) != m.header.checksum)
+        return poisoned_ = make_error_code(errc::bad_checksum);
+      return {};
+    }
+    std::error_code verify_header(const message& m) noexcept {
+      if (frame_checksum(std::span<const std::byte, header_size>(recv_header_), {}) !=
+          m.header.checksum)
         return poisoned_ = make_error_code(errc::bad_checksum);
       return {};
     }
@@ -510,7 +576,9 @@ class tcp_transport {
   /// is reported by `listen` and `async_connect` (`errc::tls_setup_failed`) and by
   /// `tls_setup_error()`. Exceptions: `std::bad_alloc` only.
   explicit tcp_transport(executor_type ex, tcp_options opts = {})
-      : executor_(std::move(ex)), options_(std::move(opts)), pool_(options_.pool_cache_bytes) {
+      : executor_(std::move(ex)), options_(std::move(opts)), pool_(options_.pool_cache_bytes),
+        receive_budget_(receive_budget(options_)),
+        receive_pool_(std::min<std::uint64_t>(options_.pool_cache_bytes, receive_budget_)) {
     if (!options_.tls.enabled()) return;
     auto ctx = make_tls_context(options_.tls, tls_setup_error_);
     if (ctx) {
@@ -584,13 +652,42 @@ class tcp_transport {
 
   /// A pooled, 64-byte-aligned buffer of `bytes` bytes. Thread safety: any thread.
   buffer allocate(std::size_t bytes) { return pool_.allocate(bytes); }
-  /// The buffer pool (for statistics).
+  /// The buffer pool of `allocate` and of the frames received by connections this node made
+  /// or small enough not to count (for statistics).
   const buffer_pool& pool() const noexcept { return pool_; }
+  /// The buffer pool of the frames of more than `tcp_options::small_frame_bytes` received by
+  /// accepted connections, bounded by `tcp_options::max_receive_bytes` (for statistics:
+  /// `lent_bytes()`, `cached_bytes()`).
+  const buffer_pool& receive_pool() const noexcept { return receive_pool_; }
+  /// How many times a received frame waited for `tcp_options::max_receive_bytes`. Thread
+  /// safety: any thread.
+  std::uint64_t receive_waits() const noexcept {
+    return receive_waits_.load(std::memory_order_relaxed);
+  }
 
  private:
+  static std::uint64_t receive_budget(const tcp_options& o) noexcept {
+    if (o.max_receive_bytes == 0) return ~std::uint64_t{0};
+    const std::uint64_t frame = o.limits.max_frame_bytes < (std::uint64_t{1} << 62)
+                                    ? std::bit_ceil(std::max<std::uint64_t>(
+                                          o.limits.max_frame_bytes, tcp_options::small_frame_bytes))
+                                    : ~std::uint64_t{0};
+    return std::max(o.max_receive_bytes, frame);
+  }
+  // A buffer for a received frame of `bytes` payload bytes; on an accepted connection, from
+  // the bounded pool, or `data() == nullptr` when it does not fit yet.
+  buffer receive_buffer(std::size_t bytes, bool accepted) {
+    if (!accepted || bytes <= tcp_options::small_frame_bytes) return pool_.allocate(bytes);
+    return receive_pool_.try_allocate(
+        bytes, static_cast<std::size_t>(std::min<std::uint64_t>(receive_budget_, SIZE_MAX)));
+  }
+
   executor_type executor_;
   tcp_options options_;
   buffer_pool pool_;
+  std::uint64_t receive_budget_;
+  buffer_pool receive_pool_;
+  std::atomic<std::uint64_t> receive_waits_{0};
   std::optional<asio::ssl::context> tls_context_;  // set when TLS is on and its files loaded
   std::error_code tls_setup_ec_;
   std::string tls_setup_error_;

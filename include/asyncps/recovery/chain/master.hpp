@@ -44,6 +44,10 @@ struct chain_master_options {
   std::uint32_t members = 2;
   /// A registered server silent for this long is declared failed (its connection is closed).
   std::chrono::milliseconds heartbeat_timeout{1000};
+  /// A connection that has not registered (`chain_hello`) this long after its accept is
+  /// closed, logged with its address (the transport's handshake counts in it). Checked by the
+  /// heartbeat watchdog, so up to `heartbeat_timeout / 4` late. 0: no limit.
+  std::chrono::milliseconds register_timeout{std::chrono::seconds(10)};
   log_function log{};  ///< membership changes; empty: stderr
 };
 
@@ -53,6 +57,9 @@ struct chain_master_stats {
   std::uint64_t failures = 0;       ///< servers removed (connection lost or heartbeat timeout)
   std::uint64_t joins = 0;          ///< servers appended as a new tail
   std::uint64_t configs_sent = 0;   ///< chain_config messages sent
+  /// Connections refused or closed before registering: a failed authentication, no valid
+  /// `chain_hello` as their first message, none within `register_timeout`.
+  std::uint64_t refused = 0;
 };
 
 /// The chain master. `Transport` models `transport`.
@@ -179,9 +186,11 @@ class basic_chain_master {
       auto [ec, m] = co_await s.conn.async_receive();
       if (ec) {
         if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
-            (ec == errc::timeout && !s.registered))
+            (ec == errc::timeout && !s.registered)) {
+          ++stats_.refused;
           log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
               ec.message() + detail::tls_failure_note(s.conn));
+        }
         break;
       }
       s.last_seen = clock_type::now();
@@ -191,6 +200,7 @@ class basic_chain_master {
         std::string why;
         if (h.type != message_type::chain_hello || protocol::decode(m, hello, why) ||
             hello.shard >= opts_.num_shards) {
+          ++stats_.refused;
           log("refusing a connection" + detail::peer_address(s.conn) +
               ": expected chain_hello with shard < " + std::to_string(opts_.num_shards) + why);
           break;
@@ -225,6 +235,12 @@ class basic_chain_master {
           log("shard " + std::to_string(s.shard) + " server " + std::to_string(s.member) +
               " missed its heartbeats; removing it");
           remove(s, "heartbeat timeout");
+          close(s);
+        } else if (!s.registered && s.open && opts_.register_timeout.count() > 0 &&
+                   now - s.last_seen > opts_.register_timeout) {
+          ++stats_.refused;
+          log("closing the connection" + detail::peer_address(s.conn) + ": no chain_hello within " +
+              std::to_string(opts_.register_timeout.count()) + " ms (register_timeout)");
           close(s);
         }
       }
