@@ -216,9 +216,9 @@ struct run_result {
   window win;
   std::uint64_t clocks = 0;  // per worker
   std::string error;         // the first worker error, empty when none
-  // TCP: process CPU time over the workers' run, in cores (CPU seconds per wall second), and
-  // the busiest single thread's share of that time.
-  double cpu_cores = 0;
+  // TCP: CPU time over the workers' run in cores (CPU seconds per wall second): the process,
+  // the worker threads, the server threads, and the busiest single thread.
+  double cpu_cores = 0, worker_cores = 0, server_cores = 0;
   double busiest = 0;
   std::string busiest_name;
   // Simulation: simulated seconds until the last worker finished, wall seconds, events.
@@ -366,9 +366,14 @@ run_result run_tcp(const config& cfg, unsigned num_workers, unsigned num_shards,
       r.busiest_name = name;
     }
   };
-  for (unsigned t = 0; t < num_threads; ++t)
+  for (unsigned t = 0; t < num_threads; ++t) {
     busiest(threads[t]->cpu, num_threads == 1 ? "workers" : "workers " + std::to_string(t));
-  for (unsigned s = 0; s < num_shards; ++s) busiest(servers[s]->cpu, "server " + std::to_string(s));
+    r.worker_cores += wall > 0 ? threads[t]->cpu / wall : 0;
+  }
+  for (unsigned s = 0; s < num_shards; ++s) {
+    busiest(servers[s]->cpu, "server " + std::to_string(s));
+    r.server_cores += wall > 0 ? servers[s]->cpu / wall : 0;
+  }
   return r;
 }
 
@@ -456,6 +461,11 @@ std::string remarks(const cell& c) {
   return s;
 }
 
+/// CPU seconds the process spent per GB moved (cores / GB/s); 0 when nothing moved.
+double core_seconds_per_gb(const run_result& r) {
+  return r.win.gbps() > 0 ? r.cpu_cores / r.win.gbps() : 0.0;
+}
+
 /// The run whose GB/s is the cell's median (the middle one for an odd count).
 const run_result& median_run(const cell& c) {
   const auto gap = [&](const run_result& r) { return std::abs(r.win.gbps() - c.gbps.median); };
@@ -470,9 +480,9 @@ std::vector<cell> tcp_grid(const config& cfg, std::span<const float> gradient) {
               "%u io_context thread(s), each shard on its own, %u x ~%.2f s per cell\n",
               policy_text(cfg).c_str(), size_text(cfg.size).c_str(), layout(cfg).rows, row_width,
               cfg.compute_us, cfg.worker_threads, cfg.reps, cfg.seconds);
-  std::printf("%7s %6s %8s %-15s %10s %-17s %6s %6s %6s %5s  %s\n", "workers", "shards", "GB/s",
-              "[min..max]", "clocks/s", "[min..max]", "push", "pull", "pulls", "cpu",
-              "busiest thread");
+  std::printf("%7s %6s %8s %-15s %10s %-17s %6s %6s %6s %5s %5s %5s %6s  %s\n", "workers", "shards",
+              "GB/s", "[min..max]", "clocks/s", "[min..max]", "push", "pull", "pulls", "cpu", "wrk",
+              "srv", "cs/GB", "busiest thread");
   std::vector<cell> cells;
   for (unsigned s : cfg.shards) {
     for (unsigned w : cfg.workers) {
@@ -492,9 +502,11 @@ std::vector<cell> tcp_grid(const config& cfg, std::span<const float> gradient) {
       char gb[40], cl[40];
       std::snprintf(gb, sizeof gb, "[%.2f..%.2f]", c.gbps.min, c.gbps.max);
       std::snprintf(cl, sizeof cl, "[%.0f..%.0f]", c.clocks_per_s.min, c.clocks_per_s.max);
-      std::printf("%7u %6u %8.2f %-15s %10.0f %-17s %6.2f %6.2f %6.2f %5.2f  %s %.2f%s\n", w, s,
-                  c.gbps.median, gb, c.clocks_per_s.median, cl, c.push_gbps, c.pull_gbps,
-                  c.pulls_per_clock, mid.cpu_cores, mid.busiest_name.c_str(), mid.busiest,
+      std::printf("%7u %6u %8.2f %-15s %10.0f %-17s %6.2f %6.2f %6.2f %5.2f %5.2f %5.2f %6.2f  "
+                  "%s %.2f%s\n",
+                  w, s, c.gbps.median, gb, c.clocks_per_s.median, cl, c.push_gbps, c.pull_gbps,
+                  c.pulls_per_clock, mid.cpu_cores, mid.worker_cores, mid.server_cores,
+                  core_seconds_per_gb(mid), mid.busiest_name.c_str(), mid.busiest,
                   remarks(c).c_str());
       std::fflush(stdout);
       cells.push_back(std::move(c));
@@ -551,6 +563,9 @@ nlohmann::json to_json(const cell& c, bool tcp) {
                      {"clocks_per_s", num(r.win.clocks_per_s())}};
     if (tcp) {
       x["cpu_cores"] = num(r.cpu_cores);
+      x["worker_thread_cores"] = num(r.worker_cores);
+      x["server_thread_cores"] = num(r.server_cores);
+      x["core_seconds_per_gb"] = num(core_seconds_per_gb(r));
       x["busiest_thread"] = r.busiest_name;
       x["busiest_thread_busy"] = num(r.busiest);
     } else {
@@ -720,10 +735,12 @@ int run(const config& cfg) {
   if (cfg.sim) sim = sim_grid<Policy>(cfg, gradient);
   const double load_after = load_average();
   const double elapsed = wall_seconds() - wall0;
-  std::printf("\nGB/s = 1e9 payload bytes/s, pushes + rows (push, pull: each part); clocks/s "
-              "summed over workers;\npulls = pulls of the whole table per clock; cpu = process "
-              "CPU seconds per wall second of the\nworkers' run (cores busy); busiest thread = "
-              "its CPU seconds per wall second (median run)\n");
+  std::printf(
+      "\nGB/s = 1e9 payload bytes/s, pushes + rows (push, pull: each part); clocks/s summed over "
+      "workers;\npulls = pulls of the whole table per clock. TCP, median run: cpu = process CPU "
+      "seconds per wall second\nof the workers' run (cores busy), wrk / srv = of which worker / "
+      "server threads; cs/GB = CPU seconds\nper GB moved (cpu / GB/s); busiest thread = its CPU "
+      "seconds per wall second\n");
   std::printf("load average (1 min) %.2f at start, %.2f at end; %.0f s in all\n", load_before,
               load_after, elapsed);
 
