@@ -39,7 +39,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -436,6 +435,7 @@ cell summarize_cell(unsigned w, unsigned s, std::vector<run_result> runs) {
   std::vector<double> gbps, cps, push, pull, ppc;
   for (const auto& r : runs) {
     if (!r.error.empty() && c.error.empty()) c.error = r.error;
+    if (r.win.seconds <= 0 && c.error.empty()) c.error = "no clock measured";
     gbps.push_back(r.win.gbps());
     cps.push_back(r.win.clocks_per_s());
     push.push_back(r.win.seconds > 0 ? r.win.bytes_out / r.win.seconds / 1e9 : 0.0);
