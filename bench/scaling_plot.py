@@ -6,7 +6,8 @@ Reads the JSON written by `asyncps_scaling --json FILE` and writes, into the out
   * scaling.png   aggregate push+pull GB/s (top) and clocks/s (bottom) against the number of
                   workers, one line per shard count; TCP loopback on the left (bars: min..max
                   over the repetitions), the simulated link model on the right (per simulated
-                  second); log2 worker axis;
+                  second; dashed: the link model's bound, for BSP without compute time);
+                  log2 worker axis;
   * table.md      the same figures as Markdown tables (GB/s and clocks/s, workers x shards),
                   with the run's policy, table size and load averages.
 
@@ -46,6 +47,17 @@ def value(c: dict, key: str) -> float:
     return float("nan") if v is None else v
 
 
+def link_bound(meta: dict, workers: int, shards: int) -> float | None:
+    """The simulated push+pull GB/s bound of the link model under BSP without compute time: a
+    round moves W x size of pushes through the workers' own interfaces (in parallel), then
+    W x size of rows through the S servers' interfaces, so at most 2 B W S / (W + S) with B the
+    interface's bytes per second. None for other settings (no simple bound)."""
+    if meta["policy"] != "ssp(0)" or meta["compute_us"] != 0:
+        return None
+    b = meta["sim_gbit"] / 8  # GB/s
+    return 2 * b * workers * shards / (workers + shards)
+
+
 def plot(data: dict, out: Path) -> None:
     """scaling.png: GB/s and clocks/s against workers, TCP and simulated side by side."""
     meta = data["meta"]
@@ -66,9 +78,14 @@ def plot(data: dict, out: Path) -> None:
                 if kind == "tcp" and meta.get("reps", 1) > 1:
                     lo = [y - value(c, key + "_min") for c, y in zip(cs, ys)]
                     hi = [value(c, key + "_max") - y for c, y in zip(cs, ys)]
-                    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=name)
+                    line = ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=name)
+                    color = line.lines[0].get_color()
                 else:
-                    ax.plot(xs, ys, marker="o", label=name)
+                    color = ax.plot(xs, ys, marker="o", label=name)[0].get_color()
+                bound = [link_bound(meta, w, shards) for w in xs]
+                if kind == "sim" and key == "gbps" and None not in bound:
+                    ax.plot(xs, bound, linestyle="--", linewidth=1, color=color, alpha=0.6,
+                            label=f"bound, {shards} shard{'s' if shards > 1 else ''}")
             ax.set_xscale("log", base=2)
             workers = sorted({c["workers"] for c in data[kind]})
             ax.set_xticks(workers)
