@@ -25,15 +25,10 @@
 #include <string_view>
 #include <vector>
 
-#include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
-#include <asio/post.hpp>
-
 #include "asyncps/consistency/policies.hpp"
-#include "asyncps/server.hpp"
 #include "asyncps/staleness.hpp"
-#include "asyncps/transport/simulated.hpp"
-#include "asyncps/worker.hpp"
+
+#include "sim_cluster.hpp"
 
 namespace asyncps::bench {
 namespace {
@@ -84,8 +79,6 @@ struct outcome {
 
 template <class Policy>
 outcome run(const config& cfg) {
-  using server_t = basic_server<simulated_transport, Policy>;
-  using worker_t = basic_worker<quadratic_model, simulated_transport, Policy>;
   simulation_options o;
   o.seed = cfg.seed;
   o.latency.base = std::chrono::microseconds(100);
@@ -99,61 +92,27 @@ outcome run(const config& cfg) {
   outcome r;
   {
     simulated_network net(o);
-    const auto quiet = [](std::string_view) {};
     const float lr = 1.0f / static_cast<float>(cfg.workers);
     std::vector<quadratic_model> models;
     models.reserve(cfg.workers);
     for (std::uint32_t w = 0; w < cfg.workers; ++w) models.emplace_back(cfg.rows, cfg.width);
 
-    std::vector<std::unique_ptr<simulated_transport>> sts;
-    std::vector<std::unique_ptr<server_t>> servers;
-    std::vector<std::string> eps;
-    for (std::uint32_t s = 0; s < cfg.servers; ++s) {
-      sts.push_back(std::make_unique<simulated_transport>(net, "server" + std::to_string(s)));
-      server_options so;
-      so.shard = s;
-      so.num_shards = cfg.servers;
-      so.num_workers = cfg.workers;
-      so.tables = {models[0].spec[0]};
-      so.log = quiet;
-      servers.push_back(std::make_unique<server_t>(*sts.back(), so, optimizer::sgd{lr}));
-      eps.push_back("shard" + std::to_string(s));
-      auto acc = sts.back()->listen(eps.back());
-      if (!acc) throw std::runtime_error("listen failed");
-      asio::co_spawn(net.get_executor(), servers.back()->async_serve(std::move(acc).value()),
-                     asio::detached);
-    }
-    std::vector<std::unique_ptr<simulated_transport>> wts;
-    std::vector<std::unique_ptr<worker_t>> ws;
-    r.done.assign(cfg.workers, 0.0);
+    sim_cluster<quadratic_model, Policy> cluster(net, cfg.servers, cfg.workers, {models[0].spec[0]},
+                                                 lr);
     for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-      wts.push_back(std::make_unique<simulated_transport>(net, "worker" + std::to_string(w)));
-      typename worker_t::options_type wo;
-      wo.id = w;
-      wo.servers = eps;
+      typename sim_cluster<quadratic_model, Policy>::worker_options_type wo;
       wo.local_step = lr;
-      wo.log = quiet;
       if (w == 0) wo.on_clock = [&](const clock_report& c) { r.last_loss = c.loss; };
-      ws.push_back(std::make_unique<worker_t>(*wts.back(), models[w], wo,
-                                              asio::any_io_executor(net.compute_executor(w))));
-      asio::co_spawn(
-          net.get_executor(),
-          [&, w]() -> asio::awaitable<void> {
-            if (co_await ws[w]->async_run(cfg.clocks)) ++r.errors;
-            r.done[w] = std::chrono::duration<double>(net.now().time_since_epoch()).count();
-          },
-          asio::detached);
+      cluster.add_worker(models[w], std::move(wo), cfg.clocks);
     }
-    net.run();
-    r.simulated_seconds = std::chrono::duration<double>(net.now().time_since_epoch()).count();
-    asio::post(net.get_executor(), [&] {
-      for (auto& s : servers) s->stop();
-    });
-    net.run();
+    r.simulated_seconds = cluster.run();
+    r.errors = cluster.errors();
+    r.done.resize(cfg.workers);
     std::uint32_t slow = 0;
     for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-      r.staleness += ws[w]->staleness();
-      (w % 4 == 3 ? r.slow_wait : r.fast_wait) += ws[w]->stats().wait_seconds;
+      r.done[w] = cluster.done(w);
+      r.staleness += cluster.worker(w).staleness();
+      (w % 4 == 3 ? r.slow_wait : r.fast_wait) += cluster.worker(w).stats().wait_seconds;
       slow += w % 4 == 3 ? 1 : 0;
     }
     if (slow > 0) r.slow_wait /= slow;
