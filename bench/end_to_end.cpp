@@ -99,7 +99,9 @@ struct run_result {
   double tail_loss = 0;        // mean minibatch loss of the last tenth of the steps, all workers
   double compute_s = 0;        // mean time in compute_gradient per clock (every clock)
   double wait_s = 0;           // mean time waiting for rows per clock (worker_stats)
-  std::vector<float> params;   // final parameters, table-major
+  // Per clock of one worker (worker_stats): messages and payload bytes.
+  double pulls = 0, pushes = 0, bytes_in = 0, bytes_out = 0;
+  std::vector<float> params;  // final parameters, table-major
 };
 
 // One row of the report: a configuration, over its repetitions.
@@ -110,13 +112,15 @@ struct row {
   std::vector<double> step_s;
   std::vector<double> steps_per_s;  // per repetition
   std::vector<double> tail_loss;
-  std::vector<double> compute_s, wait_s;  // per repetition
-  std::vector<float> losses;              // of the last repetition
+  std::vector<double> compute_s, wait_s;                      // per repetition
+  double pulls = 0, pushes = 0, bytes_in = 0, bytes_out = 0;  // of the last repetition
+  std::vector<float> losses;                                  // of the last repetition
   std::vector<float> params;
   bool ok = true;
   std::string failure;
   // Filled by finish():
   double median_ms = 0, p90_ms = 0, mean_ms = 0, ratio = 0;
+  double overhead_us = 0;  // median_ms - single's, in microseconds
   fashion::evaluation train_eval{}, test_eval{};
   int same_as_single = -1;  // -1: not compared (workers != 1 or no single run)
   std::size_t identical_losses = 0;
@@ -273,9 +277,14 @@ run_result run_cluster(const setup& su, unsigned workers, int staleness) {
   for (const auto& w : report.workers) {
     r.compute_s += w.stats.compute_seconds;
     r.wait_s += w.stats.wait_seconds;
+    r.pulls += static_cast<double>(w.stats.pulls);
+    r.pushes += static_cast<double>(w.stats.pushes);
+    r.bytes_in += static_cast<double>(w.stats.bytes_in);
+    r.bytes_out += static_cast<double>(w.stats.bytes_out);
   }
-  r.compute_s /= static_cast<double>(workers) * steps;
-  r.wait_s /= static_cast<double>(workers) * steps;
+  const double clocks = static_cast<double>(workers) * steps;
+  for (double* x : {&r.compute_s, &r.wait_s, &r.pulls, &r.pushes, &r.bytes_in, &r.bytes_out})
+    *x /= clocks;
   r.losses = std::move(losses[0]);
   for (const auto& t : report.tables) r.params.insert(r.params.end(), t.begin(), t.end());
   return r;
@@ -304,6 +313,10 @@ void add(row& rw, run_result&& r) {
   rw.tail_loss.push_back(r.tail_loss);
   rw.compute_s.push_back(r.compute_s);
   rw.wait_s.push_back(r.wait_s);
+  rw.pulls = r.pulls;
+  rw.pushes = r.pushes;
+  rw.bytes_in = r.bytes_in;
+  rw.bytes_out = r.bytes_out;
   rw.losses = std::move(r.losses);
   rw.params = std::move(r.params);
 }
@@ -319,7 +332,10 @@ void finish(const setup& su, std::vector<row>& rows) {
     r.median_ms = 1e3 * quantile(r.step_s, 0.5);
     r.p90_ms = 1e3 * quantile(r.step_s, 0.9);
     r.mean_ms = 1e3 * mean(r.step_s);
-    if (single != nullptr && single->median_ms > 0) r.ratio = r.median_ms / single->median_ms;
+    if (single != nullptr && single->median_ms > 0) {
+      r.ratio = r.median_ms / single->median_ms;
+      r.overhead_us = 1e3 * (r.median_ms - single->median_ms);
+    }
     const asyncps::parameter_view p(layout, r.params.data());
     r.train_eval = fashion::mlp_model::evaluate(p, su.train_eval);
     r.test_eval = fashion::mlp_model::evaluate(p, su.test);
@@ -538,29 +554,31 @@ int main(int argc, char** argv) {
   finish(su, rows);
   const std::string load_end = loadavg();
 
-  std::printf("\n| mode | consistency | workers | ms/clock median | p90 | vs single | steps/s "
-              "(all workers) | compute ms | wait ms | minibatch loss (last 10%%) | train loss | "
-              "train acc | test acc | "
-              "same as single |\n");
-  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+  std::printf("\n| mode | consistency | workers | ms/clock median | p90 | vs single | +us/clock | "
+              "steps/s (all workers) | compute ms | wait ms | minibatch loss (last 10%%) | "
+              "train loss | train acc | test acc | same as single |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   for (const auto& r : rows) {
     if (!r.ok) {
       std::printf("| %s | %s | %u | FAILED: %s |\n", r.mode.c_str(), r.consistency.c_str(),
                   r.workers, r.failure.c_str());
       continue;
     }
-    char ratio[32] = "-";
-    if (r.ratio > 0 && r.mode != "single") std::snprintf(ratio, sizeof ratio, "%.3f", r.ratio);
+    char ratio[32] = "-", extra[32] = "-";
+    if (r.ratio > 0 && r.mode != "single") {
+      std::snprintf(ratio, sizeof ratio, "%.3f", r.ratio);
+      std::snprintf(extra, sizeof extra, "%+.0f", r.overhead_us);
+    }
     char same[96] = "-";
     if (r.same_as_single == 1)
       std::snprintf(same, sizeof same, "bit-identical");
     else if (r.same_as_single == 0)
       std::snprintf(same, sizeof same, "no (%zu/%zu losses equal, max |dparam| %.2g)",
                     r.identical_losses, r.losses.size(), r.max_param_diff);
-    std::printf("| %s | %s | %u | %.3f | %.3f | %s | %.0f | %.3f | %.3f | %.4f | %.4f | %.4f | "
-                "%.4f | %s |\n",
+    std::printf("| %s | %s | %u | %.3f | %.3f | %s | %s | %.0f | %.3f | %.3f | %.4f | %.4f | "
+                "%.4f | %.4f | %s |\n",
                 r.mode.c_str(), r.consistency.c_str(), r.workers, r.median_ms, r.p90_ms, ratio,
-                quantile(r.steps_per_s, 0.5), 1e3 * mean(r.compute_s), 1e3 * mean(r.wait_s),
+                extra, quantile(r.steps_per_s, 0.5), 1e3 * mean(r.compute_s), 1e3 * mean(r.wait_s),
                 mean(r.tail_loss), r.train_eval.loss, r.train_eval.accuracy, r.test_eval.accuracy,
                 same);
   }
@@ -601,6 +619,13 @@ int main(int argc, char** argv) {
         x["clocks_measured"] = r.step_s.size();
         x["ratio_to_single"] = r.ratio > 0 ? num(r.ratio) : nlohmann::json();
         x["steps_per_s"] = num(quantile(r.steps_per_s, 0.5));
+        if (r.ratio > 0 && r.mode != "single") x["overhead_us"] = num(r.overhead_us);
+        if (r.mode != "single") {
+          x["pulls_per_clock"] = num(r.pulls);
+          x["pushes_per_clock"] = num(r.pushes);
+          x["bytes_in_per_clock"] = num(r.bytes_in);
+          x["bytes_out_per_clock"] = num(r.bytes_out);
+        }
         x["compute_ms_mean"] = num(1e3 * mean(r.compute_s));
         x["wait_ms_mean"] = num(1e3 * mean(r.wait_s));
         x["minibatch_loss_tail"] = num(mean(r.tail_loss));
