@@ -391,19 +391,7 @@ int main(int argc, char** argv) {
               << c.servers * per_shard << " host:port)\n";
     return 2;
   }
-  // Defaults tuned per model (see README): softmax converges in a few epochs, the MLP needs more.
-  const bool mlp = c.model == "mlp";
-  if (c.batch == 0) c.batch = 64;
-  // Defaults measured on this data (docs/results/fashion_mnist.md): SGD 0.05 (softmax) or
-  // 0.1 (MLP), scaled by 0.1 for the last third / quarter of the epochs.
-  if (c.lr == 0)
-    c.lr = c.optimizer == "sgd" ? (mlp ? 0.1f : 0.05f) : (c.optimizer == "adam" ? 1e-3f : 0.05f);
-  if (c.epochs == 0) c.epochs = mlp ? 20 : 30;
-  if (c.decay_at < 0) c.decay_at = c.epochs * (mlp ? 0.75 : 2.0 / 3.0);
-  // VAP bound: about two clocks of updates in transit. With the default SGD learning rates and
-  // batch 64, one clock's update lr x |g| (summed over 2 shards' slices, as the worker counts
-  // it) has a median of 0.06-0.09 (softmax) and 0.18-0.26 (MLP) over the first 3 epochs.
-  if (c.vap_magnitude == 0) c.vap_magnitude = mlp ? 0.5f : 0.15f;
+  fashion::apply_defaults(c);
 
   const bool vap = c.consistency == "vap";
   if (!vap && (app.count("--vap-magnitude") > 0 || c.vap_shrink)) {

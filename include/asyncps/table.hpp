@@ -6,8 +6,10 @@
 // matrix factorization or embeddings use sparse row sets of large tables.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <random>
 #include <span>
 
 #include <Eigen/Core>
@@ -63,6 +65,32 @@ constexpr std::uint32_t shard_of(std::uint32_t rows, row_id row,
   while (s > 0 && shard_range(rows, s, num_shards).begin > row) --s;
   while (s + 1 < num_shards && shard_range(rows, s + 1, num_shards).begin <= row) ++s;
   return s;
+}
+
+/// Writes the initial values of rows `rows` of table `spec` under the initial-value seed
+/// `seed` (`server_options::seed`) into `out`, row-major: what every server shard holding those
+/// rows starts with. Zeros when `spec.init_scale == 0`; otherwise each row r is drawn uniformly
+/// from [-init_scale, init_scale] by a `std::mt19937` seeded with the `std::seed_seq` of
+/// (seed low 32 bits, seed high 32 bits, spec.id, r), so the values do not depend on the
+/// sharding, and a program without servers (e.g. a single-process baseline) can start from
+/// exactly the servers' initial state.
+/// Preconditions: `out.size() == rows.size() * spec.width`.
+/// Errors: `std::bad_alloc` (from `std::seed_seq`). Complexity: O(out.size()).
+/// Thread safety: reentrant.
+inline void initial_values(const table_spec& spec, key_range rows, std::uint64_t seed,
+                           std::span<float> out) {
+  if (spec.init_scale == 0.0f) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    return;
+  }
+  for (row_id r = rows.begin; r < rows.end; ++r) {
+    std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
+                      spec.id, r};
+    std::mt19937 gen(seq);
+    std::uniform_real_distribution<float> dist(-spec.init_scale, spec.init_scale);
+    float* row = out.data() + std::size_t{r - rows.begin} * spec.width;
+    for (std::uint32_t j = 0; j < spec.width; ++j) row[j] = dist(gen);
+  }
 }
 
 /// Offset, in floats, of table `t` in the table-major layout of `tables` (the sum of the sizes

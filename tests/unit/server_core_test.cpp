@@ -1,6 +1,7 @@
 // Tests of detail::shard_core, the sans-io state of one server shard, and of
 // detail::server_protocol, what the server does with each message, stepped message by
 // message: no transport, no executor, no timer.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -195,6 +196,37 @@ TEST_CASE("shard_core: the constructor names the bad field") {
                        std::invalid_argument);
   CHECK_THROWS_WITH_AS(core_t(0, 1, 0, layout, 1), doctest::Contains("num_workers"),
                        std::invalid_argument);
+}
+
+TEST_CASE("initial_values: the rows every shard starts with, whatever the sharding") {
+  // Two tables, one random (init_scale > 0), one zeros; split three ways.
+  const std::vector<table_spec> layout{table_spec{0, 7, 5, 0.25f}, table_spec{1, 4, 3, 0.0f}};
+  const std::uint64_t seed = 0x1234'5678'9abc'def0ull;
+  for (table_id t = 0; t < layout.size(); ++t) {
+    const auto& spec = layout[t];
+    std::vector<float> whole(spec.size());
+    initial_values(spec, key_range{0, spec.rows}, seed, whole);
+    for (std::uint32_t s = 0; s < 3; ++s) {
+      const core_t core(s, 3, 1, layout, seed);
+      const auto& table = core.table(t);
+      REQUIRE(table.values.size() == std::size_t{table.range.size()} * spec.width);
+      CHECK(std::memcmp(table.values.data(),
+                        whole.data() + std::size_t{table.range.begin} * spec.width,
+                        table.values.size() * sizeof(float)) == 0);
+    }
+    if (spec.init_scale > 0.0f) {
+      float lo = whole[0], hi = whole[0];
+      for (float v : whole) lo = std::min(lo, v), hi = std::max(hi, v);
+      CHECK(lo >= -spec.init_scale);
+      CHECK(hi <= spec.init_scale);
+      CHECK(hi > lo);  // drawn, not constant
+      std::vector<float> other(spec.size());
+      initial_values(spec, key_range{0, spec.rows}, seed + 1, other);
+      CHECK(std::memcmp(other.data(), whole.data(), whole.size() * sizeof(float)) != 0);
+    } else {
+      for (float v : whole) CHECK(v == 0.0f);
+    }
+  }
 }
 
 // ---- detail::server_protocol, stepped through a recording shell ----

@@ -519,18 +519,7 @@ class shard_core {
 
  private:
   void init_table(shard_table& t, std::uint64_t seed) {
-    if (t.spec.init_scale == 0.0f) {
-      std::fill(t.values.begin(), t.values.end(), 0.0f);
-      return;
-    }
-    for (row_id r = t.range.begin; r < t.range.end; ++r) {
-      std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
-                        t.spec.id, r};
-      std::mt19937 gen(seq);
-      std::uniform_real_distribution<float> dist(-t.spec.init_scale, t.spec.init_scale);
-      float* row = t.values.data() + std::size_t{r - t.range.begin} * t.spec.width;
-      for (std::uint32_t j = 0; j < t.spec.width; ++j) row[j] = dist(gen);
-    }
+    initial_values(t.spec, t.range, seed, t.values);
   }
   // Rows `r` of table `t` changed (for eager rows: see eager_rows_for).
   static void changed(shard_table& t, key_range r) noexcept {
