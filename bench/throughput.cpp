@@ -2,16 +2,14 @@
 // next to the machine's raw loopback ceiling measured in the same run.
 //
 //   asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S] [--windows 1,16]
-//                 [--transport tcp,tcp-nocheck,tcp-secret,tcp-tls,in-process] [--size BYTES]
-//                 [--workers N]
-//                 [--op push|pull|push+pull] [--no-raw]
+//                 [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process] [--size BYTES]
+//                 [--workers N] [--op push|pull|push+pull] [--no-raw]
 //
-// Transports: `tcp` (plain), `tcp-nocheck` (plain, frames checksum their header only:
-// `tcp_options::checksum_payloads` off at both ends), `tcp-secret` (the shared-secret
-// handshake on every connection),
-// `tcp-tls` (mutual TLS with certificates of a throwaway CA made at start-up,
-// tests/support/test_pki.hpp), `in-process`; several, comma-separated, run one after another
-// in the same process (docs/security.md, "Cost").
+// Transports: `tcp` (plain, default options: frames checksum their header only),
+// `tcp-checksum` (plain, `tcp_options::checksum_payloads` on at both ends: payloads hashed
+// too), `tcp-secret` (the shared-secret handshake on every connection), `tcp-tls` (mutual TLS with
+// certificates of a throwaway CA made at start-up, tests/support/test_pki.hpp), `in-process`;
+// several, comma-separated, run one after another in the same process (docs/security.md, "Cost").
 //
 // Setup per (transport, value size, workers): one `basic_server<Transport, consistency::asp>`
 // shard holding one table of size / 4 KiB rows x 1024 floats, running on its own thread and
@@ -277,7 +275,7 @@ void run_setup(const config& cfg, const setup& su, std::vector<row>& rows, ModeA
                "asyncps_bench: %s\n"
                "usage: asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S]\n"
                "                     [--windows 1,16] [--size BYTES] [--workers N]\n"
-               "                     [--transport tcp,tcp-nocheck,tcp-secret,tcp-tls,in-process]\n"
+               "                     [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process]\n"
                "                     [--op push|pull|push+pull] [--no-raw]\n",
                msg);
   std::exit(2);
@@ -315,9 +313,9 @@ config parse(int argc, char** argv) {
       for (std::size_t pos = 0; pos <= v.size();) {
         const std::size_t comma = std::min(v.find(',', pos), v.size());
         const std::string t = v.substr(pos, comma - pos);
-        if (t != "tcp" && t != "tcp-nocheck" && t != "tcp-secret" && t != "tcp-tls" &&
+        if (t != "tcp" && t != "tcp-checksum" && t != "tcp-secret" && t != "tcp-tls" &&
             t != "in-process")
-          usage("--transport takes tcp, tcp-nocheck, tcp-secret, tcp-tls or in-process "
+          usage("--transport takes tcp, tcp-checksum, tcp-secret, tcp-tls or in-process "
                 "(comma-separated)");
         cfg.transports.push_back(t);
         pos = comma + 1;
@@ -371,7 +369,7 @@ double load_average() {
 }
 
 int rank_transport(const std::string& t) {
-  static const char* order[] = {"raw-tcp",    "tcp",     "tcp-nocheck",
+  static const char* order[] = {"raw-tcp",    "tcp",     "tcp-checksum",
                                 "tcp-secret", "tcp-tls", "in-process"};
   for (int i = 0; i < 6; ++i)
     if (t == order[i]) return i;
@@ -401,8 +399,8 @@ int run(int argc, char** argv) {
   };
   // tcp-secret: one random secret for both ends; tcp-tls: a throwaway CA and a certificate
   // for each end (files in a temporary directory, removed at the end).
-  tcp_options nocheck_opts;
-  nocheck_opts.checksum_payloads = false;
+  tcp_options checksum_opts;
+  checksum_opts.checksum_payloads = true;
   tcp_options secret_opts;
   secret_opts.secret = shared_secret::random().value();
   std::optional<test::test_pki> pki;
@@ -422,8 +420,8 @@ int run(int argc, char** argv) {
         const setup su{cfg.sizes[i], workers};
         if (t == "tcp") {
           run_setup<tcp_env>(cfg, su, rows, "tcp");
-        } else if (t == "tcp-nocheck") {
-          run_setup<tcp_env>(cfg, su, rows, "tcp-nocheck", nocheck_opts, nocheck_opts);
+        } else if (t == "tcp-checksum") {
+          run_setup<tcp_env>(cfg, su, rows, "tcp-checksum", checksum_opts, checksum_opts);
         } else if (t == "tcp-secret") {
           run_setup<tcp_env>(cfg, su, rows, "tcp-secret", secret_opts, secret_opts);
         } else if (t == "tcp-tls") {

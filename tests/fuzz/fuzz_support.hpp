@@ -79,8 +79,9 @@ struct frame_read {
 };
 
 /// Reads the next frame of `in` into `m` as a transport does: decode and validate the header
-/// against `lim`, read `payload_bytes` into a fresh pooled buffer, verify the checksum unless
-/// the header's checksum is 0 (see the file comment).
+/// against `lim`, read `payload_bytes` into a fresh pooled buffer, verify the checksum (of the
+/// header only with `frame_flags::payload_unchecked`) unless the header's checksum is 0 (see
+/// the file comment).
 inline frame_read read_frame(byte_reader& in, const wire_limits& lim, message& m) {
   const auto head = in.take(header_size);
   if (head.size() != header_size) return {{}, true};
@@ -91,7 +92,10 @@ inline frame_read read_frame(byte_reader& in, const wire_limits& lim, message& m
   if (body.size() != m.header.payload_bytes) return {{}, true};
   m.payload = allocate(body.size());
   if (!body.empty()) std::memcpy(m.payload.data(), body.data(), body.size());
-  if (m.header.checksum != 0 && frame_checksum(encoded, m.payload.bytes()) != m.header.checksum)
+  const bool header_only = m.header.has(frame_flags::payload_unchecked);
+  if (m.header.checksum != 0 &&
+      frame_checksum(encoded, header_only ? std::span<const std::byte>{} : m.payload.bytes()) !=
+          m.header.checksum)
     return {make_error_code(errc::bad_checksum), false};
   return {};
 }

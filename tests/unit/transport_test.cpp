@@ -1846,8 +1846,9 @@ TEST_CASE("tcp: frames on accepted connections wait for max_receive_bytes, then 
 
 TEST_CASE("tcp: checksum_payloads off checks the header only; state transfers stay checked") {
   asio::io_context io;
+  CHECK_FALSE(tcp_options{}.checksum_payloads);  // the default (docs/performance.md, Checksum)
   tcp_transport sender(io.get_executor(), tcp_options{.checksum_payloads = false});
-  tcp_transport listener(io.get_executor());
+  tcp_transport listener(io.get_executor(), tcp_options{.checksum_payloads = true});
   auto acc = listener.listen({asio::ip::make_address("127.0.0.1"), 0});
   REQUIRE(acc.has_value());
   const auto ep = acc.value().local_endpoint();

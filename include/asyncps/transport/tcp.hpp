@@ -81,12 +81,14 @@ struct tcp_options {
   /// worker's pull replies are bounded by what it asked for).
   std::uint64_t max_receive_bytes = std::uint64_t{1} << 30;
   /// Whether frames carry a checksum (XXH3-64) of their payload as well as of their header.
-  /// Off: the header is still checksummed (checked before its payload is read) and the frame
-  /// says so (`frame_flags::payload_unchecked`), the payload is left to TCP's checksum and
-  /// the link's CRC, or to TLS's integrity; state transfers (`message_type::state`) are
-  /// always checksummed whole. A receiver accepts both kinds, whatever its own setting.
-  /// docs/performance.md, "Checksum", measures what the payload hash costs.
-  bool checksum_payloads = true;
+  /// Off (the default): the header is still checksummed (checked before its payload is read)
+  /// and the frame says so (`frame_flags::payload_unchecked`); the payload is left to TCP's
+  /// checksum and the link's CRC, or to TLS's integrity. State transfers
+  /// (`message_type::state`) are always checksummed whole, as are checkpoint files. A
+  /// receiver accepts both kinds, whatever its own setting. The payload hash costs 14% of the
+  /// CPU of a 4 MiB pull and 10-25% of its throughput on loopback (docs/performance.md,
+  /// "Checksum"); turn it on where memory or NIC corruption must be caught end to end.
+  bool checksum_payloads = false;
   /// Frames up to this many payload bytes are received without waiting for
   /// `max_receive_bytes` (see there).
   static constexpr std::size_t small_frame_bytes = std::size_t{64} << 10;
