@@ -73,7 +73,7 @@ class in_process_network {
   // but not a send waiting for room (a full channel): that send would wait forever, and so
   // would whatever waits for its coroutine (a server's write loop, then `async_serve`). So a
   // direction is only ever closed by `shut`, which first cancels what waits on it (cancel
-  // must come first: on a closed channel Asio takes waiting sends for receives). `send`
+  // must come first: on a closed channel Asio takes waiting sends for receives). `async_send`
   // starts a send under the same per-direction mutex, so no send can start to wait between
   // the cancel and the close (the peer's sends run on the peer's threads).
   struct pipe {
