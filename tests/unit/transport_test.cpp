@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/post.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/write.hpp>
@@ -601,6 +603,50 @@ TEST_CASE("server applies sparse pushes and answers sparse pulls (row sets)") {
   });
 }
 
+namespace {
+
+// Serves `acc` with `server` on `io` while `client()` runs beside it, then stops the server and
+// requires `async_serve` to complete, with success: it waits for every session to end, so a
+// session whose write loop never finishes keeps the test coroutine from finishing (run_coro's
+// limit fails the test).
+template <class Server, class Acceptor, class F>
+void serve_while(asio::io_context& io, Server& server, Acceptor acc, F client) {
+  std::error_code served = make_error_code(errc::timeout);
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          co_await client();
+          server.stop();
+        },
+        [](std::exception_ptr e) {
+          if (e) std::rethrow_exception(e);
+        });
+    served = co_await server.async_serve(std::move(acc));
+  });
+  CHECK(!served);
+}
+
+// `n` range pulls of all 8 rows at no_clock: each is answered at once.
+template <class C>
+asio::awaitable<bool> send_pulls(C& c, int n) {
+  for (int i = 0; i < n; ++i) {
+    message pull;
+    pull.header.type = message_type::pull;
+    pull.header.flags = frame_flags::range;
+    pull.header.row_count = 8;
+    pull.header.clock = no_clock;
+    if (co_await c.async_send(std::move(pull))) co_return false;
+  }
+  co_return true;
+}
+
+}  // namespace
+
+// The server closes the connection (its queue budget) while its write loop waits for room in
+// the full channel to the worker. That send must end too: before, an in-process close left it
+// waiting forever (Asio's channel close does not complete waiting sends), so the session and
+// `async_serve` never finished.
 TEST_CASE("a peer that does not read its replies is disconnected, not buffered forever") {
   asio::io_context io;
   in_process_network net(4);  // small channels: the server's writer blocks quickly
@@ -614,26 +660,89 @@ TEST_CASE("a peer that does not read its replies is disconnected, not buffered f
   test_server_in_process server(st, so, optimizer::sgd{1.0f});
   auto acc = st.listen("s");
   REQUIRE(acc.has_value());
-  asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  serve_while(io, server, std::move(acc).value(), [&]() -> asio::awaitable<void> {
     auto [ec, c] = co_await wt.async_connect("s");
     REQUIRE(!ec);
     co_await handshake(wt, c, 0, 8, 4);
-    bool send_failed = false;
-    for (int i = 0; i < 200 && !send_failed; ++i) {
-      message pull;
-      pull.header.type = message_type::pull;
-      pull.header.flags = frame_flags::range;
-      pull.header.row_count = 8;
-      pull.header.clock = no_clock;
-      send_failed = static_cast<bool>(co_await c.async_send(std::move(pull)));
-    }
-    CHECK(send_failed);  // the server closed the connection
+    const bool all_sent = co_await send_pulls(c, 200);
+    CHECK(!all_sent);  // the server closed the connection
     bool logged = false;
     for (const auto& l : logs) logged = logged || l.find("does not read") != std::string::npos;
     CHECK(logged);
-    server.stop();
   });
+  CHECK(server.connections() == 0);
+}
+
+// The worker closes while the server's write loop waits for room in the full channel to it
+// (under the queue budget): the worker's close must end that send, else the session never
+// ends and neither does `async_serve`.
+TEST_CASE("a worker that closes while the server's write waits for room ends its session") {
+  asio::io_context io;
+  in_process_network net(4);
+  in_process_transport st(io.get_executor(), net), wt(io.get_executor(), net);
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {table_spec{0, 8, 4, 0.0f}};
+  test_server_in_process server(st, so, optimizer::sgd{1.0f});
+  auto acc = st.listen("s");
+  REQUIRE(acc.has_value());
+  serve_while(io, server, std::move(acc).value(), [&]() -> asio::awaitable<void> {
+    auto [ec, c] = co_await wt.async_connect("s");
+    REQUIRE(!ec);
+    co_await handshake(wt, c, 0, 8, 4);
+    // 20 answered pulls: 4 replies fill the channel, the server's writer waits with the rest.
+    CHECK(co_await send_pulls(c, 20));
+    for (int i = 0; i < 8; ++i) co_await asio::post(io, asio::use_awaitable);
+    CHECK(server.connections() == 1);
+    c.close();
+  });
+  CHECK(server.connections() == 0);
+}
+
+// An in-process send that waits for room (the peer does not read) completes with
+// connection_closed when the peer closes, when its own side closes, and when the listener
+// closes before accepting the connection. Asio's channel close alone leaves such a send
+// waiting forever.
+TEST_CASE("in-process: a send waiting for room ends when either side or the listener closes") {
+  asio::io_context io;
+  in_process_network net(2);
+  in_process_transport t(io.get_executor(), net);
+  auto listening = t.listen("s");
+  REQUIRE(listening.has_value());
+  auto acc = std::move(listening).value();
+  enum class closer { peer, self, listener };
+  for (closer who : {closer::peer, closer::self, closer::listener}) {
+    CAPTURE(static_cast<int>(who));
+    in_process_transport::connection c, accepted;
+    std::optional<std::error_code> third;
+    run_coro(io, [&]() -> asio::awaitable<void> {
+      auto [ec, conn] = co_await t.async_connect("s");
+      REQUIRE(!ec);
+      c = std::move(conn);
+      if (who != closer::listener) {
+        auto [aec, a] = co_await acc.async_accept();
+        REQUIRE(!aec);
+        accepted = std::move(a);
+      }
+      REQUIRE(!(co_await c.async_send(make_message(t, 1, 4))));
+      REQUIRE(!(co_await c.async_send(make_message(t, 2, 4))));  // the channel is full
+      asio::co_spawn(
+          io,
+          [&]() -> asio::awaitable<void> { third = co_await c.async_send(make_message(t, 3, 4)); },
+          asio::detached);
+      for (int i = 0; i < 8; ++i) co_await asio::post(io, asio::use_awaitable);
+      REQUIRE(!third.has_value());  // waits for room
+      switch (who) {
+        case closer::peer: accepted.close(); break;
+        case closer::self: c.close(); break;
+        case closer::listener: acc.close(); break;
+      }
+      for (int i = 0; i < 8 && !third; ++i) co_await asio::post(io, asio::use_awaitable);
+      REQUIRE(third.has_value());
+      CHECK(*third == errc::connection_closed);
+      CHECK(co_await c.async_send(make_message(t, 4, 4)) == errc::connection_closed);
+    });
+  }
 }
 
 // A worker's io_context may be destroyed before the server is done with that worker's

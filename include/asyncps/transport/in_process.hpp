@@ -16,6 +16,7 @@
 #include <utility>
 
 #include <asio/any_io_executor.hpp>
+#include <asio/async_result.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/experimental/concurrent_channel.hpp>
 #include <asio/io_context.hpp>
@@ -67,10 +68,40 @@ class in_process_network {
   using accept_channel = asio::experimental::concurrent_channel<void(std::error_code, void*)>;
 
   // Both ends of a connection; created on `channel_context_`, owned by `pipes_`.
+  //
+  // Closing a direction: Asio 1.22's `channel::close()` completes the receives waiting on it
+  // but not a send waiting for room (a full channel): that send would wait forever, and so
+  // would whatever waits for its coroutine (a server's write loop, then `async_serve`). So a
+  // direction is only ever closed by `shut`, which first cancels what waits on it (cancel
+  // must come first: on a closed channel Asio takes waiting sends for receives). `async_send`
+  // starts a send under the same per-direction mutex, so no send can start to wait between
+  // the cancel and the close (the peer's sends run on the peer's threads).
   struct pipe {
     pipe(const asio::any_io_executor& ex, std::size_t cap)
         : dir{channel(ex, cap), channel(ex, cap)} {}
-    channel dir[2];  // dir[0]: connector -> acceptor, dir[1]: acceptor -> connector
+
+    // Sends `m` on direction `d`; completes with `void(std::error_code)` (an error once the
+    // direction is shut, and for a send waiting when it is shut). Locks `shut_mutex[d]` only
+    // while the send starts (Asio posts every channel completion: none runs inside).
+    template <class Token>
+    auto async_send(int d, message m, Token&& token) {
+      return asio::async_initiate<Token, void(std::error_code)>(
+          [this, d](auto handler, message msg) {
+            std::lock_guard lock(shut_mutex[d]);
+            dir[d].async_send(std::error_code{}, std::move(msg), std::move(handler));
+          },
+          token, std::move(m));
+    }
+    // Closes direction `d` for good: waiting sends and receives complete with an error, later
+    // ones at once; what it buffered is dropped. Any thread; idempotent.
+    void shut(int d) noexcept {
+      std::lock_guard lock(shut_mutex[d]);
+      dir[d].cancel();
+      dir[d].close();
+    }
+
+    channel dir[2];            // dir[0]: connector -> acceptor, dir[1]: acceptor -> connector
+    std::mutex shut_mutex[2];  // per direction: starting a send vs `shut`
     std::atomic<int> alive{2};
     std::list<pipe>::iterator self;
   };
@@ -152,8 +183,7 @@ class in_process_transport {
       std::error_code out = make_error_code(errc::connection_closed);
       if (end_.open()) {
         m.header.payload_bytes = m.payload.size();
-        auto [ec] = co_await end_.pipe()->dir[end_.side()].async_send(
-            std::error_code{}, std::move(m), detail::use_tuple);
+        auto [ec] = co_await end_.pipe()->async_send(end_.side(), std::move(m), detail::use_tuple);
         if (ec) {
           close();
         } else {
@@ -180,14 +210,16 @@ class in_process_transport {
     }
 
     /// Closes both directions: the peer receives `connection_closed` after the messages
-    /// already queued to it; outstanding operations complete with `connection_closed`.
+    /// already queued to it (all of them dropped instead when its queue is full); outstanding
+    /// operations complete with `connection_closed`, this side's and the peer's sends that
+    /// wait for room included.
     void close() noexcept {
       if (!end_.mark_closed()) return;
       // Tell the peer (after what is already queued), then stop listening.
-      auto& dir = end_.pipe()->dir;
-      if (!dir[end_.side()].try_send(make_error_code(errc::connection_closed), message{}))
-        dir[end_.side()].close();
-      dir[end_.peer()].close();
+      auto& p = *end_.pipe();
+      if (!p.dir[end_.side()].try_send(make_error_code(errc::connection_closed), message{}))
+        p.shut(end_.side());  // full (our send may wait there) or shut by the peer
+      p.shut(end_.peer());    // the peer's send may wait there
     }
     bool is_open() const noexcept { return end_.open(); }
 
@@ -230,8 +262,8 @@ class in_process_transport {
       // channel drops what it buffered, and those pipes would stay open with nobody reading.
       while (listener_->pending.try_receive([this](std::error_code, void* p) {
         auto* pp = static_cast<in_process_network::pipe*>(p);
-        pp->dir[0].close();
-        pp->dir[1].close();
+        pp->shut(0);  // the connector may already wait to send
+        pp->shut(1);
         transport_->net_->release(*pp);
       })) {}
       listener_->pending.close();
