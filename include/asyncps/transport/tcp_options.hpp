@@ -1,0 +1,95 @@
+// asyncps — the options of the TCP transport (`tcp_options`) and `parse_tcp_endpoint`, apart
+// from transport/tcp.hpp so that a trainer's configuration code needs no socket headers.
+#pragma once
+
+#include <charconv>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <asio/ip/tcp.hpp>
+
+#include "asyncps/error.hpp"
+#include "asyncps/options.hpp"
+#include "asyncps/result.hpp"
+#include "asyncps/secret.hpp"
+#include "asyncps/tls.hpp"
+
+namespace asyncps {
+
+/// Options of a `tcp_transport`.
+struct tcp_options {
+  wire_limits limits{};                                 ///< validation limits for received frames
+  bool no_delay = true;                                 ///< set TCP_NODELAY on every connection
+  int listen_backlog = 128;                             ///< accept queue length
+  std::size_t pool_cache_bytes = std::size_t{1} << 30;  ///< see `buffer_pool`
+  /// The run's shared secret (`load_secret_file`). Non-empty: every connection, accepted or
+  /// made, first runs the mutual HMAC handshake (detail/auth.hpp); a peer without the secret
+  /// never gets a frame through. Empty: no authentication (see `allow_unauthenticated`).
+  /// Every node of a run needs the same secret.
+  shared_secret secret{};
+  /// Without a secret or TLS with `verify_peer`, `listen` refuses every address but a loopback
+  /// one (`errc::authentication_required`) unless this is set: set it only on a network where
+  /// every host that can reach the port is trusted (docs/security.md).
+  bool allow_unauthenticated = false;
+  /// How long the handshakes (TLS, then the secret's) may take, for either side; a peer that
+  /// has not authenticated by then is closed (`errc::timeout`). Unused without secret and TLS.
+  std::chrono::milliseconds auth_timeout{5000};
+  /// Mutual TLS (any file set): every connection, accepted or made, runs a TLS 1.3 handshake
+  /// first, then the secret's handshake inside TLS when `secret` is set. Every node of a run
+  /// needs TLS, with certificates signed by the same CA. The transport loads the files when it
+  /// is constructed; a problem fails `listen` and `async_connect` with `errc::tls_setup_failed`.
+  tls_options tls{};
+  /// Payload bytes of received frames that the accepted connections may hold at once, in all:
+  /// the frames being read and those the application still holds (pulls waiting for the
+  /// server clock, pushes a chain head keeps until its tail acknowledges them). This bounds
+  /// what many peers sending big frames together can make a server hold. Counted in pool
+  /// blocks (powers of two: a 40 MiB frame counts 64 MiB), cached blocks included. A frame of
+  /// more than `small_frame_bytes` that does not fit waits, unread (TCP then slows its
+  /// sender), until held frames are freed; `receive_waits()` counts such waits. Frames of at
+  /// most `small_frame_bytes` (acknowledgements, clocks, hellos, most pulls) neither wait nor
+  /// count: per connection one is read at a time, and what the server keeps of them has its
+  /// own bounds (`server_options::max_total_pending_pull_bytes`). Raised to fit one frame of
+  /// `limits.max_frame_bytes`. 0: no bound. Connections this node made are not counted (a
+  /// worker's pull replies are bounded by what it asked for).
+  std::uint64_t max_receive_bytes = std::uint64_t{1} << 30;
+  /// Whether frames carry a checksum (XXH3-64) of their payload as well as of their header.
+  /// Off (the default): the header is still checksummed (checked before its payload is read)
+  /// and the frame says so (`frame_flags::payload_unchecked`); the payload is left to TCP's
+  /// checksum and the link's CRC, or to TLS's integrity. State transfers
+  /// (`message_type::state`) are always checksummed whole, as are checkpoint files. A
+  /// receiver accepts both kinds, whatever its own setting. The payload hash costs 14% of the
+  /// CPU of a 4 MiB pull and 10-25% of its throughput on loopback (docs/performance.md,
+  /// "Checksum"); turn it on where memory or NIC corruption must be caught end to end.
+  bool checksum_payloads = false;
+  /// Frames up to this many payload bytes are received without waiting for
+  /// `max_receive_bytes` (see there).
+  static constexpr std::size_t small_frame_bytes = std::size_t{64} << 10;
+};
+
+/// Parses "host:port" (IPv4 or IPv6 literal, or "localhost") into a TCP endpoint.
+/// Errors: `errc::invalid_argument` when the text is not of that form. Thread safety: pure.
+inline result<asio::ip::tcp::endpoint> parse_tcp_endpoint(std::string_view text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon + 1 >= text.size())
+    return make_error_code(errc::invalid_argument);
+  std::string_view host = text.substr(0, colon);
+  const std::string_view port_text = text.substr(colon + 1);
+  unsigned port = 0;
+  const auto [end, perr] =
+      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (perr != std::errc{} || end != port_text.data() + port_text.size() || port > 65535)
+    return make_error_code(errc::invalid_argument);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  if (host == "localhost") host = "127.0.0.1";
+  std::error_code ec;
+  const auto addr = asio::ip::make_address(std::string(host), ec);
+  if (ec) return make_error_code(errc::invalid_argument);
+  return asio::ip::tcp::endpoint{addr, static_cast<unsigned short>(port)};
+}
+
+}  // namespace asyncps
