@@ -10,6 +10,16 @@
 
 namespace asyncps::bench {
 
+/// The 1-minute load average (Linux), to show how busy the machine was; -1 when unknown.
+inline double load_average() {
+  double load = -1.0;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = -1.0;
+    std::fclose(f);
+  }
+  return load;
+}
+
 /// Median of `v` (mean of the two middle values for an even count); 0 when empty.
 inline double median(std::vector<double> v) {
   if (v.empty()) return 0.0;

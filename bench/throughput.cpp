@@ -358,16 +358,6 @@ config parse(int argc, char** argv) {
   return cfg;
 }
 
-// The 1-minute load average (Linux), to show how busy the machine was; -1 when unknown.
-double load_average() {
-  double load = -1.0;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = -1.0;
-    std::fclose(f);
-  }
-  return load;
-}
-
 int rank_transport(const std::string& t) {
   static const char* order[] = {"raw-tcp",    "tcp",     "tcp-checksum",
                                 "tcp-secret", "tcp-tls", "in-process"};
