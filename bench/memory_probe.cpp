@@ -39,6 +39,21 @@ long peak_rss_mib() {
   return u.ru_maxrss / 1024;
 }
 
+// Listens on a free loopback port and serves `s` there (until `s.stop()`); returns the port.
+template <class Server>
+asio::ip::tcp::endpoint serve_on_loopback(asio::io_context& io, tcp_transport& st, Server& s) {
+  auto acc = st.listen(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  if (!acc) std::abort();
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(
+      io,
+      [&s, a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
+        (void)co_await s.async_serve(std::move(a));
+      },
+      asio::detached);
+  return ep;
+}
+
 int probe_replies(std::uint64_t budget_mib, std::uint32_t k, int n) {
   const std::uint32_t rows = 1u << 16, width = 256;  // 64 MiB shard, 64 MiB per full reply
   asio::io_context io(1);
@@ -51,11 +66,7 @@ int probe_replies(std::uint64_t budget_mib, std::uint32_t k, int n) {
   so.send_timeout = 0ms;  // the probe measures the budget, not the deadline
   so.log = [&](std::string_view l) { log.emplace_back(l); };
   server<consistency::asp> s(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(
-      io, [&]() -> asio::awaitable<void> { (void)co_await s.async_serve(std::move(acc).value()); },
-      asio::detached);
+  const auto ep = serve_on_loopback(io, st, s);
   std::vector<std::unique_ptr<tcp_transport>> ts;
   std::vector<tcp_transport::connection> conns(k);
   const long before = peak_rss_mib();
@@ -115,11 +126,7 @@ int probe_frames(std::uint64_t budget_mib, std::uint32_t k) {
   so.hello_timeout = 0ms;  // the probe measures the budget, not the deadline
   so.log = [](std::string_view) {};
   server<consistency::asp> s(st, so, optimizer::sgd{1.0f});
-  auto acc = st.listen(asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-  const auto ep = acc.value().local_endpoint();
-  asio::co_spawn(
-      io, [&]() -> asio::awaitable<void> { (void)co_await s.async_serve(std::move(acc).value()); },
-      asio::detached);
+  const auto ep = serve_on_loopback(io, st, s);
   // One header announcing a 64 MiB push, then half of its payload (one shared source buffer).
   frame_header h;
   h.type = message_type::push;
