@@ -2,8 +2,11 @@
 //
 // Two measurements per message size S, both with TCP_NODELAY (as tcp_transport sets it):
 //   one-way: a writer thread writes N messages of S bytes, the reader reads them; MB/s.
-//   round trip: the client writes S bytes, a server thread reads them and replies 8 bytes;
-//               per-request microseconds (the caller takes the median).
+//   round trip: the client writes S bytes, a server thread reads them and replies R bytes
+//               (8: a request/reply such as a push and its ack; S: an exchange such as a push
+//               followed by a pull of the same size); per-request microseconds (the caller
+//               takes the median).
+// The helper thread of each is pinned to `peer_cpu` when that is >= 0 (`--cpu`).
 // Nothing here touches asyncps: it is the yardstick the library is compared with.
 #pragma once
 
@@ -24,6 +27,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "report.hpp"
 
 namespace asyncps::bench::raw {
 
@@ -108,11 +113,12 @@ inline bool read_all(int fd, std::byte* p, std::size_t n) {
 
 /// One-way throughput of `count` messages of `size` bytes over `p` (writer thread -> this
 /// thread). Returns bytes per second.
-inline double one_way(socket_pair& p, std::size_t size, std::size_t count) {
+inline double one_way(socket_pair& p, std::size_t size, std::size_t count, int peer_cpu = -1) {
   std::vector<std::byte> out(size, std::byte{1});
   std::vector<std::byte> in(size);
   const auto t0 = bench_clock::now();
   std::thread writer([&] {
+    pin_current_thread(peer_cpu);
     for (std::size_t i = 0; i < count; ++i) write_all(p.client(), out.data(), size);
   });
   for (std::size_t i = 0; i < count; ++i) {
@@ -123,23 +129,27 @@ inline double one_way(socket_pair& p, std::size_t size, std::size_t count) {
   return static_cast<double>(size * count) / std::chrono::duration<double>(t1 - t0).count();
 }
 
-/// Round trips of a `size`-byte request and an 8-byte reply over a fresh pair, until
+/// Round trips of a `size`-byte request and a `reply_size`-byte reply over a fresh pair, until
 /// `deadline` (and at least `min_count`). Returns every round trip in microseconds.
-inline std::vector<double> round_trips(std::size_t size, bench_clock::time_point deadline,
-                                       std::size_t min_count) {
+inline std::vector<double> round_trips(std::size_t size, std::size_t reply_size,
+                                       bench_clock::time_point deadline, std::size_t min_count,
+                                       int peer_cpu = -1) {
   socket_pair p;
   std::thread responder([&] {
+    pin_current_thread(peer_cpu);
     std::vector<std::byte> req(size);
-    const std::byte reply[8] = {};
-    while (read_all(p.server(), req.data(), size)) write_all(p.server(), reply, sizeof reply);
+    const std::vector<std::byte> reply(reply_size);
+    while (read_all(p.server(), req.data(), size))
+      write_all(p.server(), reply.data(), reply.size());
   });
   std::vector<std::byte> req(size, std::byte{1});
-  std::byte reply[8];
+  std::vector<std::byte> reply(reply_size);
   std::vector<double> us;
   for (std::size_t i = 0; i < min_count || bench_clock::now() < deadline; ++i) {
     const auto t0 = bench_clock::now();
     write_all(p.client(), req.data(), size);
-    if (!read_all(p.client(), reply, sizeof reply)) throw std::runtime_error("raw baseline: EOF");
+    if (!read_all(p.client(), reply.data(), reply.size()))
+      throw std::runtime_error("raw baseline: EOF");
     us.push_back(std::chrono::duration<double, std::micro>(bench_clock::now() - t0).count());
   }
   ::shutdown(p.client(), SHUT_WR);

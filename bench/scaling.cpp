@@ -72,6 +72,7 @@
 #include "asyncps/transport/tcp.hpp"
 #include "asyncps/worker.hpp"
 
+#include "fixed_gradient.hpp"
 #include "json_output.hpp"
 #include "report.hpp"
 #include "sim_cluster.hpp"
@@ -105,25 +106,6 @@ struct config {
 std::string policy_text(const config& cfg) {
   return cfg.policy == "ssp" ? "ssp(" + std::to_string(cfg.staleness) + ")" : cfg.policy;
 }
-
-// ---------------------------------------------------------------------------------------------
-// The synthetic model
-// ---------------------------------------------------------------------------------------------
-/// One dense table; the gradient is a fixed buffer (shared by every worker), copied into the
-/// worker's gradient buffer. With `sleep` > 0 each gradient first sleeps that long.
-struct fixed_gradient {
-  std::array<table_spec, 1> spec{};
-  std::span<const float> gradient;
-  std::chrono::microseconds sleep{0};
-
-  std::span<const table_spec> tables() const { return spec; }
-  float compute_gradient(const parameter_view&, gradient_view& g) {
-    if (sleep.count() > 0) std::this_thread::sleep_for(sleep);
-    const auto out = g.span(0);
-    std::memcpy(out.data(), gradient.data(), out.size_bytes());
-    return 0.0f;
-  }
-};
 
 // ---------------------------------------------------------------------------------------------
 // Progress of each worker, and the steady-state window
@@ -247,11 +229,6 @@ fixed_gradient model_of(const config& cfg, std::span<const float> gradient, bool
 // ---------------------------------------------------------------------------------------------
 // TCP
 // ---------------------------------------------------------------------------------------------
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
-}
 double process_cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -3,7 +3,13 @@
 //
 //   asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S] [--windows 1,16]
 //                 [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process] [--size BYTES]
-//                 [--workers N] [--op push|pull|push+pull] [--no-raw]
+//                 [--workers N] [--op push|pull|push+pull] [--api protocol,worker] [--no-raw]
+//                 [--cpu SERVER,CLIENT]
+//
+// Two APIs: `worker` (the headline: a real `basic_worker` training against the shard, see
+// bench/worker_path.hpp; op `clock`, window W = staleness W - 1, 1 worker) and `protocol` (the
+// wire protocol driven directly by bench/client.hpp, below). `--cpu S,C` pins the server's
+// thread (and the raw baseline's helper thread) to CPU S and the client's thread to CPU C.
 //
 // Transports: `tcp` (plain, default options: frames checksum their header only),
 // `tcp-checksum` (plain, `tcp_options::checksum_payloads` on at both ends: payloads hashed
@@ -16,6 +22,11 @@
 // io_context; `workers` protocol clients (bench/client.hpp), each on its own connection, all
 // on the main thread's io_context. Each (op, window) is run once to warm up, then `reps` times
 // for `seconds` each; the figure is the median over the repetitions. See docs/performance.md.
+//
+// Ratios ("vs raw"): MB/s rows at window 1 against the raw request/reply of the same size
+// (push, pull: `size` bytes one way and 8 back, MB/s = size / round trip; push+pull and the
+// worker's clock: `size` bytes each way, MB/s = 2 size / round trip), pipelined rows against
+// the raw one-way stream; round-trip rows against the raw round trip of the same shape.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -48,6 +59,7 @@
 #include "raw_baseline.hpp"
 #include "report.hpp"
 #include "tests/support/test_pki.hpp"
+#include "worker_path.hpp"
 
 namespace asyncps::bench {
 namespace {
@@ -59,6 +71,9 @@ struct config {
                                  std::size_t{4} << 20};
   std::vector<unsigned> workers{1, 2};
   std::vector<std::string> transports{"tcp", "in-process"};
+  std::vector<std::string> apis{"protocol", "worker"};
+  int server_cpu = -1;  // --cpu: pin the server (and raw helper) thread; -1: no pinning
+  int client_cpu = -1;
   std::vector<op_kind> ops{op_kind::push, op_kind::pull, op_kind::push_pull};
   std::vector<unsigned> windows{1, 16};  // requests in flight per connection
   unsigned reps = 5;
@@ -82,22 +97,33 @@ bench_clock::duration to_duration(double seconds) {
 struct baseline {
   std::vector<double> one_way_mbps;  // MB/s per repetition
   std::vector<double> rtt_us;        // median us per repetition (size-byte request, 8-byte reply)
+  std::vector<double> exchange_us;   // median us per repetition (size bytes each way)
+  std::vector<double> rtt_all, exchange_all;  // every round trip, us
 };
 
 void measure_raw(const config& cfg, std::size_t size, baseline& out) {
   raw::socket_pair pair;
   // Warm up (and calibrate the message count so that one repetition takes ~cfg.seconds).
   const std::size_t warm = std::max<std::size_t>(8, (std::size_t{16} << 20) / size);
-  const double rate = raw::one_way(pair, size, warm);
+  const int peer = cfg.server_cpu;
+  const double rate = raw::one_way(pair, size, warm, peer);
   const auto count = std::max<std::size_t>(
       8, static_cast<std::size_t>(rate * cfg.seconds / static_cast<double>(size)));
   for (unsigned r = 0; r < cfg.reps; ++r)
-    out.one_way_mbps.push_back(raw::one_way(pair, size, count) / 1e6);
+    out.one_way_mbps.push_back(raw::one_way(pair, size, count, peer) / 1e6);
 
-  (void)raw::round_trips(size, bench_clock::now() + to_duration(cfg.seconds / 4), 8);
-  for (unsigned r = 0; r < cfg.reps; ++r)
-    out.rtt_us.push_back(
-        median(raw::round_trips(size, bench_clock::now() + to_duration(cfg.seconds), 8)));
+  const auto trips = [&](std::size_t reply, std::vector<double>& medians,
+                         std::vector<double>& all) {
+    (void)raw::round_trips(size, reply, bench_clock::now() + to_duration(cfg.seconds / 4), 8, peer);
+    for (unsigned r = 0; r < cfg.reps; ++r) {
+      auto us =
+          raw::round_trips(size, reply, bench_clock::now() + to_duration(cfg.seconds), 8, peer);
+      all.insert(all.end(), us.begin(), us.end());
+      medians.push_back(median(std::move(us)));
+    }
+  };
+  trips(8, out.rtt_us, out.rtt_all);
+  trips(size, out.exchange_us, out.exchange_all);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -121,6 +147,9 @@ struct tcp_env {
   static tcp_transport::endpoint_type endpoint(const tcp_transport::acceptor& a) {
     return a.local_endpoint();
   }
+  static const char* name_of(const char* mode, const tcp_options& = {}, const tcp_options& = {}) {
+    return mode;
+  }
   std::uint64_t fresh_blocks() const {
     return server.pool().stats().fresh_blocks + client.pool().stats().fresh_blocks;
   }
@@ -136,6 +165,7 @@ struct in_process_env {
       : server(s.get_executor(), net), client(c.get_executor(), net) {}
   result<in_process_transport::acceptor> listen() { return server.listen("asyncps-bench"); }
   static std::string endpoint(const in_process_transport::acceptor&) { return "asyncps-bench"; }
+  static const char* name_of() { return "in-process"; }
   std::uint64_t fresh_blocks() { return net.pool().stats().fresh_blocks; }
 };
 
@@ -200,6 +230,7 @@ asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_typ
 
       std::vector<double> mbps;
       std::vector<double> lat;
+      std::vector<double> all_lat;
       for (unsigned r = 0; r < cfg.reps; ++r) {
         const auto t0 = bench_clock::now();
         w.deadline = t0 + to_duration(cfg.seconds);
@@ -214,13 +245,20 @@ asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_typ
         }
         mbps.push_back(static_cast<double>(bytes) / 1e6 /
                        std::chrono::duration<double>(end - t0).count());
-        if (w.record_latency) lat.push_back(median(std::move(samples)));
+        if (w.record_latency) {
+          all_lat.insert(all_lat.end(), samples.begin(), samples.end());
+          lat.push_back(median(std::move(samples)));
+        }
       }
       rows.push_back(
           row{env.name, op_name(op), su.size, window, su.workers, "MB/s", summarize(mbps), 0.0});
       if (w.record_latency) {
-        rows.push_back(row{env.name, std::string(op_name(op)) + "-rtt", su.size, 1, su.workers,
-                           "us", summarize(lat), 0.0});
+        row r{env.name,       std::string(op_name(op)) + "-rtt",
+              su.size,        1,
+              su.workers,     "us",
+              summarize(lat), 0.0};
+        r.p99 = quantile(std::move(all_lat), 0.99);
+        rows.push_back(std::move(r));
       }
     }
   }
@@ -243,7 +281,10 @@ void run_setup(const config& cfg, const setup& su, std::vector<row>& rows, ModeA
   if (!acceptor) throw std::runtime_error("listen: " + acceptor.error().message());
   const auto ep = Env::endpoint(acceptor.value());
   asio::co_spawn(server_ctx, serve(server, std::move(acceptor).value()), asio::detached);
-  std::thread server_thread([&] { server_ctx.run(); });
+  std::thread server_thread([&] {
+    pin_current_thread(cfg.server_cpu);
+    server_ctx.run();
+  });
 
   std::exception_ptr failure;
   std::uint64_t pushes = 0;
@@ -268,6 +309,48 @@ void run_setup(const config& cfg, const setup& su, std::vector<row>& rows, ModeA
 }
 
 // ---------------------------------------------------------------------------------------------
+// Through the real worker (bench/worker_path.hpp): one worker, one shard, every window
+// ---------------------------------------------------------------------------------------------
+template <class Env, class... ModeArgs>
+void run_worker_setup(const config& cfg, const setup& su, std::vector<row>& rows,
+                      const ModeArgs&... mode) {
+  const auto table_rows = static_cast<std::uint32_t>(su.size / (row_width * sizeof(float)));
+  const std::vector<float> gradient(su.size / sizeof(float), 1e-6f);
+  for (unsigned window : cfg.windows) {
+    // Calibrate: a short run gives the time per clock, from which the measured run's clock
+    // count follows (warm-up of about half a repetition, then `reps` of `seconds` each).
+    const std::uint64_t probe_clocks = 24;
+    const auto probe = run_worker_path<Env>(table_rows, window, probe_clocks, 1, gradient,
+                                            cfg.server_cpu, mode...);
+    const double clock_s = std::max(1e-6, median(probe.all_clock_us) * 1e-6);
+    const auto per_rep =
+        std::max<std::uint64_t>(8, static_cast<std::uint64_t>(cfg.seconds / clock_s));
+    const std::uint64_t measured = per_rep * cfg.reps;
+    const std::uint64_t clocks = measured + std::max<std::uint64_t>(measured / 9, 4);
+    const auto res = run_worker_path<Env>(table_rows, window, clocks, cfg.reps, gradient,
+                                          cfg.server_cpu, mode...);
+    const char* name = Env::name_of(mode...);
+    row r{name, "clock", su.size, window, 1, "MB/s", summarize(res.mbps), 0.0};
+    r.api = "worker";
+    r.server_ns_per_byte = res.bytes > 0 ? res.server_cpu_s * 1e9 / res.bytes : 0.0;
+    r.client_ns_per_byte = res.bytes > 0 ? res.client_cpu_s * 1e9 / res.bytes : 0.0;
+    rows.push_back(r);
+    std::fprintf(stderr,
+                 "  worker window %u: %llu clocks, %.0f MB, snapshot + model's gradient %.1f us "
+                 "per clock, CPU s: server %.3f, worker %.3f\n",
+                 window, static_cast<unsigned long long>(res.clocks), res.bytes / 1e6,
+                 res.compute_s * 1e6 / static_cast<double>(res.clocks), res.server_cpu_s,
+                 res.client_cpu_s);
+    if (window != 1) continue;  // pipelined: clocks overlap, their time is no round trip
+    r.op = "clock-rtt";
+    r.unit = "us";
+    r.value = summarize(res.clock_us);
+    r.p99 = quantile(res.all_clock_us, 0.99);
+    rows.push_back(r);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Command line, ordering, output
 // ---------------------------------------------------------------------------------------------
 [[noreturn]] void usage(const char* msg) {
@@ -276,7 +359,8 @@ void run_setup(const config& cfg, const setup& su, std::vector<row>& rows, ModeA
                "usage: asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S]\n"
                "                     [--windows 1,16] [--size BYTES] [--workers N]\n"
                "                     [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process]\n"
-               "                     [--op push|pull|push+pull] [--no-raw]\n",
+               "                     [--op push|pull|push+pull] [--api protocol,worker]\n"
+               "                     [--cpu SERVER,CLIENT] [--no-raw]\n",
                msg);
   std::exit(2);
 }
@@ -338,6 +422,24 @@ config parse(int argc, char** argv) {
       } else {
         usage("--op takes push, pull or push+pull");
       }
+    } else if (a == "--api") {
+      cfg.apis.clear();
+      const std::string v = value();
+      for (std::size_t pos = 0; pos <= v.size();) {
+        const std::size_t comma = std::min(v.find(',', pos), v.size());
+        const std::string t = v.substr(pos, comma - pos);
+        if (t != "protocol" && t != "worker")
+          usage("--api takes protocol, worker or both (comma-separated)");
+        cfg.apis.push_back(t);
+        pos = comma + 1;
+      }
+    } else if (a == "--cpu") {
+      const std::string v = value();
+      const std::size_t comma = v.find(',');
+      if (comma == std::string::npos) usage("--cpu takes SERVER,CLIENT (two CPU numbers)");
+      cfg.server_cpu = std::stoi(v.substr(0, comma));
+      cfg.client_cpu = std::stoi(v.substr(comma + 1));
+      if (cfg.server_cpu < 0 || cfg.client_cpu < 0) usage("--cpu takes CPU numbers >= 0");
     } else if (a == "--no-raw") {
       cfg.raw = false;
     } else if (a == "--help" || a == "-h") {
@@ -366,15 +468,18 @@ int rank_transport(const std::string& t) {
   return 6;
 }
 int rank_op(const std::string& op) {
-  static const char* order[] = {"one-way",   "rtt",      "push",    "pull",
-                                "push+pull", "push-rtt", "pull-rtt"};
-  for (int i = 0; i < 7; ++i)
+  static const char* order[] = {"one-way",      "req-reply", "exchange",  "rtt",
+                                "exchange-rtt", "clock",     "clock-rtt", "push",
+                                "pull",         "push+pull", "push-rtt",  "pull-rtt"};
+  for (int i = 0; i < 12; ++i)
     if (op == order[i]) return i;
-  return 7;
+  return 12;
 }
+int rank_api(const std::string& api) { return api == "raw" ? 0 : api == "worker" ? 1 : 2; }
 
 int run(int argc, char** argv) {
   const config cfg = parse(argc, argv);
+  (void)pin_current_thread(cfg.client_cpu);  // a refusal is printed; the run goes on unpinned
   const auto started = bench_clock::now();
   const double load_before = load_average();
   std::vector<row> rows;
@@ -404,6 +509,23 @@ int run(int argc, char** argv) {
   measure_all_raw("before");
   for (const auto& t : cfg.transports) {
     for (std::size_t i = 0; i < cfg.sizes.size(); ++i) {
+      if (std::find(cfg.apis.begin(), cfg.apis.end(), "worker") != cfg.apis.end()) {
+        std::fprintf(stderr, "%s, %s, through basic_worker\n", t.c_str(),
+                     size_text(cfg.sizes[i]).c_str());
+        const setup su{cfg.sizes[i], 1};
+        if (t == "tcp") {
+          run_worker_setup<tcp_env>(cfg, su, rows, "tcp");
+        } else if (t == "tcp-checksum") {
+          run_worker_setup<tcp_env>(cfg, su, rows, "tcp-checksum", checksum_opts, checksum_opts);
+        } else if (t == "tcp-secret") {
+          run_worker_setup<tcp_env>(cfg, su, rows, "tcp-secret", secret_opts, secret_opts);
+        } else if (t == "tcp-tls") {
+          run_worker_setup<tcp_env>(cfg, su, rows, "tcp-tls", tls_server_opts, tls_client_opts);
+        } else {
+          run_worker_setup<in_process_env>(cfg, su, rows);
+        }
+      }
+      if (std::find(cfg.apis.begin(), cfg.apis.end(), "protocol") == cfg.apis.end()) continue;
       for (unsigned workers : cfg.workers) {
         std::fprintf(stderr, "%s, %s, %u worker(s)\n", t.c_str(), size_text(cfg.sizes[i]).c_str(),
                      workers);
@@ -425,26 +547,52 @@ int run(int argc, char** argv) {
 
   measure_all_raw("after");
 
-  // Ratios to the raw baseline of the same size (one-way for MB/s, round trip for us).
+  // Ratios to the raw baseline of the same size and shape (see the file comment).
   if (cfg.raw) {
     for (std::size_t i = 0; i < cfg.sizes.size(); ++i) {
-      const summary one_way = summarize(raw[i].one_way_mbps);
-      const summary rtt = summarize(raw[i].rtt_us);
-      rows.push_back(row{"raw-tcp", "one-way", cfg.sizes[i], 1, 1, "MB/s", one_way, 1.0});
-      rows.push_back(row{"raw-tcp", "rtt", cfg.sizes[i], 1, 1, "us", rtt, 1.0});
+      const baseline& b = raw[i];
+      const double size = static_cast<double>(cfg.sizes[i]);
+      std::vector<double> req_reply, exchange;
+      for (double us : b.rtt_us) req_reply.push_back(size / us);  // bytes/us = MB/s
+      for (double us : b.exchange_us) exchange.push_back(2 * size / us);
+      const auto raw_row = [&](const char* op, const char* unit, const std::vector<double>& v,
+                               const std::vector<double>* all) {
+        row r{"raw-tcp", op, cfg.sizes[i], 1, 1, unit, summarize(v), 1.0};
+        r.api = "raw";
+        if (all != nullptr) r.p99 = quantile(*all, 0.99);
+        rows.push_back(std::move(r));
+      };
+      raw_row("one-way", "MB/s", b.one_way_mbps, nullptr);
+      raw_row("req-reply", "MB/s", req_reply, nullptr);
+      raw_row("exchange", "MB/s", exchange, nullptr);
+      raw_row("rtt", "us", b.rtt_us, &b.rtt_all);
+      raw_row("exchange-rtt", "us", b.exchange_us, &b.exchange_all);
     }
     for (auto& r : rows) {
-      if (r.transport == "raw-tcp") continue;
+      if (r.api == "raw") continue;
       const auto i = static_cast<std::size_t>(
           std::find(cfg.sizes.begin(), cfg.sizes.end(), r.size) - cfg.sizes.begin());
-      const double base = median(r.unit == "us" ? raw[i].rtt_us : raw[i].one_way_mbps);
+      const baseline& b = raw[i];
+      const double size = static_cast<double>(r.size);
+      // Both directions carry `size` bytes: the push+pull alternation and the worker's clock.
+      const bool both_ways = r.op == "push+pull" || r.op == "clock" || r.op == "clock-rtt";
+      double base = 0;
+      if (r.unit == "us") {
+        base = median(both_ways ? b.exchange_us : b.rtt_us);
+      } else if (r.window == 1) {
+        const double us = median(both_ways ? b.exchange_us : b.rtt_us);
+        base = us > 0 ? (both_ways ? 2 : 1) * size / us : 0.0;
+      } else {
+        base = median(b.one_way_mbps);
+      }
       r.ratio = base > 0.0 ? r.value.median / base : 0.0;
     }
   }
 
   std::stable_sort(rows.begin(), rows.end(), [](const row& a, const row& b) {
     const auto key = [](const row& r) {
-      return std::tuple{rank_transport(r.transport), rank_op(r.op), r.size, r.window, r.workers};
+      return std::tuple{
+          rank_api(r.api), rank_transport(r.transport), rank_op(r.op), r.size, r.window, r.workers};
     };
     return key(a) < key(b);
   });
@@ -456,21 +604,26 @@ int run(int argc, char** argv) {
               "threads, %.0f s in all, load average %.2f before / %.2f after\n",
               cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(), elapsed,
               load_before, load_after);
-  std::printf("MB/s = 1e6 payload bytes/s; vs raw = median / raw-tcp of the same size "
-              "(one-way for MB/s, rtt for us);\nraw-tcp = medians over %u repetitions before and "
-              "%u after the library runs\n\n",
+  std::printf("MB/s = 1e6 payload bytes/s; vs raw = median / raw-tcp of the same size and shape "
+              "(window 1: req-reply, or exchange\nwhen both directions carry the size; "
+              "pipelined: one-way; us: rtt or exchange-rtt); p99 over every sample;\ncpu ns/B = "
+              "CPU ns of the server (s) and client (c) threads per payload byte; raw-tcp = medians "
+              "over %u\nrepetitions before and %u after the library runs; worker: window W = "
+              "ssp staleness W - 1 (1 = BSP)\n\n",
               cfg.reps, cfg.reps);
   print_table_header();
   for (const auto& r : rows) print_row(r);
 
   if (!cfg.json.empty()) {
-    char meta[320];
+    char meta[400];
     std::snprintf(meta, sizeof meta,
                   "{\"reps\": %u, \"seconds\": %.3f, \"windows\": [%s], "
                   "\"hardware_threads\": %u, \"quick\": %s, \"elapsed_s\": %.1f, "
-                  "\"load_before\": %.2f, \"load_after\": %.2f}",
+                  "\"load_before\": %.2f, \"load_after\": %.2f, \"server_cpu\": %d, "
+                  "\"client_cpu\": %d}",
                   cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(),
-                  cfg.quick ? "true" : "false", elapsed, load_before, load_after);
+                  cfg.quick ? "true" : "false", elapsed, load_before, load_after, cfg.server_cpu,
+                  cfg.client_cpu);
     if (!write_json(cfg.json, rows, meta)) {
       std::fprintf(stderr, "asyncps_bench: cannot write %s\n", cfg.json.c_str());
       return 1;

@@ -718,6 +718,17 @@ TEST_CASE("shard_core: check_update refuses what would make optimizer state non-
   f[std::size_t{rows} * 2 - 1] = -3.4e38f;
   CHECK(big_core.check_update(all, detail) == errc::non_finite_update);
   CHECK(detail.find("row " + std::to_string(rows - 1)) != std::string::npos);
+
+  // A NaN in the push itself, in its last chunk: refused as a non-finite value (the push's
+  // values are checked chunk by chunk with the update they make, not in a pass of their own),
+  // naming the row; nothing is written.
+  const auto values_before = big_core.table(0).values;
+  auto nan_last = range_push(0, 0, 0, rows, 0.0f);
+  reinterpret_cast<float*>(nan_last.payload.data())[std::size_t{rows} * 2 - 2] =
+      std::numeric_limits<float>::quiet_NaN();
+  CHECK(big_core.check_update(nan_last, detail) == errc::non_finite_value);
+  CHECK(detail.find("row " + std::to_string(rows - 1)) != std::string::npos);
+  CHECK(big_core.table(0).values == values_before);
 }
 
 TEST_CASE("server_protocol: out of memory while handling a message refuses that session and "

@@ -674,9 +674,11 @@ class server_protocol {
       return errc::bad_sender;
     }
     if (auto ec = core_.check_rows(m, detail)) return ec;
-    const auto grad = payload_floats(m);
-    if (!core_type::all_finite(grad)) return errc::non_finite_value;
+    // A plain push's values are checked finite by `apply` (`shard_core::check_update`), chunk
+    // by chunk with the update they make: one pass over the push instead of two. A replica or
+    // backlog push goes to the recovery part, which may keep it unapplied: checked here.
     if (h.has(frame_flags::state) || h.has(frame_flags::backlog)) {
+      if (!core_type::all_finite(payload_floats(m))) return errc::non_finite_value;
       if constexpr (has_on_recovery_push<part_type, ctx_t<Io>>) {
         return part_.on_recovery_push(io_->ctx(), s, m, detail);
       } else {

@@ -198,13 +198,15 @@ class shard_core {
     }
     return {};
   }
-  /// Whether checked push `m` can be applied without making a value or the optimizer's state
-  /// of its rows NaN or infinity, computed before anything is written, in chunks of
-  /// `check_chunk` floats: by the optimizer's read-only `stays_finite` (the shipped
-  /// optimizers: one pass over the rows, nothing written) or else by `apply` on a copy in a
-  /// small fixed scratch. No allocation. Errors: `errc::non_finite_update` (`detail` names the
-  /// table and row), and then the push must not be applied. Deterministic: the same state and
-  /// push give the same answer on every replica (chain backups, replica-log replays).
+  /// Whether checked push `m` holds only finite values and can be applied without making a
+  /// value or the optimizer's state of its rows NaN or infinity, computed before anything is
+  /// written, in chunks of `check_chunk` floats (each chunk of the push checked finite, then,
+  /// while it is in L1, the update it makes): by the optimizer's read-only `stays_finite` (the
+  /// shipped optimizers: one pass over the rows, nothing written) or else by `apply` on a copy
+  /// in a small fixed scratch. No allocation. Errors: `errc::non_finite_value` (a NaN or
+  /// infinite value in the push) or `errc::non_finite_update`, `detail` naming the table and
+  /// row; then the push must not be applied. Deterministic: the same state and push give the
+  /// same answer on every replica (chain backups, replica-log replays).
   std::error_code check_update(const message& m, std::string& detail) {
     const auto& h = m.header;
     auto& t = tables_[h.table];
@@ -212,35 +214,40 @@ class shard_core {
     const std::uint32_t w = t.spec.width;
     const std::uint64_t step = t.step + 1;  // the step `apply` would use
     row_id bad = 0;
-    bool ok = true;
+    std::error_code ec;
+    // One chunk of `c` floats of the push at `g`, for values from `off`: finite, and so is
+    // the update. Sets `ec` otherwise.
+    const auto chunk_ok = [&](std::size_t off, std::size_t c, const float* g) {
+      if (!all_finite(std::span<const float>(g, c))) {
+        ec = errc::non_finite_value;
+      } else if (!candidates_finite(t, off, c, g, step)) {
+        ec = errc::non_finite_update;
+      }
+      return !ec;
+    };
     if (h.has(frame_flags::range)) {
       const auto first = static_cast<row_id>(h.first_row);
       const std::size_t off = std::size_t{first - t.range.begin} * w;
       const std::size_t n = std::size_t{h.row_count} * w;
-      for (std::size_t done = 0; ok && done < n; done += check_chunk) {
-        const std::size_t c = std::min(check_chunk, n - done);
-        if (!candidates_finite(t, off + done, c, grad.data() + done, step)) {
-          ok = false;
+      for (std::size_t done = 0; !ec && done < n; done += check_chunk) {
+        if (!chunk_ok(off + done, std::min(check_chunk, n - done), grad.data() + done))
           bad = first + static_cast<row_id>(done / w);
-        }
       }
     } else {
       const auto keys = payload_keys(m);
-      for (std::uint32_t i = 0; ok && i < h.row_count; ++i) {
+      for (std::uint32_t i = 0; !ec && i < h.row_count; ++i) {
         const std::size_t off = std::size_t{keys[i] - t.range.begin} * w;
-        for (std::size_t done = 0; ok && done < w; done += check_chunk) {
-          const std::size_t c = std::min<std::size_t>(check_chunk, w - done);
-          if (!candidates_finite(t, off + done, c, grad.data() + std::size_t{i} * w + done, step)) {
-            ok = false;
+        for (std::size_t done = 0; !ec && done < w; done += check_chunk) {
+          if (!chunk_ok(off + done, std::min<std::size_t>(check_chunk, w - done),
+                        grad.data() + std::size_t{i} * w + done))
             bad = keys[i];
-          }
         }
       }
     }
-    if (ok) return {};
+    if (!ec) return {};
     detail =
         " (table " + std::to_string(h.table) + ", at or after row " + std::to_string(bad) + ")";
-    return errc::non_finite_update;
+    return ec;
   }
   /// Vectorised (Eigen 3.4's allFinite is a scalar loop): g - g is 0 for finite values and
   /// NaN for NaN or infinity, and NaN survives the sum.
