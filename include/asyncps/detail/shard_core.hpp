@@ -99,6 +99,10 @@ class shard_core {
     if (tables.empty())
       throw std::invalid_argument("asyncps::server_options: tables must not be empty");
     tables_.reserve(tables.size());
+    // Room for every worker's pull of every table twice over (a worker waits for one clock
+    // with a pull per table): a pull deferred in the steady state does not grow the vector,
+    // however the workers' timing interleaves (tests/unit/no_alloc_test.cpp). At most 4096.
+    pending_.reserve(std::min<std::size_t>(std::size_t{num_workers} * tables.size() * 2, 4096));
     for (std::size_t i = 0; i < tables.size(); ++i) {
       const auto& spec = tables[i];
       if (spec.id != i || spec.rows == 0 || spec.width == 0)
