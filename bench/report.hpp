@@ -94,6 +94,8 @@ struct row {
   double ratio = 0.0;            ///< value.median / the raw baseline of the same size and unit
   std::string api = "protocol";  ///< "protocol" (bench/client.hpp), "worker" (basic_worker), "raw"
   double p99 = 0.0;              ///< "us" rows: 99th percentile over every sample (0: none)
+  /// "MB/s" rows: requests (protocol), clocks (worker) or messages (raw) per second, median.
+  double ops_per_s = 0.0;
   /// CPU time of the server's and the client's (worker's) thread per payload byte moved, ns;
   /// 0: not measured.
   double server_ns_per_byte = 0.0;
@@ -109,16 +111,17 @@ inline std::string size_text(std::size_t bytes) {
 
 inline void print_table_header() {
   std::printf("%-8s %-12s %-12s %7s %6s %7s %10s %-4s %7s %8s %11s   %s\n", "api", "transport",
-              "op", "size", "window", "workers", "median", "unit", "vs raw", "p99", "cpu ns/B s+c",
-              "min..max");
+              "op", "size", "window", "workers", "median", "unit", "vs raw", "p99|ops",
+              "cpu ns/B s+c", "min..max");
   std::printf("%s\n", std::string(120, '-').c_str());
 }
 
 inline void print_row(const row& r) {
   char ratio[32] = "-";
   if (r.ratio > 0.0) std::snprintf(ratio, sizeof ratio, "%.2fx", r.ratio);
-  char p99[32] = "-";
+  char p99[32] = "-";  // p99 for round trips; operations per second for throughput rows
   if (r.p99 > 0.0) std::snprintf(p99, sizeof p99, "%.1f", r.p99);
+  if (r.ops_per_s > 0.0) std::snprintf(p99, sizeof p99, "%.0f/s", r.ops_per_s);
   char cpu[48] = "-";
   if (r.server_ns_per_byte > 0.0 || r.client_ns_per_byte > 0.0)
     std::snprintf(cpu, sizeof cpu, "%.2f+%.2f", r.server_ns_per_byte, r.client_ns_per_byte);
@@ -142,11 +145,13 @@ inline bool write_json(const std::string& path, const std::vector<row>& rows,
     std::fprintf(f,
                  "    {\"api\": \"%s\", \"transport\": \"%s\", \"op\": \"%s\", \"size\": %zu, "
                  "\"window\": %u, \"workers\": %u, \"unit\": \"%s\", \"median\": %.3f, "
-                 "\"min\": %.3f, \"max\": %.3f, \"p99\": %.3f, \"ratio_to_raw\": %.4f, "
+                 "\"min\": %.3f, \"max\": %.3f, \"p99\": %.3f, \"ops_per_s\": %.1f, "
+                 "\"ratio_to_raw\": %.4f, "
                  "\"server_cpu_ns_per_byte\": %.4f, \"client_cpu_ns_per_byte\": %.4f}%s\n",
                  r.api.c_str(), r.transport.c_str(), r.op.c_str(), r.size, r.window, r.workers,
-                 r.unit.c_str(), r.value.median, r.value.min, r.value.max, r.p99, r.ratio,
-                 r.server_ns_per_byte, r.client_ns_per_byte, i + 1 < rows.size() ? "," : "");
+                 r.unit.c_str(), r.value.median, r.value.min, r.value.max, r.p99, r.ops_per_s,
+                 r.ratio, r.server_ns_per_byte, r.client_ns_per_byte,
+                 i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   return std::fclose(f) == 0;

@@ -229,6 +229,7 @@ asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_typ
       co_await run_all(w, res);
 
       std::vector<double> mbps;
+      std::vector<double> ops;
       std::vector<double> lat;
       std::vector<double> all_lat;
       for (unsigned r = 0; r < cfg.reps; ++r) {
@@ -236,22 +237,26 @@ asio::awaitable<void> drive(Env& env, typename Env::transport_type::endpoint_typ
         w.deadline = t0 + to_duration(cfg.seconds);
         co_await run_all(w, res);
         std::uint64_t bytes = 0;
+        std::uint64_t requests = 0;
         auto end = t0;
         std::vector<double> samples;
         for (const auto& x : res) {
           bytes += x.bytes;
+          requests += x.requests;
           end = std::max(end, x.end);
           samples.insert(samples.end(), x.latency_us.begin(), x.latency_us.end());
         }
-        mbps.push_back(static_cast<double>(bytes) / 1e6 /
-                       std::chrono::duration<double>(end - t0).count());
+        const double secs = std::chrono::duration<double>(end - t0).count();
+        mbps.push_back(static_cast<double>(bytes) / 1e6 / secs);
+        ops.push_back(static_cast<double>(requests) / secs);
         if (w.record_latency) {
           all_lat.insert(all_lat.end(), samples.begin(), samples.end());
           lat.push_back(median(std::move(samples)));
         }
       }
-      rows.push_back(
-          row{env.name, op_name(op), su.size, window, su.workers, "MB/s", summarize(mbps), 0.0});
+      row t{env.name, op_name(op), su.size, window, su.workers, "MB/s", summarize(mbps), 0.0};
+      t.ops_per_s = median(ops);
+      rows.push_back(std::move(t));
       if (w.record_latency) {
         row r{env.name,       std::string(op_name(op)) + "-rtt",
               su.size,        1,
@@ -332,6 +337,7 @@ void run_worker_setup(const config& cfg, const setup& su, std::vector<row>& rows
     const char* name = Env::name_of(mode...);
     row r{name, "clock", su.size, window, 1, "MB/s", summarize(res.mbps), 0.0};
     r.api = "worker";
+    r.ops_per_s = median(res.clocks_per_s);
     r.server_ns_per_byte = res.bytes > 0 ? res.server_cpu_s * 1e9 / res.bytes : 0.0;
     r.client_ns_per_byte = res.bytes > 0 ? res.client_cpu_s * 1e9 / res.bytes : 0.0;
     rows.push_back(r);
@@ -344,6 +350,7 @@ void run_worker_setup(const config& cfg, const setup& su, std::vector<row>& rows
     if (window != 1) continue;  // pipelined: clocks overlap, their time is no round trip
     r.op = "clock-rtt";
     r.unit = "us";
+    r.ops_per_s = 0;
     r.value = summarize(res.clock_us);
     r.p99 = quantile(res.all_clock_us, 0.99);
     rows.push_back(r);
@@ -559,6 +566,9 @@ int run(int argc, char** argv) {
                                const std::vector<double>* all) {
         row r{"raw-tcp", op, cfg.sizes[i], 1, 1, unit, summarize(v), 1.0};
         r.api = "raw";
+        // Messages (one-way), requests (req-reply) or exchanges per second.
+        if (r.unit == "MB/s")
+          r.ops_per_s = r.value.median * 1e6 / (r.op == "exchange" ? 2 * size : size);
         if (all != nullptr) r.p99 = quantile(*all, 0.99);
         rows.push_back(std::move(r));
       };

@@ -46,6 +46,7 @@ namespace asyncps::bench {
 /// What one worker-path run measured.
 struct worker_path_result {
   std::vector<double> mbps;          ///< per repetition: payload MB/s, pushes + rows
+  std::vector<double> clocks_per_s;  ///< per repetition: clocks per second
   std::vector<double> clock_us;      ///< per repetition: median clock time, us
   std::vector<double> all_clock_us;  ///< every measured clock's time, us
   double server_cpu_s = 0;           ///< the server thread's CPU seconds over the whole run
@@ -141,6 +142,7 @@ worker_path_result run_worker_path(std::uint32_t rows, unsigned window, std::uin
     const std::size_t b = a + per_rep;
     const double dt = log[b].t - log[a].t;
     r.mbps.push_back(dt > 0 ? static_cast<double>(log[b].bytes - log[a].bytes) / dt / 1e6 : 0.0);
+    r.clocks_per_s.push_back(dt > 0 ? static_cast<double>(per_rep) / dt : 0.0);
     std::vector<double> us;
     for (std::size_t i = a + 1; i <= b; ++i) us.push_back((log[i].t - log[i - 1].t) * 1e6);
     r.clock_us.push_back(median(us));
