@@ -148,6 +148,39 @@ TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) 
     });
   }
 
+  SUBCASE("small and large frames back to back arrive whole (TCP: across its read-ahead)") {
+    // Sizes around TCP's 16 KiB read-ahead: frames wholly inside one read, a header split
+    // across two, a payload partly read ahead and read in place for the rest, empty ones.
+    const std::size_t floats[] = {0,     3,    4080, 4081, 100'000, 1, 0,   4096,
+                                  40000, 2000, 2000, 2000, 2000,    5, 300, 250'000};
+    run_coro(f.io, [&]() -> asio::awaitable<void> {
+      auto [ec, client] = co_await f.a.async_connect(ep);
+      REQUIRE(!ec);
+      auto [ec2, server] = co_await acc.value().async_accept();
+      REQUIRE(!ec2);
+      int good = 0;
+      auto reader = [&]() -> asio::awaitable<void> {
+        for (std::uint64_t i = 0; i < std::size(floats); ++i) {
+          auto [rec, m] = co_await server.async_receive();
+          if (rec || m.header.seq != i || m.payload.size() != floats[i] * 4) break;
+          bool same = true;
+          for (std::size_t k = 0; k < m.payload.floats().size(); ++k)
+            same = same && m.payload.floats()[k] == static_cast<float>(i * 1000 + k);
+          good += same ? 1 : 0;
+        }
+      };
+      asio::co_spawn(f.io, reader(), asio::detached);
+      for (std::uint64_t i = 0; i < std::size(floats); ++i)
+        CHECK(!(co_await client.async_send(make_message(f.a, i, floats[i]))));
+      asio::steady_timer t(f.io);
+      for (int k = 0; k < 400 && good < static_cast<int>(std::size(floats)); ++k) {
+        t.expires_after(std::chrono::milliseconds(5));
+        co_await t.async_wait(detail::use_tuple);
+      }
+      CHECK(good == static_cast<int>(std::size(floats)));
+    });
+  }
+
   SUBCASE("both directions at once") {
     run_coro(f.io, [&]() -> asio::awaitable<void> {
       auto [ec, client] = co_await f.a.async_connect(ep);
@@ -367,6 +400,77 @@ std::vector<std::byte> concat(const V&... parts) {
 }
 
 }  // namespace
+
+TEST_CASE("tcp: frames trickled in pieces or packed into one write are read whole") {
+  asio::io_context io;
+  tcp_transport t(io.get_executor());
+  auto acc = t.listen({asio::ip::address_v4::loopback(), 0});
+  REQUIRE(acc.has_value());
+  const auto frame = [](std::uint64_t seq, std::size_t floats) {
+    frame_header h;
+    h.type = message_type::push;
+    h.flags = frame_flags::range;
+    h.seq = seq;
+    h.row_count = static_cast<std::uint32_t>(floats);
+    h.width = 1;
+    std::vector<std::byte> pl(floats * sizeof(float));
+    for (std::size_t k = 0; k < floats; ++k) {
+      const auto v = static_cast<float>(seq * 1000 + k);
+      std::memcpy(pl.data() + k * sizeof(float), &v, sizeof v);
+    }
+    h.payload_bytes = pl.size();
+    const auto hdr = encode(h, pl);
+    std::vector<std::byte> out(header_size + pl.size());
+    std::memcpy(out.data(), hdr.data(), header_size);
+    std::memcpy(out.data() + header_size, pl.data(), pl.size());
+    return out;
+  };
+  // Frame 0 in four pieces (the header split), then frames 1-3 (small, large, small) in
+  // one write, then frame 4 whose header ends exactly where a write ends.
+  const auto f0 = frame(0, 100), f1 = frame(1, 7), f2 = frame(2, 10'000), f3 = frame(3, 2);
+  const auto f4 = frame(4, 50);
+  const std::vector<std::vector<std::byte>> writes = {
+      {f0.begin(), f0.begin() + 10},
+      {f0.begin() + 10, f0.begin() + header_size + 5},
+      {f0.begin() + header_size + 5, f0.begin() + header_size + 200},
+      {f0.begin() + header_size + 200, f0.end()},
+      concat(f1, f2, f3),
+      {f4.begin(), f4.begin() + header_size},
+      {f4.begin() + header_size, f4.end()}};
+  const std::size_t sizes[] = {100, 7, 10'000, 2, 50};
+  run_coro(io, [&]() -> asio::awaitable<void> {
+    asio::ip::tcp::socket raw(io);
+    auto [cec] = co_await raw.async_connect(acc.value().local_endpoint(), detail::use_tuple);
+    REQUIRE(!cec);
+    auto [aec, conn] = co_await acc.value().async_accept();
+    REQUIRE(!aec);
+    int good = 0;
+    auto reader = [&]() -> asio::awaitable<void> {
+      for (std::uint64_t i = 0; i < 5; ++i) {
+        auto [rec, m] = co_await conn.async_receive();
+        if (rec || m.header.seq != i || m.payload.size() != sizes[i] * 4) break;
+        bool same = true;
+        for (std::size_t k = 0; k < sizes[i]; ++k)
+          same = same && m.payload.floats()[k] == static_cast<float>(i * 1000 + k);
+        good += same ? 1 : 0;
+      }
+    };
+    asio::co_spawn(io, reader(), asio::detached);
+    asio::steady_timer pause(io);
+    for (const auto& w : writes) {
+      auto [wec, n] = co_await asio::async_write(raw, asio::buffer(w), detail::use_tuple);
+      REQUIRE(!wec);
+      (void)n;
+      pause.expires_after(std::chrono::milliseconds(5));
+      co_await pause.async_wait(detail::use_tuple);
+    }
+    for (int k = 0; k < 200 && good < 5; ++k) {
+      pause.expires_after(std::chrono::milliseconds(5));
+      co_await pause.async_wait(detail::use_tuple);
+    }
+    CHECK(good == 5);
+  });
+}
 
 TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unchanged") {
   asio::io_context io;

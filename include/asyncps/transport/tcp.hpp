@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,6 +84,11 @@ class tcp_transport {
   /// A framed TCP connection. Models `asyncps::connection`.
   class connection {
    public:
+    /// Plain TCP reads ahead up to this many bytes per read (one buffer per connection, made
+    /// at its first receive), so a burst of small frames costs one system call, not two per
+    /// frame; of a larger payload at most this much is copied, the rest read in place.
+    static constexpr std::size_t read_ahead_bytes = std::size_t{16} << 10;
+
     connection() = default;
     connection(connection&&) noexcept = default;
     connection& operator=(connection&&) noexcept = default;
@@ -141,11 +147,31 @@ class tcp_transport {
       } else if (!poisoned_) {
         std::error_code ec;
         std::size_t n = 0;
-        const auto b = asio::buffer(recv_header_.data(), header_size);
         if (tls_) {
-          std::tie(ec, n) = co_await tls_read(b);
+          std::tie(ec, n) = co_await tls_read(asio::buffer(recv_header_.data(), header_size));
         } else {
-          std::tie(ec, n) = co_await asio::async_read(*socket_, b, detail::use_tuple);
+          // Plain TCP reads ahead: one read takes whatever has arrived, up to
+          // `read_ahead_bytes`, and the frames already buffered cost no system call.
+          if (buffered() < header_size) {
+            if (!rbuf_) {
+              rbuf_ = std::make_unique<std::byte[]>(read_ahead_bytes);
+              rpos_ = rend_ = 0;
+            }
+            std::memmove(rbuf_.get(), rbuf_.get() + rpos_, buffered());
+            rend_ -= rpos_;
+            rpos_ = 0;
+            while (!ec && rend_ < header_size) {
+              std::tie(ec, n) = co_await socket_->async_read_some(
+                  asio::buffer(rbuf_.get() + rend_, read_ahead_bytes - rend_), detail::use_tuple);
+              rend_ += n;
+            }
+          }
+          n = std::min(buffered(), header_size);
+          if (n > 0) std::memcpy(recv_header_.data(), rbuf_.get() + rpos_, n);
+          if (n == header_size) {
+            ec = {};  // a whole header arrived before the error: the error comes next time
+            rpos_ += header_size;
+          }
         }
         std::get<0>(out) = on_header(ec, n, std::get<1>(out));
         if (!std::get<0>(out) && std::get<1>(out).payload.data() == nullptr)
@@ -160,8 +186,14 @@ class tcp_transport {
         if (tls_) {
           std::tie(ec, n) = co_await tls_read(asio::buffer(p.data(), p.size()));
         } else {
-          std::tie(ec, n) = co_await asio::async_read(*socket_, asio::buffer(p.data(), p.size()),
-                                                      detail::use_tuple);
+          // What was read ahead is copied (at most `read_ahead_bytes`); the rest of a large
+          // payload is read straight into its buffer.
+          n = std::min(buffered(), p.size());
+          if (n > 0) std::memcpy(p.data(), rbuf_.get() + rpos_, n);
+          rpos_ += n;
+          if (n < p.size())
+            std::tie(ec, n) = co_await asio::async_read(
+                *socket_, asio::buffer(p.data() + n, p.size() - n), detail::use_tuple);
         }
         if (ec) std::get<0>(out) = on_error(ec, true);
       }
@@ -173,6 +205,7 @@ class tcp_transport {
     /// Closes the socket; outstanding operations complete with `asio::error::operation_aborted`.
     /// Under TLS, no close_notify is sent (see the class comment).
     void close() noexcept {
+      rpos_ = rend_ = 0;  // frames read ahead are never delivered after a close
       if (!socket_ && !tls_) return;
       std::error_code ignored;
       lowest().shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
@@ -455,6 +488,8 @@ class tcp_transport {
       accepted_ = accepted;
     }
     bool needs_handshake() const noexcept { return tls_ || !transport_->options_.secret.empty(); }
+    // Bytes read ahead and not parsed yet (none in a moved-from connection).
+    std::size_t buffered() const noexcept { return rbuf_ ? rend_ - rpos_ : 0; }
     tcp_transport* transport_ = nullptr;
     // At most one of these two holds the socket; neither for a placeholder connection.
     std::optional<asio::ip::tcp::socket> socket_;  // without TLS
@@ -466,6 +501,12 @@ class tcp_transport {
     std::error_code poisoned_;
     alignas(64) std::array<std::byte, header_size> send_header_{};
     alignas(64) std::array<std::byte, header_size> recv_header_{};
+    // Plain TCP's read-ahead: bytes [rpos_, rend_) of rbuf_ (`read_ahead_bytes`, allocated at
+    // the first receive) arrived and are not parsed yet. Handshakes read exactly what they
+    // need, so nothing of a frame is ever read before the handshake is over.
+    std::unique_ptr<std::byte[]> rbuf_;
+    std::size_t rpos_ = 0;
+    std::size_t rend_ = 0;
   };
 
   /// Listening socket. Models `asyncps::acceptor<connection>`.
