@@ -1,7 +1,7 @@
 // asyncps_scaling — aggregate push+pull throughput and clocks/s against the number of workers
 // and of server shards: over TCP loopback on this machine, and on the simulated transport with
 // a link model (virtual time), with the unchanged basic_server / basic_worker
-// (docs/perf-drafts/scaling.md; plots: bench/scaling_plot.py).
+// (docs/performance/scaling.md; plots: bench/scaling_plot.py).
 //
 //   asyncps_scaling [--quick] [--json FILE] [--mode tcp|sim|both] [--seconds S] [--reps N]
 //                   [--workers 1,2,4,8] [--shards 1,2,4] [--sim-workers 1,2,4,8,16,32,64]
