@@ -4,12 +4,14 @@
 //   asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S] [--windows 1,16]
 //                 [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process] [--size BYTES]
 //                 [--workers N] [--op push|pull|push+pull] [--api protocol,worker] [--no-raw]
-//                 [--cpu SERVER,CLIENT]
+//                 [--cpu SERVER,CLIENT] [--spin-us US]
 //
 // Two APIs: `worker` (the headline: a real `basic_worker` training against the shard, see
 // bench/worker_path.hpp; op `clock`, window W = staleness W - 1, 1 worker) and `protocol` (the
 // wire protocol driven directly by bench/client.hpp, below). `--cpu S,C` pins the server's
-// thread (and the raw baseline's helper thread) to CPU S and the client's thread to CPU C.
+// thread (and the raw baseline's helper thread) to CPU S and the client's thread to CPU C;
+// `--spin-us N` runs both threads' io_contexts with `asyncps::run_polling` (poll N us before
+// sleeping; the raw baseline still blocks).
 //
 // Transports: `tcp` (plain, default options: frames checksum their header only),
 // `tcp-checksum` (plain, `tcp_options::checksum_payloads` on at both ends: payloads hashed
@@ -51,6 +53,7 @@
 #include <asio/post.hpp>
 
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/run_loop.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/transport/tcp.hpp"
@@ -74,6 +77,7 @@ struct config {
   std::vector<std::string> apis{"protocol", "worker"};
   int server_cpu = -1;  // --cpu: pin the server (and raw helper) thread; -1: no pinning
   int client_cpu = -1;
+  std::chrono::microseconds spin{0};  // --spin-us: asyncps::run_polling on both threads
   std::vector<op_kind> ops{op_kind::push, op_kind::pull, op_kind::push_pull};
   std::vector<unsigned> windows{1, 16};  // requests in flight per connection
   unsigned reps = 5;
@@ -288,14 +292,14 @@ void run_setup(const config& cfg, const setup& su, std::vector<row>& rows, ModeA
   asio::co_spawn(server_ctx, serve(server, std::move(acceptor).value()), asio::detached);
   std::thread server_thread([&] {
     pin_current_thread(cfg.server_cpu);
-    server_ctx.run();
+    run_polling(server_ctx, cfg.spin);
   });
 
   std::exception_ptr failure;
   std::uint64_t pushes = 0;
   asio::co_spawn(client_ctx, drive(env, ep, cfg, su, rows, pushes),
                  [&](std::exception_ptr e) { failure = e; });
-  client_ctx.run();
+  run_polling(client_ctx, cfg.spin);
 
   asio::post(server_ctx, [&] { server.stop(); });
   server_thread.join();
@@ -326,14 +330,14 @@ void run_worker_setup(const config& cfg, const setup& su, std::vector<row>& rows
     // count follows (warm-up of about half a repetition, then `reps` of `seconds` each).
     const std::uint64_t probe_clocks = 24;
     const auto probe = run_worker_path<Env>(table_rows, window, probe_clocks, 1, gradient,
-                                            cfg.server_cpu, mode...);
+                                            cfg.server_cpu, cfg.spin, mode...);
     const double clock_s = std::max(1e-6, median(probe.all_clock_us) * 1e-6);
     const auto per_rep =
         std::max<std::uint64_t>(8, static_cast<std::uint64_t>(cfg.seconds / clock_s));
     const std::uint64_t measured = per_rep * cfg.reps;
     const std::uint64_t clocks = measured + std::max<std::uint64_t>(measured / 9, 4);
     const auto res = run_worker_path<Env>(table_rows, window, clocks, cfg.reps, gradient,
-                                          cfg.server_cpu, mode...);
+                                          cfg.server_cpu, cfg.spin, mode...);
     const char* name = Env::name_of(mode...);
     row r{name, "clock", su.size, window, 1, "MB/s", summarize(res.mbps), 0.0};
     r.api = "worker";
@@ -367,7 +371,7 @@ void run_worker_setup(const config& cfg, const setup& su, std::vector<row>& rows
                "                     [--windows 1,16] [--size BYTES] [--workers N]\n"
                "                     [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process]\n"
                "                     [--op push|pull|push+pull] [--api protocol,worker]\n"
-               "                     [--cpu SERVER,CLIENT] [--no-raw]\n",
+               "                     [--cpu SERVER,CLIENT] [--spin-us US] [--no-raw]\n",
                msg);
   std::exit(2);
 }
@@ -447,6 +451,10 @@ config parse(int argc, char** argv) {
       cfg.server_cpu = std::stoi(v.substr(0, comma));
       cfg.client_cpu = std::stoi(v.substr(comma + 1));
       if (cfg.server_cpu < 0 || cfg.client_cpu < 0) usage("--cpu takes CPU numbers >= 0");
+    } else if (a == "--spin-us") {
+      const long us = std::stol(value());
+      if (us < 0) usage("--spin-us takes microseconds >= 0");
+      cfg.spin = std::chrono::microseconds(us);
     } else if (a == "--no-raw") {
       cfg.raw = false;
     } else if (a == "--help" || a == "-h") {
@@ -630,10 +638,10 @@ int run(int argc, char** argv) {
                   "{\"reps\": %u, \"seconds\": %.3f, \"windows\": [%s], "
                   "\"hardware_threads\": %u, \"quick\": %s, \"elapsed_s\": %.1f, "
                   "\"load_before\": %.2f, \"load_after\": %.2f, \"server_cpu\": %d, "
-                  "\"client_cpu\": %d}",
+                  "\"client_cpu\": %d, \"spin_us\": %lld}",
                   cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(),
                   cfg.quick ? "true" : "false", elapsed, load_before, load_after, cfg.server_cpu,
-                  cfg.client_cpu);
+                  cfg.client_cpu, static_cast<long long>(cfg.spin.count()));
     if (!write_json(cfg.json, rows, meta)) {
       std::fprintf(stderr, "asyncps_bench: cannot write %s\n", cfg.json.c_str());
       return 1;

@@ -31,7 +31,7 @@ def main():
     m = doc["meta"]
     print(f"<!-- {m['reps']} repetitions x {m['seconds']} s, load average "
           f"{m['load_before']} before / {m['load_after']} after, cpu pinning "
-          f"{m.get('server_cpu', -1)},{m.get('client_cpu', -1)} -->")
+          f"{m.get('server_cpu', -1)},{m.get('client_cpu', -1)}, spin {m.get('spin_us', 0)} us -->")
     print("| api | transport | op | size | window | workers | median | unit | vs raw "
           "| p99 us / ops/s | CPU ns/B server + client | min..max |")
     print("|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|")

@@ -35,6 +35,7 @@
 #include <asio/post.hpp>
 
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/run_loop.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/worker.hpp"
 
@@ -64,7 +65,7 @@ struct worker_path_result {
 template <class Env, class... Mode>
 worker_path_result run_worker_path(std::uint32_t rows, unsigned window, std::uint64_t clocks,
                                    unsigned reps, std::span<const float> gradient, int server_cpu,
-                                   Mode&&... mode) {
+                                   std::chrono::microseconds spin, Mode&&... mode) {
   using transport_t = typename Env::transport_type;
   using policy = consistency::ssp<>;
   using server_t = basic_server<transport_t, policy>;
@@ -90,7 +91,7 @@ worker_path_result run_worker_path(std::uint32_t rows, unsigned window, std::uin
   worker_path_result r;
   std::thread server_thread([&] {
     pin_current_thread(server_cpu);
-    server_ctx.run();
+    run_polling(server_ctx, spin);
     r.server_cpu_s = thread_cpu_seconds();
   });
 
@@ -124,7 +125,7 @@ worker_path_result run_worker_path(std::uint32_t rows, unsigned window, std::uin
       client_ctx, [&]() -> asio::awaitable<void> { ec = co_await worker.async_run(clocks); },
       asio::detached);
   const double cpu0 = thread_cpu_seconds();
-  client_ctx.run();
+  run_polling(client_ctx, spin);
   r.client_cpu_s = thread_cpu_seconds() - cpu0;
   asio::post(server_ctx, [&] { server.stop(); });
   server_thread.join();

@@ -19,6 +19,7 @@
 #include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/result.hpp"
+#include "asyncps/run_loop.hpp"
 #include "asyncps/secret.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/shard_state.hpp"

@@ -25,6 +25,7 @@
 #include <doctest/doctest.h>
 
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/run_loop.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/transport/tcp.hpp"
@@ -632,4 +633,29 @@ TEST_CASE("front door: a worker that stops reading is closed after send_timeout"
     s.stop();
   });
   CHECK(s.stats().over_budget_closes == 0);
+}
+
+TEST_CASE("run_polling runs every handler, sleeps through a late timer, stops when out of work") {
+  asio::io_context io;
+  int posted = 0;
+  bool fired = false;
+  for (int i = 0; i < 5; ++i) asio::post(io, [&] { ++posted; });
+  asio::steady_timer late(io);
+  late.expires_after(std::chrono::milliseconds(20));  // beyond the spin: run_one sleeps
+  late.async_wait([&](std::error_code ec) { fired = !ec; });
+  const std::size_t ran = run_polling(io, std::chrono::microseconds(200));
+  CHECK(posted == 5);
+  CHECK(fired);
+  CHECK(ran == 6);
+  CHECK(io.stopped());
+
+  // A zero spin is plain run(); so is a context that was stopped first.
+  io.restart();
+  asio::post(io, [&] { ++posted; });
+  CHECK(run_polling(io, std::chrono::nanoseconds::zero()) == 1);
+  io.restart();
+  asio::post(io, [&] { ++posted; });
+  io.stop();
+  CHECK(run_polling(io, std::chrono::microseconds(50)) == 0);
+  CHECK(posted == 6);
 }
