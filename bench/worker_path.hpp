@@ -60,8 +60,9 @@ struct worker_path_result {
 /// One server shard holding a `rows x 1024` float table and one worker, on `Env`'s transports
 /// (bench/throughput.cpp: `tcp_env`, `in_process_env`; `mode` are its extra constructor
 /// arguments): the server on its own thread (pinned to `server_cpu` when >= 0), the worker on
-/// the calling thread. Runs `clocks` clocks at staleness `window - 1`. `gradient`: the table's
-/// floats. Throws std::runtime_error when the worker fails.
+/// the calling thread, both run by `run_polling(ctx, spin)` (0: plain `run()`). Runs `clocks`
+/// clocks at staleness `window - 1`. `gradient`: the table's floats. Throws
+/// std::runtime_error when the worker fails.
 template <class Env, class... Mode>
 worker_path_result run_worker_path(std::uint32_t rows, unsigned window, std::uint64_t clocks,
                                    unsigned reps, std::span<const float> gradient, int server_cpu,
