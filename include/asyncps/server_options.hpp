@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -16,6 +17,22 @@
 #include "asyncps/table.hpp"
 
 namespace asyncps {
+
+/// Elastic membership of the workers (`server_options::elastic`): workers join and leave a
+/// running job, and the server clock, hence every BSP/SSP/ESSP bound, is the minimum clock over
+/// the live members only. A worker joins with its hello (a new id, or an id that left before:
+/// it starts at the server clock, never behind it, and the welcome tells it so); it leaves by
+/// saying `bye` (its run ended) or when its connection has been gone for `grace` (killed, or
+/// its host lost), unless it said hello again within it (then it keeps its place and clock).
+struct membership_options {
+  /// The server clock does not advance until this many workers have joined (a start barrier,
+  /// so that the first worker to connect does not train alone; 0 or 1: none). Afterwards any
+  /// number of live members trains.
+  std::uint32_t start_members = 1;
+  /// How long a member's connection may be gone before it leaves (a reconnect within it keeps
+  /// its place). Checked by the server's sweeper timer, at most 1/8 of it late.
+  std::chrono::milliseconds grace{std::chrono::seconds(3)};
+};
 
 /// Configuration of one server shard.
 struct server_options {
@@ -77,6 +94,14 @@ struct server_options {
   /// `protocol::report`). One timer per server, none per pull; it stops ticking while nothing
   /// waits (so a simulation still becomes quiescent).
   std::chrono::milliseconds watchdog_interval{std::chrono::seconds(5)};
+  /// Elastic membership (see `membership_options`). Unset (the default): every id in
+  /// [0, num_workers) is a member from the start and for good, and the server clock waits for
+  /// each (a dead worker stalls BSP/SSP until it comes back). Set: `num_workers` is the
+  /// capacity (the ids accepted); the members are the workers that said hello and have not
+  /// left. Elastic membership needs recovery policy `none` (the constructor throws
+  /// `std::invalid_argument` otherwise): the other policies' state transfers and replays carry
+  /// a fixed membership.
+  std::optional<membership_options> elastic{};
 };
 
 /// Counters of a server (read on its executor).
@@ -99,6 +124,10 @@ struct server_stats {
   /// Connections closed because queuing a message would have exceeded
   /// `server_options::max_total_queued_bytes` (see there).
   std::uint64_t over_budget_closes = 0;
+  /// Elastic membership: workers that became members (a first hello, or a hello after they
+  /// left), and members that left (a `bye`, or their connection gone for `grace`).
+  std::uint64_t joins = 0;
+  std::uint64_t departures = 0;
   // The recovery policy's counters are in its server part: `basic_server::recovery().stats()`.
 };
 

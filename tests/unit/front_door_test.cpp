@@ -659,3 +659,102 @@ TEST_CASE("run_polling runs every handler, sleeps through a late timer, stops wh
   CHECK(run_polling(io, std::chrono::microseconds(50)) == 0);
   CHECK(posted == 6);
 }
+
+TEST_CASE("elastic membership over TCP: a worker killed mid-run leaves after the grace period, "
+          "the other trains on, and a late worker joins at the server clock") {
+  for (const bool elastic : {true, false}) {
+    CAPTURE(elastic);
+    asio::io_context io(1);
+    lines server_log, worker_log;
+    server_options so = one_table(3);
+    so.log = [&](std::string_view l) { server_log.emplace_back(l); };
+    if (elastic) {
+      so.elastic = membership_options{.start_members = 2, .grace = std::chrono::milliseconds(150)};
+    } else {
+      so.num_workers = 2;  // fixed membership: workers 0 and 1 (the layout stays 3 rows)
+    }
+    tcp_transport st(io.get_executor());
+    basic_server<tcp_transport, consistency::bsp> server(st, so, optimizer::sgd{1.0f});
+    auto acc = st.listen({asio::ip::address_v4::loopback(), 0});
+    REQUIRE(acc.has_value());
+    const auto ep = acc.value().local_endpoint();
+    asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+
+    using worker_t = basic_worker<test::counter_model, tcp_transport, consistency::bsp>;
+    const auto options = [&](std::uint32_t id) {
+      worker_t::options_type o;
+      o.id = id;
+      o.servers = {ep};
+      o.wait_timeout = std::chrono::seconds(2);
+      o.log = [&](std::string_view l) { worker_log.emplace_back(l); };
+      return o;
+    };
+    tcp_transport t0(io.get_executor()), t1(io.get_executor()), t2(io.get_executor());
+    test::counter_model m0(0, 3, -1), m2(2, 3, -1);
+    std::optional<worker_t> late;
+    std::error_code e0, e2;
+    int running = 1;
+    auto o0 = options(0);
+    o0.on_clock = [&](const clock_report& r) {
+      if (!elastic || r.clock != 20 || late) return;
+      late.emplace(t2, m2, options(2));  // a worker joins the running job
+      ++running;
+      asio::co_spawn(
+          io,
+          [&]() -> asio::awaitable<void> {
+            e2 = co_await late->async_run(10);
+            if (--running == 0) server.stop();
+          },
+          asio::detached);
+    };
+    worker_t w0(t0, m0, o0);
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          e0 = co_await w0.async_run(40);
+          if (--running == 0) server.stop();
+        },
+        asio::detached);
+    // Worker 1 is a bare protocol client: hello, 5 clocks of pushes, then its process "dies"
+    // (the connection closes without bye).
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          auto [ec, c] = co_await t1.async_connect(ep);
+          REQUIRE(!ec);
+          REQUIRE(!(co_await c.async_send(hello_message(t1, 1, 3, 4))));
+          for (clock_value k = 0; k < 5; ++k) {
+            message p;
+            p.header.type = message_type::push;
+            p.header.flags = frame_flags::range | frame_flags::end_of_clock;
+            p.header.sender = 1;
+            p.header.clock = k;
+            p.header.row_count = 3;
+            p.header.width = 4;
+            p.payload = t1.allocate(3 * 4 * sizeof(float));
+            std::fill_n(p.payload.floats().data(), 12, 0.0f);
+            REQUIRE(!(co_await c.async_send(std::move(p))));
+          }
+          c.close();
+        },
+        asio::detached);
+    io.run();
+    INFO(joined(server_log));
+    INFO(joined(worker_log));
+    if (elastic) {
+      CHECK(!e0);  // trained on without worker 1
+      CHECK(m0.clock == 40);
+      CHECK(m0.own_write_violations == 0);
+      REQUIRE(late.has_value());
+      CHECK(!e2);
+      CHECK(m2.clock == 10);
+      CHECK(server.stats().joins == 3);
+      CHECK(server.stats().departures >= 2);  // worker 1 (gone), and the finished ones' bye
+      CHECK(any_line_has(server_log, "worker 1 leaves at clock 5: its connection has been gone"));
+      CHECK(any_line_has(server_log, "worker 2 joins at clock "));
+    } else {
+      CHECK(e0 == errc::timeout);  // fixed membership: worker 1 holds BSP back for good
+      CHECK(server.stats().departures == 0);
+    }
+  }
+}

@@ -1026,3 +1026,143 @@ TEST_CASE("server_protocol: the keys of waiting pulls are bounded across connect
   CHECK(t.proto.core().pending_bytes() == 2 * k);
   CHECK(w0.outbox.empty());
 }
+
+namespace {
+// Worker session `s` (worker `w`) ends clock `c`: a one-row push marked end_of_clock.
+void end_clock(stepped& t, test_session& s, std::uint32_t w, clock_value c) {
+  auto m = range_push(w, c, 0, 1, 0.0f);
+  m.header.flags |= frame_flags::end_of_clock;
+  REQUIRE(t.proto.receive(s, m));
+}
+server_options elastic_options(std::uint32_t capacity, std::uint32_t start_members) {
+  server_options o = proto_options();
+  o.num_workers = capacity;
+  o.elastic = membership_options{.start_members = start_members, .grace = std::chrono::seconds(2)};
+  return o;
+}
+// The welcome queued to `s` by its hello (decoded), taken out of the outbox.
+protocol::welcome welcome_of(stepped& t, test_session& s) {
+  REQUIRE(s.outbox.size() == 1);
+  protocol::welcome w;
+  std::string detail;
+  REQUIRE(!protocol::decode(s.outbox.front(), w, detail));
+  t.drain(s);
+  return w;
+}
+}  // namespace
+
+TEST_CASE("elastic membership: the server clock follows the live members; a member gone for "
+          "the grace period leaves and the others go on") {
+  using namespace std::chrono_literals;
+  for (const bool elastic : {false, true}) {
+    CAPTURE(elastic);
+    server_options o = elastic ? elastic_options(3, 2) : proto_options();
+    if (!elastic) o.num_workers = 2;
+    stepped t(o);
+    t.io.time = test_time{} + 1h;
+    auto& w0 = t.worker(0);
+    end_clock(t, w0, 0, 0);
+    CHECK(t.proto.core().clock() == 0);  // elastic: the start barrier waits for 2 members
+    auto& w1 = t.worker(1);
+    end_clock(t, w1, 1, 0);
+    CHECK(t.proto.core().clock() == 1);
+    end_clock(t, w0, 0, 1);
+    auto wait = pull(0, 2, 0, 4);  // worker 0 needs server clock 2: worker 1 holds it at 1
+    REQUIRE(t.proto.receive(w0, wait));
+    REQUIRE(t.proto.core().pending().size() == 1);
+
+    t.proto.session_finished(w1);  // worker 1 is killed: its connection ends, no bye
+    t.io.time += 1s;
+    (void)t.proto.sweep();
+    CHECK(t.proto.core().clock() == 1);  // within the grace period
+    t.io.time += 1s;
+    (void)t.proto.sweep();
+    if (elastic) {
+      CHECK(t.proto.core().members() == 1);
+      CHECK(t.proto.stats().departures == 1);
+      CHECK(t.proto.core().clock() == 2);       // worker 0 alone now
+      CHECK(t.proto.core().pending().empty());  // and its pull was answered
+      REQUIRE(w0.outbox.size() == 1);
+      CHECK(w0.outbox.back().header.type == message_type::rows);
+      CHECK(!t.proto.sweep());  // nothing left to watch
+    } else {
+      CHECK(t.proto.core().clock() == 1);  // fixed membership: worker 1 holds it for good
+      CHECK(t.proto.core().pending().size() == 1);
+    }
+  }
+}
+
+TEST_CASE("elastic membership: a hello within the grace keeps the place, bye leaves at once, a "
+          "late joiner starts at the server clock") {
+  using namespace std::chrono_literals;
+  stepped t(elastic_options(3, 2));
+  t.io.time = test_time{} + 1h;
+  auto& w0 = t.worker(0);
+  auto& w1 = t.worker(1);
+  for (clock_value c = 0; c < 3; ++c) {
+    end_clock(t, w0, 0, c);
+    end_clock(t, w1, 1, c);
+  }
+  REQUIRE(t.proto.core().clock() == 3);
+  CHECK(t.proto.stats().joins == 2);
+
+  // Worker 1's connection drops; it is back within the grace period, at its clock.
+  t.proto.session_finished(w1);
+  t.io.time += 1s;
+  auto& back = t.connect(11);
+  auto h = hello_from(1, 3);
+  REQUIRE(t.proto.receive(back, h));
+  CHECK(welcome_of(t, back).worker_clock == 3);
+  t.io.time += 5s;
+  (void)t.proto.sweep();
+  CHECK(t.proto.core().members() == 2);  // no departure: it came back in time
+  CHECK(t.proto.stats().joins == 2);
+  CHECK(t.proto.stats().departures == 0);
+
+  // Worker 0 runs ahead; worker 1 says bye: it leaves at once and the clock moves on.
+  end_clock(t, w0, 0, 3);
+  end_clock(t, w0, 0, 4);
+  CHECK(t.proto.core().clock() == 3);
+  message bye;
+  bye.header.type = message_type::bye;
+  bye.header.sender = 1;
+  REQUIRE(t.proto.receive(back, bye));
+  CHECK(t.proto.core().members() == 1);
+  CHECK(t.proto.stats().departures == 1);
+  CHECK(t.proto.core().clock() == 5);
+
+  // Worker 2 joins late, saying clock 0: it starts at the server clock, not behind it.
+  auto& late = t.connect(12);
+  auto h2 = hello_from(2, 0);
+  REQUIRE(t.proto.receive(late, h2));
+  CHECK(welcome_of(t, late).worker_clock == 5);
+  CHECK(t.proto.core().worker_clock(2) == 5);
+  CHECK(t.proto.core().members() == 2);
+  CHECK(t.proto.stats().joins == 3);
+  end_clock(t, w0, 0, 5);
+  CHECK(t.proto.core().clock() == 5);  // worker 2 counts now: the clock waits for it
+  end_clock(t, late, 2, 5);
+  CHECK(t.proto.core().clock() == 6);
+}
+
+TEST_CASE("elastic membership: a message ahead of the worker's clock here catches it up; fixed "
+          "membership refuses it") {
+  for (const bool elastic : {false, true}) {
+    CAPTURE(elastic);
+    server_options o = elastic ? elastic_options(2, 1) : proto_options();
+    stepped t(o);
+    auto& w0 = t.worker(0);
+    // Another shard welcomed worker 0 at clock 7 (it joined later there): its push says 7.
+    auto ahead = range_push(0, 7, 0, 1, 0.0f);
+    ahead.header.flags |= frame_flags::end_of_clock;
+    if (elastic) {
+      REQUIRE(t.proto.receive(w0, ahead));
+      CHECK(t.proto.core().worker_clock(0) == 8);
+      CHECK(t.proto.core().clock() == 8);  // worker 0 is the only member
+    } else {
+      CHECK(!t.proto.receive(w0, ahead));
+      CHECK(error_code_of(w0) == errc::unexpected_message);
+      CHECK(t.proto.core().worker_clock(0) == 0);
+    }
+  }
+}

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "asyncps/consistency.hpp"
+#include "asyncps/detail/membership.hpp"
 #include "asyncps/detail/server_bounds.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/server_session.hpp"
@@ -71,7 +72,17 @@ class server_protocol {
   server_protocol(Io& io, server_options opts, Optimizer opt, part_type part)
       : io_(&io), opts_(std::move(opts)), part_(std::move(part)),
         core_(opts_.shard, opts_.num_shards, opts_.num_workers, opts_.tables, opts_.seed, opt),
-        connected_once_(opts_.num_workers, 0), bounds_(opts_) {}
+        connected_once_(opts_.num_workers, 0), bounds_(opts_),
+        membership_(opts_.elastic, opts_.num_workers) {
+    if (opts_.elastic) {
+      if (Recovery::name != std::string_view("none"))
+        throw std::invalid_argument(
+            "asyncps::server_options: elastic membership needs recovery policy 'none' (this "
+            "server runs '" +
+            std::string(Recovery::name) + "')");
+      core_.set_elastic(opts_.elastic->start_members);
+    }
+  }
 
   const server_options& options() const noexcept { return opts_; }
   server_stats& stats() noexcept { return stats_; }
@@ -110,6 +121,12 @@ class server_protocol {
   void session_finished(Session& s) {
     if (s.is_worker() && worker_session(s.worker) == &s) {
       registered_[s.worker] = nullptr;
+      // Elastic: a member whose connection ended without bye leaves after the grace period,
+      // unless it says hello again first.
+      if (membership_.elastic() && core_.is_member(s.worker)) {
+        membership_.absent(s.worker, io_->now());
+        io_->wake_sweeper();
+      }
       // The last worker left: nothing can wait any more, so the watchdog stops ticking now
       // (a simulation becomes quiescent when its workers are done, not a tick later).
       if (!watchdog_idle && std::none_of(registered_.begin(), registered_.end(),
@@ -169,6 +186,19 @@ class server_protocol {
   /// nothing is watched: the shell's timer then sleeps until `io.wake_sweeper()`. Cost: one
   /// pass over the sessions.
   std::optional<TimePoint> sweep() {
+    if (membership_.elastic()) {
+      membership_.due(io_->now(), [this](std::uint32_t w) {
+        if (worker_session(w) == nullptr && core_.is_member(w))
+          leave(w, "its connection has been gone for " +
+                       std::to_string(membership_.grace().count()) + " ms");
+      });
+    }
+    auto next = sweep_sessions();
+    if (const auto d = membership_.next()) next = next ? std::min(*next, *d) : *d;
+    return next;
+  }
+  // The sessions' deadlines (see `sweep`).
+  std::optional<TimePoint> sweep_sessions() {
     return bounds_.sweep(
         sessions_, io_->now(),
         [this](Session& s) {
@@ -315,6 +345,7 @@ class server_protocol {
     s.worker = h.sender;
     s.kind = session_base::kind_type::worker;
     s.subs.assign(core_.num_tables(), subscription{});
+    if (membership_.elastic()) join(s.worker);
     std::uint8_t flags = 0;
     if constexpr (has_welcome_flags<part_type, ctx_t<Io>>) {
       flags = part_.welcome_flags(io_->ctx(), h);  // e.g. ask for replicas
@@ -358,7 +389,10 @@ class server_protocol {
         return clock_of(&s, s.worker, m, detail);
       case message_type::pull: return on_pull(s, m, detail);
       case message_type::heartbeat: return {};
-      case message_type::bye: close_after_flush(s); return {};
+      case message_type::bye:
+        if (membership_.elastic() && core_.is_member(s.worker)) leave(s.worker, "it said bye");
+        close_after_flush(s);
+        return {};
       case message_type::error: {
         protocol::error e;
         if (auto ec = protocol::decode(m, e, detail)) return ec;
@@ -412,7 +446,11 @@ class server_protocol {
   /// Moves worker `worker`'s clock to `c`; when the server clock advances: the recovery
   /// part's on_clock, ready pulls answered, eager rows pushed, `options().on_clock`.
   void advance(std::uint32_t worker, clock_value c) {
-    if (!core_.advance(worker, c)) return;
+    if (core_.advance(worker, c)) clock_advanced();
+  }
+  /// The server clock advanced: the recovery part's on_clock, ready pulls answered, eager
+  /// rows pushed, `options().on_clock`.
+  void clock_advanced() {
     const clock_value m = core_.clock();
     if constexpr (requires(part_type& p) { p.on_clock(m, io_->server()); }) {
       part_.on_clock(m, io_->server());  // e.g. snapshot at this clock boundary
@@ -431,6 +469,35 @@ class server_protocol {
                        answer(*p, req, false);
                      });
   }
+  /// Elastic: worker `w` said hello. It becomes a member if it was not (at the server clock,
+  /// never behind it) and has no departure pending any more.
+  void join(std::uint32_t w) {
+    membership_.present(w);
+    if (core_.is_member(w)) return;
+    const bool advanced = core_.join(w);
+    ++stats_.joins;
+    log("worker " + std::to_string(w) + " joins at clock " + std::to_string(core_.worker_clock(w)) +
+        " (" + std::to_string(core_.members()) + " members, server clock " +
+        std::to_string(core_.clock()) + ")");
+    if (advanced) clock_advanced();
+  }
+  /// Elastic: member `w` leaves (`why` says why, for the log); the server clock may advance.
+  void leave(std::uint32_t w, const std::string& why) {
+    membership_.present(w);
+    const bool advanced = core_.leave(w);
+    ++stats_.departures;
+    log("worker " + std::to_string(w) + " leaves at clock " +
+        std::to_string(core_.worker_clock(w)) + ": " + why + " (" +
+        std::to_string(core_.members()) + " members left, server clock " +
+        std::to_string(core_.clock()) + ")");
+    if (advanced) clock_advanced();
+  }
+  /// Elastic: a worker's message at clock `c` ahead of its clock here (it joined at a later
+  /// server clock on another shard and took that one): its clock here moves up to it.
+  void catch_up(std::uint32_t w, clock_value c) {
+    if (membership_.elastic() && c > core_.worker_clock(w) && core_.is_member(w)) advance(w, c);
+  }
+
   /// Copies the shard's whole state into `out` (see `shard_core::save_state`).
   void save_state(shard_state& out) const { core_.save_state(out); }
   /// Installs `st` and answers the pulls it satisfies; `errc::layout_mismatch` when foreign.
@@ -468,6 +535,7 @@ class server_protocol {
   }
   /// Whether some worker has never connected.
   bool some_never_connected() const {
+    if (membership_.elastic()) return false;  // ids are a capacity: absent ones are normal
     return std::any_of(connected_once_.begin(), connected_once_.end(),
                        [](char c) { return c == 0; });
   }
@@ -501,8 +569,8 @@ class server_protocol {
     const auto waited = io_->now() - oldest->since;
     if (waited < every) return;
     const auto& clocks = core_.worker_clocks();
-    const auto slowest =
-        static_cast<std::uint32_t>(std::min_element(clocks.begin(), clocks.end()) - clocks.begin());
+    const std::uint32_t slowest = core_.slowest_member();
+    if (slowest >= clocks.size()) return;  // elastic, no member: nothing holds the clock
     const bool connected = worker_session(slowest) != nullptr;
     log("a pull of " + who(*oldest->reader) + " has waited " +
         std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()) +
@@ -697,6 +765,7 @@ class server_protocol {
   std::error_code clock_of(Session* s, std::uint32_t w, message& m, std::string& detail) {
     const auto& h = m.header;
     if (auto ec = check_clock_room(h.clock, detail)) return ec;
+    catch_up(w, h.clock);
     if (h.clock != core_.worker_clock(w)) {
       detail = " (clock " + std::to_string(h.clock) + ", worker is at clock " +
                std::to_string(core_.worker_clock(w)) + ")";
@@ -719,6 +788,7 @@ class server_protocol {
   std::error_code push_of(Session* s, std::uint32_t w, message& m, std::string& detail) {
     const auto& h = m.header;
     if (auto ec = check_clock_room(h.clock, detail)) return ec;
+    catch_up(w, h.clock);
     if (h.clock != core_.worker_clock(w)) {
       detail = " (push for clock " + std::to_string(h.clock) + ", worker is at clock " +
                std::to_string(core_.worker_clock(w)) + ")";
@@ -754,6 +824,7 @@ class server_protocol {
   std::error_code on_pull(Session& s, message& m, std::string& detail) {
     const auto& h = m.header;
     if (h.sender != s.worker) return errc::bad_sender;
+    if (h.clock <= protocol::max_clock) catch_up(s.worker, h.clock);
     if (h.clock > core_.worker_clock(s.worker)) {  // no reader needs rows fresher than its own
       detail = " (pull wants server clock " + std::to_string(h.clock) + ", worker is at " +
                std::to_string(core_.worker_clock(s.worker)) + ")";
@@ -848,6 +919,7 @@ class server_protocol {
   std::vector<char> connected_once_;        // per worker: has connected at least once
   std::list<Session> sessions_;
   server_bounds<Session, TimePoint> bounds_;  // queue budget, hello and send deadlines
+  membership<TimePoint> membership_;          // elastic: when absent members leave
 };
 
 }  // namespace asyncps::detail

@@ -12,6 +12,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -91,7 +92,8 @@ class shard_core {
   shard_core(std::uint32_t shard, std::uint32_t num_shards, std::uint32_t num_workers,
              std::span<const table_spec> tables, std::uint64_t seed, Optimizer opt = {})
       : shard_(shard), num_shards_(num_shards), num_workers_(num_workers), optimizer_(opt),
-        clocks_(num_workers, 0), applied_(num_workers), last_seq_(num_workers, 0) {
+        clocks_(num_workers, 0), member_(num_workers, 1), applied_(num_workers),
+        last_seq_(num_workers, 0) {
     if (num_shards == 0 || shard >= num_shards)
       throw std::invalid_argument("asyncps::server_options: shard must be < num_shards");
     if (num_workers == 0)
@@ -306,10 +308,46 @@ class shard_core {
   /// then answers ready pulls and pushes eager rows).
   bool advance(std::uint32_t w, clock_value c) {
     clocks_[w] = c;
-    const clock_value m = *std::min_element(clocks_.begin(), clocks_.end());
-    if (m <= server_clock_) return false;
-    server_clock_ = m;
-    return true;
+    return settle_clock();
+  }
+
+  // ---- membership (server_options::elastic) ----
+
+  /// Elastic membership: no worker is a member until it joins, and the server clock stays
+  /// until `start_members` have joined. (Fixed membership, the default: all are, from the
+  /// start.)
+  void set_elastic(std::uint32_t start_members) {
+    std::fill(member_.begin(), member_.end(), std::uint8_t{0});
+    start_members_ = start_members;
+  }
+  bool is_member(std::uint32_t w) const noexcept { return member_[w] != 0; }
+  std::uint32_t members() const noexcept {
+    return static_cast<std::uint32_t>(std::count(member_.begin(), member_.end(), 1));
+  }
+  /// Worker `w` becomes a member, at its clock or at the server clock if that is later (a
+  /// joiner never holds the others back). Returns whether the server clock advanced.
+  bool join(std::uint32_t w) {
+    if (member_[w] == 0) {
+      member_[w] = 1;
+      ++joined_;
+      clocks_[w] = std::max(clocks_[w], server_clock_);
+    }
+    return settle_clock();
+  }
+  /// Member `w` leaves: its clock no longer bounds the server clock. Returns whether the
+  /// server clock advanced.
+  bool leave(std::uint32_t w) {
+    member_[w] = 0;
+    return settle_clock();
+  }
+  /// The member with the lowest clock (the one holding the server clock back); `num_workers()`
+  /// when there is none.
+  std::uint32_t slowest_member() const noexcept {
+    std::uint32_t slowest = num_workers_;
+    for (std::uint32_t w = 0; w < num_workers_; ++w)
+      if (member_[w] != 0 && (slowest == num_workers_ || clocks_[w] < clocks_[slowest]))
+        slowest = w;
+    return slowest;
   }
 
   // ---- reads ----
@@ -523,12 +561,28 @@ class shard_core {
     }
     if (st.last_seq.size() == last_seq_.size())
       std::copy(st.last_seq.begin(), st.last_seq.end(), last_seq_.begin());
-    server_clock_ = *std::min_element(clocks_.begin(), clocks_.end());
+    server_clock_ = 0;
+    (void)settle_clock();
     has_state_ = true;
     return {};
   }
 
  private:
+  // The server clock moves up to the lowest member clock (never down; not before the start
+  // barrier; not without members). Returns whether it moved.
+  bool settle_clock() noexcept {
+    if (joined_ < start_members_) return false;
+    clock_value m = std::numeric_limits<clock_value>::max();
+    bool any = false;
+    for (std::uint32_t w = 0; w < num_workers_; ++w)
+      if (member_[w] != 0) {
+        m = std::min(m, clocks_[w]);
+        any = true;
+      }
+    if (!any || m <= server_clock_) return false;
+    server_clock_ = m;
+    return true;
+  }
   void init_table(shard_table& t, std::uint64_t seed) {
     initial_values(t.spec, t.range, seed, t.values);
   }
@@ -582,6 +636,9 @@ class shard_core {
   [[no_unique_address]] Optimizer optimizer_;
   std::vector<shard_table> tables_;
   std::vector<clock_value> clocks_;
+  std::vector<std::uint8_t> member_;  // 1: the worker's clock bounds the server clock
+  std::uint32_t start_members_ = 0;   // elastic: joins needed before the clock moves
+  std::uint32_t joined_ = 0;          // elastic: joins so far
   std::vector<std::vector<std::uint64_t>> applied_;  // [worker][table] pushes applied
   std::vector<std::uint64_t> last_seq_;
   clock_value server_clock_ = 0;
