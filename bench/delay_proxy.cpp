@@ -56,10 +56,11 @@ std::optional<tcp::endpoint> parse_endpoint(const std::string& s) {
 asio::awaitable<void> echo(tcp::socket s) {
   std::vector<char> buf(64 * 1024);
   for (;;) {
-    auto [ec, n] = co_await s.async_read_some(asio::buffer(buf), asio::experimental::as_tuple(asio::use_awaitable));
+    auto [ec, n] = co_await s.async_read_some(asio::buffer(buf),
+                                              asio::experimental::as_tuple(asio::use_awaitable));
     if (ec) break;
     auto [wec, m] = co_await asio::async_write(s, asio::buffer(buf.data(), n),
-                                                asio::experimental::as_tuple(asio::use_awaitable));
+                                               asio::experimental::as_tuple(asio::use_awaitable));
     (void)m;
     if (wec) break;
   }
@@ -94,10 +95,10 @@ asio::awaitable<void> self_test_client(tcp::endpoint proxy, self_test_result& r)
   char back[64];
   for (int i = 0; i < 200; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto [wec, wn] =
-        co_await asio::async_write(s, asio::buffer(msg), asio::experimental::as_tuple(asio::use_awaitable));
-    auto [rec, rn] =
-        co_await asio::async_read(s, asio::buffer(back), asio::experimental::as_tuple(asio::use_awaitable));
+    auto [wec, wn] = co_await asio::async_write(s, asio::buffer(msg),
+                                                asio::experimental::as_tuple(asio::use_awaitable));
+    auto [rec, rn] = co_await asio::async_read(s, asio::buffer(back),
+                                               asio::experimental::as_tuple(asio::use_awaitable));
     if (wec || rec || wn != sizeof msg || rn != sizeof back) {
       r.error = "round trip " + std::to_string(i) + ": " + (wec ? wec : rec).message();
       co_return;
@@ -113,14 +114,14 @@ asio::awaitable<void> self_test_client(tcp::endpoint proxy, self_test_result& r)
   asio::co_spawn(
       ex,
       [&]() -> asio::awaitable<void> {
-        auto [e, n] =
-            co_await asio::async_write(s, asio::buffer(out), asio::experimental::as_tuple(asio::use_awaitable));
+        auto [e, n] = co_await asio::async_write(s, asio::buffer(out),
+                                                 asio::experimental::as_tuple(asio::use_awaitable));
         write_failed = e || n != total;
       },
       asio::detached);
   std::vector<char> in(total);
-  auto [bec, bn] =
-      co_await asio::async_read(s, asio::buffer(in), asio::experimental::as_tuple(asio::use_awaitable));
+  auto [bec, bn] = co_await asio::async_read(s, asio::buffer(in),
+                                             asio::experimental::as_tuple(asio::use_awaitable));
   if (bec || bn != total || write_failed) {
     r.error = "bulk echo: " + (bec ? bec.message() : std::string("short"));
     co_return;
@@ -233,7 +234,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     delay_proxy proxy(*upstream, o);
     asio::signal_set stop(ctx, SIGINT, SIGTERM);
-    stop.async_wait([&](const std::error_code&, int) { acc.close(); ctx.stop(); });
+    stop.async_wait([&](const std::error_code&, int) {
+      acc.close();
+      ctx.stop();
+    });
     asio::co_spawn(ctx, proxy.run(acc), asio::detached);
     ctx.run();
     return 0;

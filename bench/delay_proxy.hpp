@@ -21,10 +21,10 @@
 #include <utility>
 #include <vector>
 
-#include <asio/experimental/as_tuple.hpp>
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/experimental/as_tuple.hpp>
 #include <asio/ip/tcp.hpp>
 #include <asio/read.hpp>
 #include <asio/steady_timer.hpp>
@@ -46,12 +46,12 @@ struct delay_proxy_options {
 
 /// Counters of one `delay_proxy` (read on its thread, or after it stopped).
 struct delay_proxy_stats {
-  std::uint64_t connections = 0;     ///< connections accepted
-  std::uint64_t upstream_failed = 0; ///< accepted, but the upstream connect failed
-  std::uint64_t bytes = 0;           ///< bytes forwarded, both directions
-  std::uint64_t chunks = 0;          ///< chunks forwarded
-  std::uint64_t full_waits = 0;      ///< times a reader stopped: max_buffered reached
-  std::size_t peak_buffered = 0;     ///< the most bytes one direction held at once
+  std::uint64_t connections = 0;      ///< connections accepted
+  std::uint64_t upstream_failed = 0;  ///< accepted, but the upstream connect failed
+  std::uint64_t bytes = 0;            ///< bytes forwarded, both directions
+  std::uint64_t chunks = 0;           ///< chunks forwarded
+  std::uint64_t full_waits = 0;       ///< times a reader stopped: max_buffered reached
+  std::size_t peak_buffered = 0;      ///< the most bytes one direction held at once
 };
 
 /// The proxy: `run(acceptor)` accepts connections on `acceptor` until it is closed and connects
@@ -72,7 +72,8 @@ class delay_proxy {
   /// Accepts until `acceptor` is closed or fails; each connection runs detached.
   asio::awaitable<void> run(tcp::acceptor& acceptor) {
     for (;;) {
-      auto [ec, sock] = co_await acceptor.async_accept(asio::experimental::as_tuple(asio::use_awaitable));
+      auto [ec, sock] =
+          co_await acceptor.async_accept(asio::experimental::as_tuple(asio::use_awaitable));
       if (ec) co_return;
       ++stats_.connections;
       asio::co_spawn(acceptor.get_executor(), serve(std::move(sock)), asio::detached);
@@ -116,7 +117,8 @@ class delay_proxy {
   asio::awaitable<void> serve(tcp::socket sock) {
     auto ex = sock.get_executor();
     auto l = std::make_shared<link>(std::move(sock), ex);  // shared by its four coroutines
-    auto [ec] = co_await l->up.async_connect(upstream_, asio::experimental::as_tuple(asio::use_awaitable));
+    auto [ec] =
+        co_await l->up.async_connect(upstream_, asio::experimental::as_tuple(asio::use_awaitable));
     if (ec) {
       ++stats_.upstream_failed;
       l->close();
@@ -150,8 +152,8 @@ class delay_proxy {
         p.spare.pop_back();
       }
       buf.resize(opts_.chunk_bytes);
-      auto [ec, n] =
-          co_await from.async_read_some(asio::buffer(buf), asio::experimental::as_tuple(asio::use_awaitable));
+      auto [ec, n] = co_await from.async_read_some(
+          asio::buffer(buf), asio::experimental::as_tuple(asio::use_awaitable));
       if (ec || n == 0) break;
       buf.resize(n);
       p.buffered += n;
@@ -178,8 +180,8 @@ class delay_proxy {
       }
       chunk c = std::move(p.queue.front());
       p.queue.pop_front();
-      auto [ec, n] =
-          co_await asio::async_write(to, asio::buffer(c.bytes), asio::experimental::as_tuple(asio::use_awaitable));
+      auto [ec, n] = co_await asio::async_write(to, asio::buffer(c.bytes),
+                                                asio::experimental::as_tuple(asio::use_awaitable));
       p.buffered -= c.bytes.size();
       p.spare.push_back(std::move(c.bytes));
       p.wake_reader.cancel();

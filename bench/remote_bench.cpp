@@ -109,8 +109,8 @@ int serve(tcp_transport::endpoint_type ep, std::uint32_t rows, const tcp_options
   return 0;
 }
 
-int work(tcp_transport::endpoint_type ep, std::uint32_t rows, unsigned window,
-         std::uint64_t clocks, unsigned reps, const tcp_options& to) {
+int work(tcp_transport::endpoint_type ep, std::uint32_t rows, unsigned window, std::uint64_t clocks,
+         unsigned reps, const tcp_options& to) {
   asio::io_context ctx{1};
   tcp_transport net(ctx.get_executor(), to);
   const table_spec spec{0, rows, width, 0.0f};

@@ -6,7 +6,8 @@
 #              with a final accuracy line above a floor.
 #   link-down  a host that disappears: recovery stateless, 2 server hosts and 2 worker hosts;
 #              server 0's cable is pulled (its switch port set down) for $outage s mid-run and
-#              plugged back. The run must complete; the script reports what the workers saw.
+#              plugged back. The run must complete, and training must have stalled for
+#              about the outage (>= 90 % of it); the script reports what the workers saw.
 #   chain-flap recovery chain (1 shard, 2 members on their own hosts, the chain master on a
 #              third, 2 worker hosts): the head's cable pulled for 5 s and plugged back. The
 #              master drops the silent head after its 1 s heartbeat timeout; when the cable is
@@ -84,6 +85,7 @@ accuracy() { sed -n 's/^final test accuracy \([0-9.]*\).*/\1/p' "$1"; }
 
 netns_switch
 rate=1gbit
+outage=0  # seconds a cable stays out (link-down, chain-flap)
 common=(--model softmax --consistency ssp --staleness 2 --quiet --reconnect-timeout 60)
 
 case "$mode" in
@@ -99,17 +101,17 @@ basic | link-down)
     common+=(--epochs 20 --recovery stateless)
   fi
   for s in 0 1; do
-    netns_exec "s$s" "$bin" "${common[@]}" --role server --shard "$s" \
-      --listen "$(netns_addr "s$s"):$port" --metrics /dev/null >"$dir/s$s.log" 2>&1 &
-    pids+=($!)
+    netns_spawn "s$s" "$dir/s$s.log" "$bin" "${common[@]}" --role server --shard "$s" \
+      --listen "$(netns_addr "s$s"):$port" --metrics /dev/null
+    pids+=("$netns_pid")
   done
   for s in 0 1; do wait_listening "s$s"; done
   connect="$(netns_addr s0):$port,$(netns_addr s1):$port"
   first_worker=${#pids[@]}
   for w in 0 1; do
-    netns_exec "w$w" "$bin" "${common[@]}" --role worker --worker-id "$w" --connect "$connect" \
-      --metrics "$dir/w$w.jsonl" >"$dir/w$w.log" 2>&1 &
-    pids+=($!)
+    netns_spawn "w$w" "$dir/w$w.log" "$bin" "${common[@]}" --role worker --worker-id "$w" \
+      --connect "$connect" --metrics "$dir/w$w.jsonl"
+    pids+=("$netns_pid")
   done
   if [[ "$mode" == link-down ]]; then
     # Pull server 0's cable once training runs (worker 0 wrote its first metrics line), and
@@ -141,22 +143,22 @@ chain-flap | chain-gone)
   common+=(--servers 1 --replicas 2 --workers 2 --epochs 20 --recovery chain)
   master="$(netns_addr m):$port"
   members="$(netns_addr s0):$port,$(netns_addr s1):$port"
-  netns_exec m "$bin" "${common[@]}" --role master --listen "$master" --metrics /dev/null \
-    >"$dir/m.log" 2>&1 &
-  pids+=($!)
+  netns_spawn m "$dir/m.log" "$bin" "${common[@]}" --role master --listen "$master" \
+    --metrics /dev/null
+  pids+=("$netns_pid")
   wait_listening m
   for s in 0 1; do
-    netns_exec "s$s" "$bin" "${common[@]}" --role server --shard 0 --member "$s" \
-      --chain "$members" --master "$master" --listen "$(netns_addr "s$s"):$port" \
-      --metrics /dev/null >"$dir/s$s.log" 2>&1 &
-    pids+=($!)
+    netns_spawn "s$s" "$dir/s$s.log" "$bin" "${common[@]}" --role server --shard 0 \
+      --member "$s" --chain "$members" --master "$master" \
+      --listen "$(netns_addr "s$s"):$port" --metrics /dev/null
+    pids+=("$netns_pid")
   done
   for s in 0 1; do wait_listening "s$s"; done
   first_worker=${#pids[@]}
   for w in 0 1; do
-    netns_exec "w$w" "$bin" "${common[@]}" --role worker --worker-id "$w" --connect "$members" \
-      --metrics "$dir/w$w.jsonl" >"$dir/w$w.log" 2>&1 &
-    pids+=($!)
+    netns_spawn "w$w" "$dir/w$w.log" "$bin" "${common[@]}" --role worker --worker-id "$w" \
+      --connect "$members" --metrics "$dir/w$w.jsonl"
+    pids+=("$netns_pid")
   done
   for _ in $(seq 300); do
     [[ -s "$dir/w0.jsonl" ]] && break
@@ -192,8 +194,11 @@ if [[ "$mode" != basic ]]; then
   gap="$(sed -n 's/.*"time_s":\([0-9.e+-]*\).*/\1/p' "$dir/w0.jsonl" |
          awk 'NR > 1 && $1 - p > g { g = $1 - p } { p = $1 } END { printf "%.2f", g }')"
   echo "netns_e2e($mode): longest gap between worker 0's evaluations: $gap s"
-  # The outage must have stopped training for most of its length (else the cable was not out).
-  awk -v g="$gap" 'BEGIN { exit !(g + 0 >= 2) }' || fail "no stall of 2 s or more: the outage did not hit"
+  # The outage must have stopped training for about its length (else the cable was not out;
+  # a cable pulled and plugged back at once stalled training for 1.6 s here). chain-gone has
+  # no end to its outage: nothing to check.
+  awk -v g="$gap" -v o="$outage" 'BEGIN { exit !(g + 0 >= 0.9 * o) }' ||
+    fail "a stall of $gap s for an outage of $outage s: the outage did not hit"
   grep -h '^recovery ' "$dir"/w*.log || true
   if [[ "$mode" == chain-* ]]; then
     # Strict chain replication loses no push, and the old head rejoined as the tail.

@@ -14,6 +14,9 @@
 #                                 10.77.0.(10+INDEX); RATE is a tbf rate ("1gbit", "10gbit") or
 #                                 "none"
 #   netns_exec NAME CMD...        runs CMD in host NAME
+#   netns_spawn NAME LOG CMD...   starts CMD in host NAME in the background, stdout and stderr
+#                                 to LOG; sets netns_pid to its pid (the program's own: `ip
+#                                 netns exec` execs it), so kill and wait reach the program
 #   netns_addr NAME               prints host NAME's address
 #   netns_rate NAME RATE          replaces the tbf of host NAME's link (both directions)
 #   netns_link NAME up|down       sets host NAME's switch port up or down (the host's cable)
@@ -116,6 +119,13 @@ netns_rate() {
   ip netns exec "$NETNS_SW" tc qdisc del dev "$port" root 2>/dev/null || true
   netns_tbf "$ns" eth0 "$2"
   netns_tbf "$NETNS_SW" "$port" "$2"
+}
+
+netns_spawn() {
+  local name="$1" log="$2"
+  shift 2
+  ip netns exec "$NETNS_TAG-$name" "$@" >"$log" 2>&1 &
+  netns_pid=$!
 }
 
 netns_link() { ip -n "$NETNS_SW" link set "$NETNS_TAG$1" "$2"; }
