@@ -50,7 +50,10 @@ trap 'exit 130' INT TERM
 fail() {
   echo "netns_e2e($mode): $*"
   local f
-  for f in "$dir"/*.log; do echo "---- $(basename "$f")"; grep -v 'cannot connect' "$f" | tail -n 8; done
+  for f in "$dir"/*.log; do
+    echo "---- $(basename "$f")"
+    grep -v 'cannot connect' "$f" | tail -n 8 || true
+  done
   exit 1
 }
 (umask 077 && head -c 32 /dev/urandom >"$dir/secret")
