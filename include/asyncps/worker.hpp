@@ -73,8 +73,8 @@ class basic_worker {
       : transport_(transport), model_(model), opts_(checked(std::move(opts))),
         compute_(std::move(compute)), wake_(transport.get_executor()),
         tasks_(transport.get_executor()), core_(model, opts_, transport, std::move(recovery)),
-        conns_(opts_.servers.size()), sending_(opts_.servers.size(), 0),
-        send_queue_(opts_.servers.size()) {}
+        conns_(opts_.servers.size()), heard_(opts_.servers.size()),
+        sending_(opts_.servers.size(), 0), send_queue_(opts_.servers.size()) {}
 
   basic_worker(const basic_worker&) = delete;
   basic_worker& operator=(const basic_worker&) = delete;
@@ -128,8 +128,10 @@ class basic_worker {
           asio::co_spawn(transport_.get_executor(), reconnect(a.shard), asio::detached);
           break;
         case step::wait:
-          wake_.expires_after(a.wait);
-          co_await wake_.async_wait(detail::use_tuple);
+          if (auto wait = silence_check(a.wait)) {
+            wake_.expires_after(*wait);
+            co_await wake_.async_wait(detail::use_tuple);
+          }
           break;
         case step::compute: {
           buffer grad = transport_.allocate(core_.snapshot().size() * sizeof(float));
@@ -249,11 +251,37 @@ class basic_worker {
     co_return std::error_code{};
   }
 
+  // `worker_options::silence_timeout`: before a wait of `wait`, fails every link the worker
+  // waits on that has sent nothing for that long (then returns nothing: the loop goes on at
+  // once and handles the failure), else returns the wait, cut to the earliest silence deadline.
+  template <class Duration>
+  std::optional<Duration> silence_check(Duration wait) {
+    if (opts_.silence_timeout <= std::chrono::milliseconds::zero()) return wait;
+    const auto now = clock_type::now();
+    bool failed = false;
+    for (auto& l : core_.links()) {
+      if (!l.up || !core_.waits_on(l.shard)) continue;
+      const auto deadline = heard_[l.shard] + opts_.silence_timeout;
+      if (deadline <= now) {
+        core_.log(core_.server_name(l) + " has sent nothing for " +
+                  duration_string(opts_.silence_timeout) +
+                  " while this worker waits for it (silence_timeout): taken for lost");
+        fail(l.shard, make_error_code(errc::timeout), "silent");
+        failed = true;
+      } else {
+        wait = std::min(wait, std::chrono::duration_cast<Duration>(deadline - now));
+      }
+    }
+    if (failed) return std::nullopt;
+    return wait;
+  }
+
   // Sends link `s`'s hello and checks the reply (see worker_protocol::on_handshake_reply).
   asio::awaitable<std::error_code> handshake(std::uint32_t s) {
     if (auto ec = co_await conns_[s].async_send(core_.hello(s))) co_return ec;
     auto [ec, m] = co_await conns_[s].async_receive();
     if (ec) co_return ec;
+    heard_[s] = clock_type::now();
     if (auto err = core_.on_handshake_reply(s, m)) {
       conns_[s].close();
       co_return err;
@@ -269,6 +297,7 @@ class basic_worker {
         break;
       }
       core_.stats().bytes_in += m.payload.size();
+      heard_[s] = clock_type::now();
       const auto out = core_.on_message(s, m);
       if (out.error) {
         fail(s, out.error, "");
@@ -445,7 +474,9 @@ class basic_worker {
   detail::wait_group<timer_type> tasks_;  // read loops and reconnects running
   core_type core_;
   std::vector<typename Transport::connection_type> conns_;  // per shard
-  std::vector<rejoin_message> rejoin_out_;                  // scratch of join_links
+  // Per shard: when its server was last heard from (any message), for silence_timeout.
+  std::vector<typename clock_type::time_point> heard_;
+  std::vector<rejoin_message> rejoin_out_;  // scratch of join_links
   // Recovery parts that take server messages (`on_server_message`) reply from the read loops:
   // per shard, whether a send is in progress and what waits for it.
   static constexpr bool replies =

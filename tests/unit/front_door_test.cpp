@@ -758,3 +758,62 @@ TEST_CASE("elastic membership over TCP: a worker killed mid-run leaves after the
     }
   }
 }
+
+TEST_CASE("front door: a server that goes silent while the worker waits is taken for lost after "
+          "silence_timeout, not after wait_timeout") {
+  for (const bool silence : {true, false}) {
+    CAPTURE(silence);
+    asio::io_context io(1);
+    tcp_transport st(io.get_executor()), wt(io.get_executor());
+    auto acc = st.listen({asio::ip::address_v4::loopback(), 0});
+    REQUIRE(acc.has_value());
+    lines log;
+    std::optional<tcp_transport::connection> held;  // the silent server keeps it open
+    // A "server" whose host vanished after the welcome: it reads, and never answers again.
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          auto [ec, c] = co_await acc.value().async_accept();
+          REQUIRE(!ec);
+          auto [hec, hello] = co_await c.async_receive();
+          REQUIRE(!hec);
+          protocol::welcome w{.shard = 0,
+                              .num_shards = 1,
+                              .server_clock = 0,
+                              .last_seq = 0,
+                              .worker_clock = 0,
+                              .wants_state = false,
+                              .tables = {{1, 4, 0}},
+                              .local_step = 0};
+          REQUIRE(!(co_await c.async_send(
+              protocol::encode(w, [&](std::size_t n) { return st.allocate(n); }))));
+          held.emplace(std::move(c));
+        },
+        asio::detached);
+    test::counter_model m(0, 1, -1);
+    basic_worker<test::counter_model, tcp_transport, consistency::bsp>::options_type o;
+    o.servers = {acc.value().local_endpoint()};
+    o.wait_timeout = std::chrono::seconds(2);
+    o.silence_timeout = silence ? std::chrono::milliseconds(200) : std::chrono::milliseconds(0);
+    o.log = [&](std::string_view l) { log.emplace_back(l); };
+    basic_worker<test::counter_model, tcp_transport, consistency::bsp> w(wt, m, o);
+    std::error_code e;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          e = co_await w.async_run(5);
+          if (held) held->close();
+          acc.value().close();
+        },
+        asio::detached);
+    io.run();
+    INFO(joined(log));
+    if (silence) {
+      CHECK(e == errc::server_lost);
+      CHECK(any_line_has(log, "has sent nothing for 200 ms while this worker waits for it "
+                              "(silence_timeout): taken for lost"));
+    } else {
+      CHECK(e == errc::timeout);  // only wait_timeout ends the wait
+    }
+  }
+}

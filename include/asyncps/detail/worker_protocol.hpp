@@ -84,6 +84,15 @@ struct worker_options {
   bool check_gradients = default_check_gradients;
   /// Longest wait for rows (or for a connection at start) before failing with `errc::timeout`.
   std::chrono::milliseconds wait_timeout{std::chrono::seconds(60)};
+  /// How long a server this worker waits for (a pull of it pending) may stay silent, sending
+  /// nothing at all (rows, acks, heartbeat reports), before the worker takes it for lost:
+  /// closes the connection and lets the recovery policy act as on a failed connection
+  /// (reconnect, fail over to a chain's next server, train on locally). A host that
+  /// disappears (link down, power loss) closes no connection, and TCP can take many minutes to
+  /// notice. A server sends a heartbeat report to every worker whose pull has waited
+  /// `server_options::watchdog_interval` (default 5 s), so keep this above twice that. 0:
+  /// never (only `wait_timeout` ends a wait).
+  std::chrono::milliseconds silence_timeout{std::chrono::seconds(15)};
   /// How long to keep retrying the first connection to a server (servers may start later).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
   /// Acknowledged pushes (chain replication, strict): unacknowledged pushes per server
@@ -357,6 +366,11 @@ class worker_protocol {
     return true;
   }
 
+  /// Whether the worker waits for something from link `s`: a pull of one of its parts.
+  bool waits_on(std::uint32_t s) const {
+    const auto& parts = cache_.parts(s);
+    return std::any_of(parts.begin(), parts.end(), [](const auto& p) { return p.pulling; });
+  }
   /// A message received on link `s` (rows, ack, heartbeat, error, bye). An `error` frame or
   /// `bye` fails the link here; a malformed message returns the error to fail it with.
   message_outcome on_message(std::uint32_t s, message& m) {
