@@ -2,11 +2,17 @@
 // reproducibility from a seed, the consistency bounds over 2000 random schedules (latencies,
 // bandwidths, speed profiles 1x..4x; BSP, SSP(1), SSP(3), ESSP(1), ESSP(3), ASP; and the
 // run-time bounds ssp<>/essp<> against them on 400 more), faults from a
-// schedule (recovery::none and recovery::stateless), the virtual duration of BSP, and the
-// transport's own semantics. Every read is checked by the counter model
-// (tests/support/counter_model.hpp). A failing schedule prints its policy and seed: replay it
-// with `simulate<Policy>(random_config(seed, bound))`. The whole file runs in ~2 s at -O2.
+// schedule (recovery::none and recovery::stateless), the virtual duration of BSP, elastic
+// membership over 1000 random join/leave/death/restart schedules, and the transport's own
+// semantics. Every read is checked by the counter model (tests/support/counter_model.hpp), or
+// in the elastic runs by `clock_column_model` against the bound over the live members. A
+// failing schedule prints its policy and seed: replay it with
+// `simulate<Policy>(random_config(seed, bound))` or
+// `simulate_elastic<Policy>(random_elastic_config(seed, bound))`. The whole file runs in ~4 s
+// at -O2 (the elastic schedules ~2 s).
 #include <algorithm>
+#include <array>
+#include <bitset>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -599,6 +606,569 @@ TEST_CASE("simulation: workers train through a partitioned server (recovery::sta
   }
   MESSAGE("pushes cut on the wire at the partition and recovered: " << recovered_in_flight);
   CHECK(recovered_in_flight >= 1);  // the sweep does cut a push on the wire (deterministic)
+}
+
+// ---- Elastic membership: random join / leave / death / restart schedules ----------------
+
+namespace {
+
+// Clocks an elastic schedule may reach: the model's table has one column per clock.
+constexpr std::uint32_t elastic_columns = 128;
+using clock_set = std::bitset<elastic_columns>;
+
+// One read of an elastic run: incarnation `life` of worker `id`, computing clock `clock`, saw
+// in row w the updates of w's clocks in `seen[w]`.
+struct elastic_read {
+  std::uint32_t id = 0;
+  std::uint32_t life = 0;
+  clock_value clock = 0;
+  std::vector<clock_set> seen;
+};
+
+// The elastic runs' model: table 0 has a row per worker id and a column per clock, and worker
+// w's update at clock k is +1 at (w, k) (gradient -1, SGD with learning rate 1). A read shows
+// exactly which updates of which workers it reflects; the final values which were applied, and
+// that each was applied once (a value of 2 would be a duplicate).
+struct clock_column_model {
+  clock_column_model(std::uint32_t id, std::uint32_t life, std::uint32_t capacity)
+      : id(id), life(life) {
+    spec[0] = table_spec{0, capacity, elastic_columns, 0.0f};
+  }
+
+  std::span<const table_spec> tables() const { return spec; }
+
+  float compute_gradient(const parameter_view& p, gradient_view& g) {
+    const clock_value c = clock();  // the worker's clock: the one being computed
+    const auto t = p.table(0);
+    elastic_read r{id, life, c, std::vector<clock_set>(static_cast<std::size_t>(t.rows()))};
+    for (Eigen::Index w = 0; w < t.rows(); ++w) {
+      for (Eigen::Index k = 0; k < t.cols(); ++k) {
+        const float v = t(w, k);
+        if (v != 0.0f) r.seen[static_cast<std::size_t>(w)].set(static_cast<std::size_t>(k));
+        if (v != 0.0f && v != 1.0f) ++odd_values;
+      }
+    }
+    reads->push_back(std::move(r));
+    auto gt = g.table(0);
+    gt.setZero();
+    if (c >= 0 && c < static_cast<clock_value>(elastic_columns)) {
+      gt(id, static_cast<Eigen::Index>(c)) = -1.0f;
+    } else {
+      ++out_of_range;  // the schedule outgrew the table: a test bug, reported as a failure
+    }
+    computed.push_back(c);
+    if (on_computed) on_computed(computed.size() - 1);
+    return 0.0f;
+  }
+
+  std::uint32_t id;
+  std::uint32_t life;
+  std::array<table_spec, 1> spec{};
+  std::vector<elastic_read>* reads = nullptr;
+  std::function<clock_value()> clock{};  // the worker's current clock
+  /// Called after each gradient with its iteration (0 for the incarnation's first).
+  std::function<void(std::size_t)> on_computed{};
+  std::vector<clock_value> computed;  // the clocks this incarnation computed, in order
+  std::int64_t odd_values = 0;        // values read that are neither 0 nor 1
+  std::int64_t out_of_range = 0;
+};
+
+// One incarnation (a worker process) of a worker id in an elastic schedule.
+struct elastic_life {
+  std::uint64_t clocks = 10;    // the clocks its async_run runs
+  std::int64_t die_after = -1;  // >= 0: its node goes down after this iteration's gradient
+                                // (mid-run: before its next gradient completes); -1: it runs
+                                // to the end and says bye
+  // >= 0 (only when die_after is -1): after this iteration's gradient its link to shard
+  // `blip_shard` (all its links when that is the number of shards) goes down for `blip_for`
+  // (a blip: the connections are reset); the worker (recovery::none with a 5 s grace)
+  // reconnects well within the servers' grace and keeps its place.
+  std::int64_t blip_after = -1;
+  std::uint32_t blip_shard = 0;
+  std::chrono::nanoseconds blip_for{};
+  enum class next { none, within_grace, after_grace } then = next::none;
+  std::chrono::nanoseconds restart_delay{};  // the next incarnation starts this long after
+                                             // the death (or the end of the run)
+};
+
+struct elastic_config {
+  std::uint32_t capacity = 4;  // worker ids (server_options::num_workers)
+  std::uint32_t shards = 2;
+  std::int64_t bound = 0;
+  membership_options membership{};
+  simulation_options net{};
+  std::vector<std::chrono::nanoseconds> start;   // per id: when its first incarnation starts
+  std::vector<std::vector<elastic_life>> lives;  // per id (empty: the id never joins)
+};
+
+// A random elastic schedule drawn from `seed`: capacity 2..6 worker ids, 1..3 shards, a start
+// barrier of 1..3 members, grace 100..300 ms, latency 10 us..1 ms with jitter up to 1 ms,
+// compute 1..10 ms with jitter up to 50 % and speed factors in [1, 3]. The first
+// `start_members` ids start in the first 20 ms; each other id starts then too (1/3), joins late
+// at 20..400 ms (1/2), or never (1/6). An incarnation runs 4..18 clocks and dies mid-run (its
+// node goes down: every connection reset, no bye) with probability 1/3; otherwise it may lose
+// one link or all for a blip of 0.5..2 ms mid-run (1/6) and reconnect, and it leaves with bye.
+// A dead one restarts with the same id within the grace (1/3: 0.1..0.4 x grace after the
+// death), after it (1/3: 1.5..2.5 x grace) or never; one that left without a blip restarts with
+// probability 1/6 (0..2 x grace later). At most 3 incarnations per id.
+elastic_config random_elastic_config(std::uint64_t seed, std::int64_t bound) {
+  std::mt19937_64 g(seed * 0x9e3779b97f4a7c15ull + 777);
+  auto uniform = [&](double lo, double hi) {
+    return lo + (hi - lo) * static_cast<double>(g() >> 11) * 0x1.0p-53;
+  };
+  auto ns = [](double seconds) { return std::chrono::nanoseconds(std::llround(seconds * 1e9)); };
+  elastic_config c;
+  c.capacity = 2 + static_cast<std::uint32_t>(g() % 5);
+  c.shards = 1 + static_cast<std::uint32_t>(g() % 3);
+  c.bound = bound;
+  c.membership.start_members = 1 + static_cast<std::uint32_t>(g() % std::min(c.capacity, 3u));
+  c.membership.grace = std::chrono::milliseconds(100 + g() % 201);
+  c.net.seed = seed;
+  c.net.latency.base = ns(uniform(10e-6, 1e-3));
+  c.net.latency.jitter = ns(uniform(0, 1e-3));
+  c.net.latency.bytes_per_second = uniform(1e8, 1e10);
+  c.net.latency.shared_egress = g() % 2 == 0;
+  c.net.compute.base = ns(uniform(1e-3, 10e-3));
+  c.net.compute.jitter = uniform(0, 0.5);
+  const double grace = std::chrono::duration<double>(c.membership.grace).count();
+  for (std::uint32_t w = 0; w < c.capacity; ++w) {
+    c.net.compute.speed_factor.push_back(uniform(1.0, 3.0));
+    const auto kind = g() % 6;
+    const bool early = w < c.membership.start_members || kind < 2;
+    c.start.push_back(early ? ns(uniform(0, 20e-3)) : ns(uniform(20e-3, 400e-3)));
+    auto& lives = c.lives.emplace_back();
+    if (!early && kind == 5) continue;  // this id never joins
+    for (int n = 0; n < 3; ++n) {
+      elastic_life l;
+      l.clocks = 4 + g() % 15;
+      if (g() % 3 == 0) {
+        l.die_after = static_cast<std::int64_t>(g() % (l.clocks - 1));
+        const auto r = g() % 3;
+        l.then = r == 0   ? elastic_life::next::within_grace
+                 : r == 1 ? elastic_life::next::after_grace
+                          : elastic_life::next::none;
+        l.restart_delay = ns(grace * (r == 0 ? uniform(0.1, 0.4) : uniform(1.5, 2.5)));
+      } else if (g() % 4 == 0) {
+        // Not in its last two clocks: the worker reconnects before its last clock. (A link
+        // lost in the last clock is not waited for: basic_worker ends the run without that
+        // clock's push to it and without an error; see docs/concepts/membership.md.)
+        l.blip_after = static_cast<std::int64_t>(g() % (l.clocks - 2));
+        l.blip_shard = static_cast<std::uint32_t>(g() % (c.shards + 1));
+        l.blip_for = ns(uniform(0.5e-3, 2e-3));
+      } else if (g() % 4 == 0) {
+        l.then = elastic_life::next::after_grace;  // left with bye: joins again
+        l.restart_delay = ns(grace * uniform(0, 2));
+      }
+      if (n == 2) l.then = elastic_life::next::none;
+      lives.push_back(l);
+      if (l.then == elastic_life::next::none) break;
+    }
+  }
+  return c;
+}
+
+std::string describe(const elastic_config& c) {
+  std::string s = std::to_string(c.capacity) + " ids, " + std::to_string(c.shards) +
+                  " shards, start_members " + std::to_string(c.membership.start_members) +
+                  ", grace " + std::to_string(c.membership.grace.count()) + " ms, compute " +
+                  std::to_string(c.net.compute.base.count()) + " ns; lives:";
+  for (std::uint32_t w = 0; w < c.capacity; ++w) {
+    s += " [" + std::to_string(w) + " at " + std::to_string(c.start[w].count() / 1000) + " us:";
+    for (const auto& l : c.lives[w]) {
+      s += " " + std::to_string(l.clocks) + " clocks";
+      if (l.die_after >= 0) s += ", dies after " + std::to_string(l.die_after);
+      if (l.blip_after >= 0)
+        s += ", link " + std::to_string(l.blip_shard) + " down after " +
+             std::to_string(l.blip_after) + " for " + std::to_string(l.blip_for.count() / 1000) +
+             " us";
+      if (l.then == elastic_life::next::within_grace) s += ", restarts within grace;";
+      if (l.then == elastic_life::next::after_grace) s += ", restarts after grace;";
+    }
+    s += "]";
+  }
+  return s;
+}
+
+// What an elastic run did.
+struct elastic_result {
+  struct life_result {
+    std::uint32_t id = 0;
+    std::size_t index = 0;  // into elastic_config::lives[id]
+    bool started = false;
+    bool finished = false;  // its async_run completed
+    std::error_code ec;
+    simulated_clock::time_point done{};
+    std::vector<clock_value> computed;
+    staleness_histogram staleness;
+    std::int64_t odd_values = 0;
+    std::int64_t out_of_range = 0;
+  };
+  std::vector<life_result> lives;
+  std::vector<elastic_read> reads;
+  std::vector<std::vector<clock_value>> server_clocks;  // per shard: each advance, in order
+  std::vector<server_stats> servers;
+  std::vector<clock_set> applied;  // per id: the clocks whose update its row holds at the end
+  std::int64_t duplicates = 0;     // final values other than 0 and 1
+  std::vector<std::string> log;    // server and worker log lines (printed when a check fails)
+  bool all_served = false;
+};
+
+// Runs `cfg` on a simulated network with elastic servers (recovery::none): each incarnation on
+// its own node ("w<id>.<n>"), started at its time; a death is `node_down` of its node (every
+// connection reset at once; the worker, recovery::none without grace, ends with
+// errc::server_lost); a restart is a fresh worker object with the same id and a new
+// incarnation number.
+template <class Policy>
+elastic_result simulate_elastic(const elastic_config& cfg) {
+  using server_t = basic_server<simulated_transport, Policy, recovery::none>;
+  using worker_t = basic_worker<clock_column_model, simulated_transport, Policy, recovery::none>;
+  simulated_network net(cfg.net);
+  std::mt19937_64 death_rng(cfg.net.seed + 99);
+  elastic_result r;
+  auto log = [&r](std::string_view line) {
+    r.log.push_back(std::to_string(simulated_clock::now().time_since_epoch().count() / 1000) +
+                    " us: " + std::string(line));
+  };
+
+  std::vector<std::unique_ptr<simulated_transport>> sts;
+  std::vector<std::unique_ptr<server_t>> servers;
+  std::vector<std::string> eps;
+  r.server_clocks.resize(cfg.shards);
+  int served = 0;
+  const clock_column_model layout(0, 0, cfg.capacity);
+  for (std::uint32_t s = 0; s < cfg.shards; ++s) {
+    sts.push_back(std::make_unique<simulated_transport>(net, "server" + std::to_string(s)));
+    server_options so;
+    so.shard = s;
+    so.num_shards = cfg.shards;
+    so.num_workers = cfg.capacity;
+    so.tables = {layout.spec[0]};
+    so.elastic = cfg.membership;
+    so.log = log;
+    so.on_clock = [&r, s](clock_value c) { r.server_clocks[s].push_back(c); };
+    servers.push_back(std::make_unique<server_t>(*sts.back(), so, optimizer::sgd{1.0f}));
+    eps.push_back("shard" + std::to_string(s));
+    auto acc = sts.back()->listen(eps.back());
+    REQUIRE(acc.has_value());
+    asio::co_spawn(
+        net.get_executor(),
+        [&served, &server = *servers.back(),
+         a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
+          (void)co_await server.async_serve(std::move(a));
+          ++served;
+        },
+        asio::detached);
+  }
+
+  // Every incarnation, made up front; `first[id]`: the index of id's first one.
+  struct life_state {
+    std::unique_ptr<simulated_transport> transport;
+    std::unique_ptr<clock_column_model> model;
+    std::unique_ptr<worker_t> worker;
+  };
+  std::vector<life_state> states;
+  std::vector<std::size_t> first(cfg.capacity);
+  for (std::uint32_t w = 0; w < cfg.capacity; ++w) {
+    first[w] = states.size();
+    for (std::size_t n = 0; n < cfg.lives[w].size(); ++n) {
+      auto& st = states.emplace_back();
+      auto& lr = r.lives.emplace_back();
+      lr.id = w;
+      lr.index = n;
+      st.transport = std::make_unique<simulated_transport>(net, "w" + std::to_string(w) + "." +
+                                                                    std::to_string(n));
+      st.model =
+          std::make_unique<clock_column_model>(w, static_cast<std::uint32_t>(n), cfg.capacity);
+      st.model->reads = &r.reads;
+      typename worker_t::options_type o;
+      o.id = w;
+      o.servers = eps;
+      o.local_step = 1.0f;
+      o.log = log;
+      o.incarnation = (std::uint64_t{w} + 1) * 16 + n + 1;
+      recovery::none_worker_part part;
+      if (cfg.lives[w][n].blip_after >= 0) part.grace = 5s;
+      st.worker = std::make_unique<worker_t>(*st.transport, *st.model, o,
+                                             asio::any_io_executor(net.compute_executor(w)), part);
+      st.model->clock = [&worker = *st.worker] { return worker.clock(); };
+    }
+  }
+  std::function<void(std::size_t)> start = [&](std::size_t i) {
+    auto& lr = r.lives[i];
+    lr.started = true;
+    asio::co_spawn(
+        net.get_executor(),
+        [&, i]() -> asio::awaitable<void> {
+          auto& l = r.lives[i];
+          const auto& plan = cfg.lives[l.id][l.index];
+          l.ec = co_await states[i].worker->async_run(plan.clocks);
+          l.done = simulated_clock::now();
+          l.finished = true;
+          if (plan.die_after < 0 && plan.then != elastic_life::next::none)
+            net.at((l.done + plan.restart_delay).time_since_epoch(), [&, i] { start(i + 1); });
+        },
+        asio::detached);
+  };
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    const auto& l = r.lives[i];
+    const auto& plan = cfg.lives[l.id][l.index];
+    if (plan.blip_after >= 0) {
+      states[i].model->on_computed = [&, i](std::size_t iteration) {
+        const auto& me = cfg.lives[r.lives[i].id][r.lives[i].index];
+        if (static_cast<std::int64_t>(iteration) != me.blip_after) return;
+        const auto base = cfg.net.compute.base.count();
+        const auto from = net.now().time_since_epoch() +
+                          simulated_clock::duration(base > 0 ? death_rng() % base : 0);
+        const std::string node =
+            "w" + std::to_string(r.lives[i].id) + "." + std::to_string(r.lives[i].index);
+        if (me.blip_shard < cfg.shards)
+          net.link_down(node, "server" + std::to_string(me.blip_shard), from, from + me.blip_for);
+        else
+          net.node_down(node, from, from + me.blip_for);
+      };
+    }
+    if (plan.die_after >= 0) {
+      states[i].model->on_computed = [&, i](std::size_t iteration) {
+        const auto& me = cfg.lives[r.lives[i].id][r.lives[i].index];
+        if (static_cast<std::int64_t>(iteration) != me.die_after) return;
+        // Dies before its next gradient completes (each takes at least compute.base).
+        const auto base = cfg.net.compute.base.count();
+        const auto death = net.now().time_since_epoch() +
+                           simulated_clock::duration(base > 0 ? death_rng() % base : 0);
+        net.node_down("w" + std::to_string(r.lives[i].id) + "." + std::to_string(r.lives[i].index),
+                      death, death + 1ms);
+        if (me.then != elastic_life::next::none)
+          net.at(death + me.restart_delay, [&, i] { start(i + 1); });
+      };
+    }
+    if (l.index == 0) net.at(cfg.start[l.id], [&, i] { start(i); });
+  }
+  net.run();  // until quiescent: every incarnation done (or stuck: `finished` says which)
+  asio::post(net.get_executor(), [&] {
+    for (auto& s : servers) s->stop();
+  });
+  net.run();
+  r.all_served = served == static_cast<int>(cfg.shards);
+
+  r.applied.resize(cfg.capacity);
+  for (std::uint32_t s = 0; s < cfg.shards; ++s) {
+    r.servers.push_back(servers[s]->stats());
+    const auto v = servers[s]->values(0);
+    const auto range = shard_range(cfg.capacity, s, cfg.shards);
+    for (row_id row = range.begin; row < range.end; ++row) {
+      for (std::uint32_t k = 0; k < elastic_columns; ++k) {
+        const float x = v[std::size_t{row - range.begin} * elastic_columns + k];
+        if (x != 0.0f) r.applied[row].set(k);
+        if (x != 0.0f && x != 1.0f) ++r.duplicates;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    auto& l = r.lives[i];
+    l.computed = states[i].model->computed;
+    l.staleness = states[i].worker->staleness();
+    l.odd_values = states[i].model->odd_values;
+    l.out_of_range = states[i].model->out_of_range;
+  }
+  return r;
+}
+
+// The clocks [0, c] (none when c < 0).
+clock_set clocks_through(clock_value c) {
+  clock_set s;
+  for (clock_value k = 0; k <= c && k < static_cast<clock_value>(elastic_columns); ++k)
+    s.set(static_cast<std::size_t>(k));
+  return s;
+}
+
+// Totals over the elastic schedules of one policy (to show the checks are not vacuous).
+struct elastic_totals {
+  std::uint64_t schedules = 0, lives = 0, late_joins = 0, deaths = 0, blips = 0, blip_lost = 0,
+                within_grace = 0, after_grace = 0, reads = 0, required = 0, joins = 0,
+                departures = 0;
+  clock_value max_clock = 0;
+  staleness_histogram staleness;
+};
+
+// Runs `seeds` random elastic schedules of `Policy` (staleness bound `bound`) and checks them.
+template <class Policy>
+elastic_totals check_elastic_schedules(std::string_view policy, std::int64_t bound,
+                                       std::uint64_t first, std::uint64_t seeds) {
+  elastic_totals t;
+  for (std::uint64_t seed = first; seed < first + seeds; ++seed) {
+    const elastic_config cfg = random_elastic_config(seed, bound);
+    INFO("replay: policy " << policy << ", seed " << seed
+                           << " (simulate_elastic<Policy>(random_elastic_config(seed, " << bound
+                           << ")); " << describe(cfg) << ")");
+    const elastic_result r = simulate_elastic<Policy>(cfg);
+    bool ok = true;
+    const auto expect = [&ok](bool c) {
+      ok = ok && c;
+      return c;
+    };
+    CHECK(expect(r.all_served));
+
+    // No deadlock: every incarnation ran to its end, the dead ones with server_lost (their
+    // node went down), the others without error, within a virtual-time limit far below
+    // worker_options::wait_timeout (a stall would show as errc::timeout after 60 s).
+    for (const auto& l : r.lives) {
+      CAPTURE(l.id);
+      CAPTURE(l.index);
+      const auto& plan = cfg.lives[l.id][l.index];
+      CHECK(expect(l.started));
+      CHECK(expect(l.finished));
+      if (plan.die_after >= 0) {
+        CHECK_MESSAGE(expect(l.ec == errc::server_lost), l.ec.message());
+      } else if (plan.blip_after >= 0) {
+        // It reconnects; recovery::none gives up (server_lost) when a push was lost on the
+        // cut link.
+        CHECK_MESSAGE(expect(!l.ec || l.ec == errc::server_lost), l.ec.message());
+        if (!l.ec) CHECK(expect(l.computed.size() == plan.clocks));
+        if (l.ec) ++t.blip_lost;
+        ++t.blips;
+      } else {
+        CHECK_MESSAGE(expect(!l.ec), l.ec.message());
+        CHECK(expect(l.computed.size() == plan.clocks));
+      }
+      CHECK(expect(l.done < simulated_clock::time_point(10s)));
+      CHECK(expect(l.out_of_range == 0));
+      CHECK(expect(l.odd_values == 0));  // no update ever seen twice
+      // The worker's own staleness record: every read within the bound.
+      CHECK(expect(l.staleness.max() <= bound));
+      t.staleness += l.staleness;
+      ++t.lives;
+      if (!l.computed.empty()) {
+        t.max_clock = std::max(t.max_clock, l.computed.back());
+        if (l.index == 0 && l.computed.front() > 0) ++t.late_joins;
+      }
+      if (plan.die_after >= 0) ++t.deaths;
+      if (plan.then == elastic_life::next::within_grace) ++t.within_grace;
+      if (plan.then == elastic_life::next::after_grace) ++t.after_grace;
+    }
+
+    // Every update applied at most once; none applied that nobody computed; every update of
+    // an incarnation that finished applied.
+    CHECK(expect(r.duplicates == 0));
+    std::vector<clock_set> computed(cfg.capacity);
+    for (const auto& l : r.lives) {
+      clock_set mine;
+      for (auto c : l.computed) mine.set(static_cast<std::size_t>(c));
+      computed[l.id] |= mine;
+      if (cfg.lives[l.id][l.index].die_after < 0 && !l.ec)
+        CHECK(expect((mine & ~r.applied[l.id]).none()));
+    }
+    for (std::uint32_t w = 0; w < cfg.capacity; ++w)
+      CHECK(expect((r.applied[w] & ~computed[w]).none()));
+
+    // The bound over the live members, on every read: a worker computing clock c sees every
+    // update of clocks <= c - s - 1 that any worker (itself included) got applied, and its own
+    // incarnation's earlier updates (read-my-writes). An update applied at the end was made by
+    // a member at that clock: the server took it while the worker's clock there was k, so its
+    // clock could not pass k before (see docs/concepts/membership.md). It never sees an update
+    // that was not applied (except its own, in its cache).
+    std::uint64_t bad_reads = 0;
+    for (const auto& rd : r.reads) {
+      const clock_set due = clocks_through(rd.clock - bound - 1);
+      const elastic_result::life_result* me = nullptr;
+      for (const auto& l : r.lives)
+        if (l.id == rd.id && l.index == rd.life) me = &l;
+      clock_set own;
+      for (auto c : me->computed)
+        if (c < rd.clock) own.set(static_cast<std::size_t>(c));
+      for (std::uint32_t w = 0; w < cfg.capacity; ++w) {
+        const clock_set need = (r.applied[w] & due) | (w == rd.id ? own : clock_set{});
+        const clock_set extra = rd.seen[w] & ~r.applied[w] & ~(w == rd.id ? own : clock_set{});
+        t.required += need.count();
+        if ((need & ~rd.seen[w]).any() || extra.any()) {
+          if (bad_reads++ < 5)
+            FAIL_CHECK("worker " << rd.id << " (incarnation " << rd.life << ") at clock "
+                                 << rd.clock << " reads row " << w << " with clocks "
+                                 << rd.seen[w].to_string().substr(elastic_columns - 40)
+                                 << "; needed " << need.to_string().substr(elastic_columns - 40)
+                                 << " (clocks 39..0)");
+        }
+      }
+      ++t.reads;
+    }
+    if (bad_reads > 0) ok = false;
+
+    // The server clock only moves forward.
+    for (std::uint32_t s = 0; s < cfg.shards; ++s) {
+      CAPTURE(s);
+      const auto& c = r.server_clocks[s];
+      CHECK(expect(std::adjacent_find(c.begin(), c.end(), std::greater_equal<>()) == c.end()));
+      CHECK(expect(c.empty() || c.front() > 0));
+    }
+
+    // Joins and departures as scheduled, on every shard: each incarnation joins unless it
+    // restarts a dead one within the grace (it keeps its place), and each leaves (bye, or its
+    // connection gone for the grace) unless restarted within the grace.
+    std::uint64_t joins = 0;
+    std::uint64_t departures = 0;
+    for (std::uint32_t w = 0; w < cfg.capacity; ++w) {
+      for (std::size_t n = 0; n < cfg.lives[w].size(); ++n) {
+        const auto& l = cfg.lives[w][n];
+        const bool kept = l.die_after >= 0 && l.then == elastic_life::next::within_grace;
+        if (n == 0 || !(cfg.lives[w][n - 1].die_after >= 0 &&
+                        cfg.lives[w][n - 1].then == elastic_life::next::within_grace))
+          ++joins;
+        if (!kept) ++departures;
+      }
+    }
+    for (std::uint32_t s = 0; s < cfg.shards; ++s) {
+      CAPTURE(s);
+      CHECK(expect(r.servers[s].joins == joins));
+      CHECK(expect(r.servers[s].departures == departures));
+      CHECK(expect(r.servers[s].rejected == 0));
+    }
+    t.joins += joins;
+    t.departures += departures;
+    ++t.schedules;
+    if (!ok) {
+      std::string tail;
+      const std::size_t from = r.log.size() > 60 ? r.log.size() - 60 : 0;
+      for (std::size_t i = from; i < r.log.size(); ++i) tail += r.log[i] + "\n";
+      MESSAGE("log (last 60 lines):\n" << tail);
+    }
+  }
+  MESSAGE(policy << ": " << t.schedules << " elastic schedules, " << t.lives << " incarnations ("
+                 << t.late_joins << " joined late, " << t.deaths << " died, " << t.blips
+                 << " lost links for a blip (" << t.blip_lost
+                 << " of them gave up: a push was lost), " << t.within_grace
+                 << " restarted within the grace, " << t.after_grace
+                 << " restarted after it or after bye), " << t.joins << " joins and "
+                 << t.departures << " departures per shard, " << t.reads << " reads checked ("
+                 << t.required << " updates required), highest clock " << t.max_clock
+                 << ", staleness " << t.staleness.to_string());
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("simulation: elastic membership keeps every bound over the live members on 1000 "
+          "random join/leave/death/restart schedules") {
+  // Workers join late (at the server clock), leave with bye, die mid-run (their node goes down:
+  // connections reset, no bye) and restart with the same id within the grace (keeping their
+  // place) or after it (joining again), or lose their links for a blip and reconnect.
+  // check_elastic_schedules checks every read against the bound over the members, that nobody
+  // deadlocks, the server clock's progress, and the servers' joins and departures against the
+  // schedule.
+  constexpr std::uint64_t n = 250;
+  const auto bsp = check_elastic_schedules<consistency::bsp>("bsp", 0, 900000, n);
+  const auto ssp1 = check_elastic_schedules<consistency::ssp<1>>("ssp<1>", 1, 910000, n);
+  const auto ssp3 = check_elastic_schedules<consistency::ssp<3>>("ssp<3>", 3, 920000, n);
+  const auto essp1 = check_elastic_schedules<consistency::essp<1>>("essp<1>", 1, 930000, n);
+  // The schedules reach each bound and every kind of event.
+  CHECK(ssp1.staleness.max() == 1);
+  CHECK(ssp3.staleness.max() == 3);
+  for (const auto* t : {&bsp, &ssp1, &ssp3, &essp1}) {
+    CHECK(t->late_joins > 0);
+    CHECK(t->deaths > 0);
+    CHECK(t->blips > t->blip_lost);
+    CHECK(t->within_grace > 0);
+    CHECK(t->after_grace > 0);
+    CHECK(t->required > 0);
+  }
 }
 
 TEST_CASE("simulation: transport semantics (FIFO, latency, close, refusal, link faults)") {
