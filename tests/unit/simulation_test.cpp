@@ -8,8 +8,8 @@
 // in the elastic runs by `clock_column_model` against the bound over the live members. A
 // failing schedule prints its policy and seed: replay it with
 // `simulate<Policy>(random_config(seed, bound))` or
-// `simulate_elastic<Policy>(random_elastic_config(seed, bound))`. The whole file runs in ~4 s
-// at -O2 (the elastic schedules ~2 s).
+// `simulate_elastic<Policy>(random_elastic_config(seed, bound))`. The whole file runs in ~2 s
+// at -O2, the elastic schedules about a sixth of it.
 #include <algorithm>
 #include <array>
 #include <bitset>
