@@ -79,16 +79,17 @@ class basic_worker {
   basic_worker(const basic_worker&) = delete;
   basic_worker& operator=(const basic_worker&) = delete;
 
-  /// Runs `clocks` iterations of pull -> gradient -> push -> clock, then closes its
-  /// connections. Completes with success, or: the code of a server's refusal (its error
-  /// frame's `seq`, the reason logged escaped, at most 200 bytes): `errc::bad_sender` (id >=
-  /// num_workers), `errc::duplicate_worker`, `errc::policy_mismatch`, `errc::layout_mismatch`
-  /// (the log names each differing table, both sides' rows x width), `errc::non_finite_value`
-  /// (a NaN or infinite push refused mid-run), `errc::non_finite_update` (a finite push that
-  /// would have made a parameter non-finite, refused whole mid-run), ...; `errc::server_lost` (a
-  /// connection failed and the recovery policy gave up), `errc::timeout` (no fresh rows, or no ack
-  /// of pending pushes, within `wait_timeout`; the log names the clock waited for, the shard, its
-  /// server clock and the slowest worker when the server reported it), `errc::bad_gradient`
+  /// Runs `clocks` iterations of pull -> gradient -> push -> clock (fewer when its clock
+  /// reaches `worker_options::end_clock` first), then closes its connections. Completes with
+  /// success, or: the code of a server's refusal (its error frame's `seq`, the reason logged
+  /// escaped, at most 200 bytes): `errc::bad_sender` (id >= num_workers), `errc::duplicate_worker`,
+  /// `errc::policy_mismatch`, `errc::layout_mismatch` (the log names each differing table, both
+  /// sides' rows x width), `errc::non_finite_value` (a NaN or infinite push refused mid-run),
+  /// `errc::non_finite_update` (a finite push that would have made a parameter non-finite, refused
+  /// whole mid-run), ...; `errc::server_lost` (a connection failed and the recovery policy gave
+  /// up), `errc::timeout` (no fresh rows, or no ack of pending pushes, within `wait_timeout`; the
+  /// log names the clock waited for, the shard, its server clock and the slowest worker when the
+  /// server reported it), `errc::bad_gradient`
   /// (`check_gradients`), `errc::unexpected_message` (a malformed handshake reply),
   /// `errc::not_head` (chain replication: no server of a shard accepted it within
   /// `connect_timeout`), `errc::shard_lost` (chain replication: every server holding a

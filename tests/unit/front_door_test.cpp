@@ -660,8 +660,9 @@ TEST_CASE("run_polling runs every handler, sleeps through a late timer, stops wh
   CHECK(posted == 6);
 }
 
-TEST_CASE("elastic membership over TCP: a worker killed mid-run leaves after the grace period, "
-          "the other trains on, and a late worker joins at the server clock") {
+TEST_CASE(
+    "elastic membership over TCP: a worker killed mid-run leaves after the grace period, "
+    "the other trains on, and a late worker joins at the server clock and stops at end_clock") {
   for (const bool elastic : {true, false}) {
     CAPTURE(elastic);
     asio::io_context io(1);
@@ -697,12 +698,16 @@ TEST_CASE("elastic membership over TCP: a worker killed mid-run leaves after the
     auto o0 = options(0);
     o0.on_clock = [&](const clock_report& r) {
       if (!elastic || r.clock != 20 || late) return;
-      late.emplace(t2, m2, options(2));  // a worker joins the running job
+      // A worker joins the running job; it trains to the job's end clock (40), however
+      // many clocks that leaves it.
+      auto o2 = options(2);
+      o2.end_clock = 40;
+      late.emplace(t2, m2, o2);
       ++running;
       asio::co_spawn(
           io,
           [&]() -> asio::awaitable<void> {
-            e2 = co_await late->async_run(10);
+            e2 = co_await late->async_run(1000);
             if (--running == 0) server.stop();
           },
           asio::detached);
@@ -747,7 +752,10 @@ TEST_CASE("elastic membership over TCP: a worker killed mid-run leaves after the
       CHECK(m0.own_write_violations == 0);
       REQUIRE(late.has_value());
       CHECK(!e2);
-      CHECK(m2.clock == 10);
+      CHECK(late->clock() == 40);  // stopped at end_clock, not after 1000 clocks
+      CHECK(m2.clock >= 10);       // it joined at the server clock (about 20)
+      CHECK(m2.clock <= 25);
+      CHECK(late->stats().clocks == static_cast<std::uint64_t>(m2.clock));
       CHECK(server.stats().joins == 3);
       CHECK(server.stats().departures >= 2);  // worker 1 (gone), and the finished ones' bye
       CHECK(any_line_has(server_log, "worker 1 leaves at clock 5: its connection has been gone"));

@@ -96,7 +96,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
     for (;;) {
       switch (pc_) {
         case pc::clock_begin:
-          if (ec_ || k_ >= clocks_) {
+          if (ec_ || k_ >= clocks_ || (opts_.end_clock && clock_ >= *opts_.end_clock)) {
             pc_ = pc::pending_begin;
             break;
           }
@@ -218,6 +218,17 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
             pc_ = pc::pending_begin;
             break;
           }
+          if (clock_ > c_) {
+            // A shard this worker had left welcomed it back at a later clock while it computed
+            // clock c_ (elastic membership): drop the gradient, counted, and go on at the clock
+            // the shard expects.
+            log("clock " + std::to_string(c_) + "'s gradient dropped: a shard took this worker "
+                "back at clock " + std::to_string(clock_));
+            ++stats_.dropped_clocks;
+            grad_ = buffer{};
+            pc_ = pc::clock_begin;
+            break;
+          }
           li_ = 0;
           ti_ = 0;
           pc_ = pc::pushes;
@@ -236,6 +247,8 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
               const table_id t = ti_++;
               if (auto m = make_push(l, t); m && l.up)
                 return {loop_step::send, l.shard, std::move(*m)};
+              else if (m)
+                l.unsent = true;
             }
           }
           ++clock_;
@@ -357,7 +370,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
   }
   bool has_pending() const noexcept {
     return std::any_of(links_.begin(), links_.end(), [&](const link& l) {
-      return worker_hooks::has_pending(recovery_, l.shard, l.up);
+      return (l.unsent && !l.up) || worker_hooks::has_pending(recovery_, l.shard, l.up);
     });
   }
   bool flow_blocked() const noexcept {

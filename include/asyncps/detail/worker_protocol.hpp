@@ -106,6 +106,12 @@ struct worker_options {
   /// the id, so a restarted worker's pushes are never taken for its old ones. Give a value
   /// only to keep the same incarnation across worker objects of one process.
   std::optional<std::uint64_t> incarnation{};
+  /// The clock at which the run ends even when fewer than `async_run`'s `clocks` have run:
+  /// the worker stops once its clock reaches this value. For a job with an end clock that
+  /// workers may join late (elastic membership: a joiner starts at the server clock, and a
+  /// restarted worker where its shard's clock stands), so that every member stops at the same
+  /// clock. Unset (the default): only `clocks` counts.
+  std::optional<clock_value> end_clock{};
   /// Called on the worker's executor after each clock (evaluation, progress). May be empty.
   std::function<void(const clock_report&)> on_clock{};
   log_function log{};  ///< connection events; empty: stderr
@@ -131,6 +137,10 @@ struct worker_stats {
   /// Of `lost_pushes`, those the server had acknowledged (strict chain replication: the tail
   /// had applied them) and yet were lost: with a whole shard (`errc::shard_lost`).
   std::uint64_t lost_acknowledged = 0;
+  /// Clocks whose gradient was dropped, not pushed: while it was computed a shard this worker
+  /// had left welcomed it back at a later clock (elastic membership; pushed under the old
+  /// clock the server refuses it, under the new one it would break the consistency bound).
+  std::uint64_t dropped_clocks = 0;
   /// VAP: clocks whose push waited for earlier updates to become visible, and how long.
   std::uint64_t value_waits = 0;
   double value_wait_seconds = 0;  ///< included in `wait_seconds`
@@ -172,6 +182,10 @@ class worker_protocol {
     bool joining = false;       ///< reconnected and greeted; the clock loop finishes the rejoin
     clock_value hello_clock = 0;
     bool gave_up = false;
+    /// Pushes were built for this link while it was down and not sent (the policy's `on_push`
+    /// may keep them); the run does not end before the link is up again, so that its welcome
+    /// counts the ones the server lacks (`worker_stats::lost_pushes`), or the policy gives up.
+    bool unsent = false;
     bool state_wanted = false;  ///< the server's welcome asked for replicas
     /// The recovery policy answered `continue_local` to this link's loss: train on from the
     /// cache while it is down (the gradient slices go to the part's `while_away` hook).
@@ -464,6 +478,7 @@ class worker_protocol {
     cache_.forget(s);
     ++stats_.reconnects;
     links_[s].up = true;
+    links_[s].unsent = false;
     links_[s].refused = false;
     log("rejoined server " + std::to_string(s) + " at clock " + std::to_string(clock_));
   }
