@@ -29,7 +29,10 @@
 #include <asio/ssl/stream.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/write.hpp>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/err.h>
+#include <sys/socket.h>
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/detail/asio_compat.hpp"
@@ -478,6 +481,7 @@ class tcp_transport {
     connection(tcp_transport& t, asio::ip::tcp::socket s, bool accepted) : transport_(&t) {
       std::error_code ignored;
       if (t.options_.no_delay) s.set_option(asio::ip::tcp::no_delay(true), ignored);
+      if (t.options_.keepalive) set_keepalive(s, *t.options_.keepalive);
       remote_ = s.remote_endpoint(ignored);
       if (t.tls_context_) {
         tls_ = std::make_unique<tls_stream>(std::move(s), *t.tls_context_);
@@ -486,6 +490,29 @@ class tcp_transport {
       }
       if (accepted && (!t.options_.secret.empty() || tls_)) auth_ = auth_state::listener_pending;
       accepted_ = accepted;
+    }
+    // Keepalive probes (and TCP_USER_TIMEOUT) on `s`; best effort: an option the platform
+    // lacks is left at its default.
+    static void set_keepalive(asio::ip::tcp::socket& s, const tcp_keepalive& k) noexcept {
+      std::error_code ignored;
+      s.set_option(asio::socket_base::keep_alive(true), ignored);
+#if defined(TCP_KEEPIDLE) && defined(TCP_KEEPINTVL) && defined(TCP_KEEPCNT)
+      const int fd = s.native_handle();
+      const int idle = static_cast<int>(std::max<std::int64_t>(1, k.idle.count()));
+      const int interval = static_cast<int>(std::max<std::int64_t>(1, k.interval.count()));
+      const int probes = std::max(1, k.probes);
+      ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+      ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+      ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+#if defined(TCP_USER_TIMEOUT)
+      if (k.user_timeout.count() > 0) {
+        const unsigned ms = static_cast<unsigned>(k.user_timeout.count());
+        ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+      }
+#endif
+#else
+      (void)k;
+#endif
     }
     bool needs_handshake() const noexcept { return tls_ || !transport_->options_.secret.empty(); }
     // Bytes read ahead and not parsed yet (none in a moved-from connection).

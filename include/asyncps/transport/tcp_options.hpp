@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -20,10 +21,33 @@
 
 namespace asyncps {
 
+/// Dead-peer detection by the kernel on every connection (`tcp_options::keepalive`): TCP
+/// keepalive probes on a connection idle for `idle`, every `interval`, and the connection fails
+/// after `probes` unanswered ones; optionally TCP_USER_TIMEOUT. A peer whose host vanished
+/// (power loss, cable out, a network partition) closes no connection, and without this an idle
+/// connection to it stays open for hours (Linux's default keepalive starts after 2 h): a server
+/// would keep a vanished worker as a member (elastic membership: it leaves `grace` after its
+/// connection fails) and a worker would wait on a vanished server until its `silence_timeout`.
+/// Probes are empty segments: the cost is one small packet per `interval` on idle connections.
+struct tcp_keepalive {
+  std::chrono::seconds idle{3};      ///< idle time before the first probe (TCP_KEEPIDLE), >= 1 s
+  std::chrono::seconds interval{1};  ///< time between probes (TCP_KEEPINTVL), >= 1 s
+  int probes = 3;                    ///< unanswered probes that fail the connection (TCP_KEEPCNT)
+  /// TCP_USER_TIMEOUT: how long sent data may stay unacknowledged before the connection fails
+  /// (a peer that vanished while data was in flight to it, which keepalive does not probe).
+  /// When set it also replaces `interval * probes` as the keepalive deadline (Linux). 0: the
+  /// kernel's default (retransmissions for about 15 minutes).
+  std::chrono::milliseconds user_timeout{0};
+};
+
 /// Options of a `tcp_transport`.
 struct tcp_options {
-  wire_limits limits{};                                 ///< validation limits for received frames
-  bool no_delay = true;                                 ///< set TCP_NODELAY on every connection
+  wire_limits limits{};  ///< validation limits for received frames
+  bool no_delay = true;  ///< set TCP_NODELAY on every connection
+  /// Kernel keepalive on every connection (see `tcp_keepalive`): by default a vanished peer is
+  /// noticed within about 6 s of idleness (3 s + 3 probes 1 s apart). Unset: the kernel's
+  /// defaults (keepalive off).
+  std::optional<tcp_keepalive> keepalive = tcp_keepalive{};
   int listen_backlog = 128;                             ///< accept queue length
   std::size_t pool_cache_bytes = std::size_t{1} << 30;  ///< see `buffer_pool`
   /// The run's shared secret (`load_secret_file`). Non-empty: every connection, accepted or
