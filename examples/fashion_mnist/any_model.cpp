@@ -62,14 +62,22 @@ evaluation any_model::evaluate(const asyncps::parameter_view& p, const fashion::
 
 bool load_data(const config& c, fashion::dataset& train, fashion::dataset& test,
                std::vector<asyncps::table_spec>& layout) {
-  auto loaded = fashion::load_fashion_mnist(c.data);
+  // The layout depends on the model's flags only: a model over one blank example tells it.
+  fashion::dataset blank;
+  blank.images = asyncps::row_matrix::Zero(1, static_cast<Eigen::Index>(fashion::image_pixels));
+  blank.labels = {0};
+  const any_model probe(c, blank, 0, 1);
+  layout.assign(probe.tables().begin(), probe.tables().end());
+  if (c.role == "server" || c.role == "master") return true;  // servers train on no data
+  // A worker process keeps only its own part of the training set.
+  const fashion::partition part =
+      c.role == "worker" ? fashion::partition{c.worker_id, c.workers} : fashion::partition{};
+  auto loaded = fashion::load_fashion_mnist(c.data, part);
   if (!loaded) {
     std::cerr << "fashion_mnist: " << loaded.error().message << '\n';
     return false;
   }
   std::tie(train, test) = std::move(loaded).value();
-  const any_model probe(c, train, 0, 1);
-  layout.assign(probe.tables().begin(), probe.tables().end());
   return true;
 }
 

@@ -49,9 +49,11 @@ class any_model {
   std::unique_ptr<impl> impl_;
 };
 
-/// Loads Fashion-MNIST from `c.data` into `train` (60,000 images) and `test` (10,000), and the
-/// layout of the model `c` selects into `layout`. On a missing or bad file prints the error
-/// (it names the file) and returns false. Defined in any_model.cpp.
+/// The layout of the model `c` selects into `layout`, and Fashion-MNIST from `c.data` into
+/// `train` and `test` (10,000): for `--role all` the whole training set (60,000 images), for
+/// `--role worker` only the part worker `c.worker_id` of `c.workers` trains on
+/// (`dataset::first`), for `--role server|master` nothing. On a missing or bad file prints the
+/// error (it names the file) and returns false. Defined in any_model.cpp.
 bool load_data(const config& c, fashion::dataset& train, fashion::dataset& test,
                std::vector<asyncps::table_spec>& layout);
 

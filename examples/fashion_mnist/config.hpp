@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,23 @@ struct config {
   std::uint32_t slow_worker = 0;
   double slow_factor = 1;
   std::function<void()> on_first_clock{};  // called once, when worker 0 finishes its first clock
+  // Launchers (launch.cpp, docs/deploy.md): with no --role, the role, index and counts come from
+  // Slurm's, Open MPI's, torchrun's or DMLC's environment; servers publish their addresses at
+  // the rendezvous and workers look them up there.
+  std::string launcher = "auto";  // auto: read the environment when --role is not given; none
+  std::string rendezvous;         // host:port of the rendezvous (--rendezvous / the launcher's)
+  bool runs_rendezvous = false;   // this process serves the rendezvous (rank 0, DMLC scheduler)
+  std::string launched_by;        // the launcher whose environment gave the role; empty: flags
+  bool assign_index = false;      // DMLC: the rendezvous assigns the shard / worker id
+  // --role server with a rendezvous: called once the server listens, with its port; publishes
+  // the address and returns the shard to serve (the rendezvous may assign it), or nothing
+  // after printing why it failed (join_rendezvous sets it).
+  std::function<std::optional<std::uint32_t>(std::uint16_t port)> on_listening{};
+  // Elastic workers (--elastic, recovery none): --workers is the capacity of worker ids, the
+  // servers start once --min-workers joined, and a worker gone for --grace seconds leaves.
+  bool elastic = false;
+  std::uint32_t min_workers = 0;  // 0: --workers
+  double grace = 3;               // seconds
 };
 
 /// Fills the settings left at their "default" values (0, or < 0 for `decay_at`) with the ones
@@ -118,5 +136,20 @@ int train_chain(const config& c);          // --recovery chain (strict)
 int train_chain_relaxed(const config& c);  // --recovery chain-relaxed
 int train_replica_log(const config& c);    // --recovery replica-log
 int run_master(const config& c);           // --role master (train_chain.cpp)
+
+/// Launched runs (launch.cpp): fills the role, index, counts and rendezvous address from the
+/// launcher's environment when `--role` was not given (and `--launcher auto`), and prints this
+/// process's role and rank. Returns 0 to go on, or the exit status after printing the error.
+int apply_launcher(config& c, bool role_given, bool servers_given);
+/// Launched runs (launch.cpp): starts the rendezvous when this process serves it (it runs on
+/// a thread of its own until `stop_rendezvous`), then publishes this server's address there
+/// (`c.listen`, and `c.shard` when the rendezvous assigns it) or looks up the servers'
+/// addresses for this worker (`c.connect`, and `c.worker_id` when assigned). Returns 0 to go
+/// on, or the exit status after printing the error.
+int join_rendezvous(config& c);
+/// Stops the rendezvous this process serves (after training); no-op when none.
+void stop_rendezvous();
+/// --role scheduler (DMLC): serves the rendezvous until SIGINT or SIGTERM.
+int run_scheduler(config& c);
 
 }  // namespace fashion

@@ -50,9 +50,23 @@ inline constexpr std::uint32_t max_images = 1u << 24;
 struct dataset {
   asyncps::row_matrix images;        ///< `size() x 784` floats, pixel / 255, row-major
   std::vector<std::uint8_t> labels;  ///< `size()` class indices in [0, 10)
+  /// A part of a file (`load_idx` with a `partition`): the index in the file of example 0.
+  std::size_t first = 0;
+  /// A part of a file: the number of examples in the whole file; 0: this is the whole file.
+  std::size_t file_examples = 0;
 
-  /// Number of examples. Complexity: O(1).
+  /// Number of examples held. Complexity: O(1).
   std::size_t size() const noexcept { return labels.size(); }
+  /// Number of examples in the whole file these came from (`size()` for a whole file).
+  std::size_t file_size() const noexcept { return file_examples != 0 ? file_examples : size(); }
+};
+
+/// Part `index` of `count` of a file's examples: the contiguous, balanced split
+/// `asyncps::shard_range(n, index, count)` (the same split the models draw a worker's
+/// minibatches from). Precondition: `index < count`.
+struct partition {
+  std::uint32_t index = 0;
+  std::uint32_t count = 1;
 };
 
 // `load_error`, `load_result` and their ADL hooks live in examples/common/load_result.hpp.
@@ -161,9 +175,12 @@ inline load_result<void> expect_end(gz_reader& in, const std::filesystem::path& 
 
 }  // namespace detail
 
-/// Loads one image file and its label file (gzip-compressed IDX, see the top of this header).
+/// Loads one image file and its label file (gzip-compressed IDX, see the top of this header),
+/// or only the examples of `part` of them (gzip has no random access: the files are still
+/// decompressed whole, but only the part is kept, so memory grows with the part).
 ///
-/// Returns a `dataset` of `n` examples: `images` is `n x 784` with pixels scaled to [0, 1].
+/// Returns a `dataset` of `n` examples (or the part's: `first` and `file_examples` then say
+/// where it lies in the file): `images` is `n x 784` with pixels scaled to [0, 1].
 /// Errors: a `load_error` with code `asyncps::errc::bad_file` (condition `fatal`) and a message
 /// "<file>: ..." when a file is missing or unreadable, is not valid gzip, has a bad magic
 /// (2051 images / 2049 labels), an image size other than 28 x 28, a zero or implausible count,
@@ -173,7 +190,7 @@ inline load_result<void> expect_end(gz_reader& in, const std::filesystem::path& 
 /// Exceptions: `std::bad_alloc` only. Thread safety: reentrant.
 /// Complexity: O(n * 784) time; about 5 * n * 784 bytes at the peak.
 inline load_result<dataset> load_idx(const std::filesystem::path& images_gz,
-                                     const std::filesystem::path& labels_gz) {
+                                     const std::filesystem::path& labels_gz, partition part = {}) {
   detail::gz_reader images_in(images_gz);
   auto image_header = detail::read_header(images_in, images_gz, 4, 2051);
   if (!image_header) return image_header.error();
@@ -194,28 +211,43 @@ inline load_result<dataset> load_idx(const std::filesystem::path& images_gz,
                                              " images");
   }
 
-  // Pixels: read in chunks of whole images into a byte buffer that grows as data arrives.
+  if (part.count == 0 || part.index >= part.count) {
+    return detail::file_error(images_gz, "partition " + std::to_string(part.index) + " of " +
+                                             std::to_string(part.count) + " does not exist");
+  }
+  const auto keep = asyncps::shard_range(n, part.index, part.count);
+
+  // Pixels: read in chunks of whole images; only the images of `keep` stay, in a byte buffer
+  // that grows as data arrives.
   constexpr std::uint32_t chunk_images = 1024;
-  std::vector<unsigned char> pixels;
+  std::vector<unsigned char> pixels, scratch;
   for (std::uint32_t done = 0; done < n;) {
     const std::uint32_t want = std::min(chunk_images, n - done);
-    const std::size_t at = pixels.size();
-    pixels.resize(at + std::size_t{want} * image_pixels);
-    const long got = images_in.read(pixels.data() + at, std::size_t{want} * image_pixels);
+    const std::size_t bytes = std::size_t{want} * image_pixels;
+    scratch.resize(bytes);
+    const long got = images_in.read(scratch.data(), bytes);
     if (got < 0) {
       return detail::file_error(images_gz, "gzip error: " + images_in.error_text(images_gz));
     }
-    done += static_cast<std::uint32_t>(static_cast<std::size_t>(got) / image_pixels);
-    if (static_cast<std::size_t>(got) < std::size_t{want} * image_pixels) {
+    const auto whole = static_cast<std::uint32_t>(static_cast<std::size_t>(got) / image_pixels);
+    // The kept images of this chunk: [max(done, keep.begin), min(done + whole, keep.end)).
+    const std::uint32_t lo = std::max<std::uint32_t>(done, keep.begin);
+    const std::uint32_t hi = std::min<std::uint32_t>(done + whole, keep.end);
+    if (lo < hi) {
+      pixels.insert(pixels.end(), scratch.begin() + std::ptrdiff_t{lo - done} * image_pixels,
+                    scratch.begin() + std::ptrdiff_t{hi - done} * image_pixels);
+    }
+    done += whole;
+    if (static_cast<std::size_t>(got) < bytes) {
       return detail::file_error(images_gz, "truncated after " + std::to_string(done) + " of " +
                                                std::to_string(n) + " images");
     }
   }
   if (auto end = detail::expect_end(images_in, images_gz, n, "images"); !end) return end.error();
 
-  dataset out;
-  out.labels.resize(n);
-  const long got = labels_in.read(out.labels.data(), n);
+  // Labels: all of them are read and checked (a byte each), the part's are kept.
+  std::vector<std::uint8_t> labels(n);
+  const long got = labels_in.read(labels.data(), n);
   if (got < 0) {
     return detail::file_error(labels_gz, "gzip error: " + labels_in.error_text(labels_gz));
   }
@@ -224,17 +256,24 @@ inline load_result<dataset> load_idx(const std::filesystem::path& images_gz,
                                              std::to_string(n) + " labels");
   }
   for (std::uint32_t i = 0; i < n; ++i) {
-    if (out.labels[i] >= num_classes) {
-      return detail::file_error(labels_gz, "label " + std::to_string(out.labels[i]) + " at index " +
+    if (labels[i] >= num_classes) {
+      return detail::file_error(labels_gz, "label " + std::to_string(labels[i]) + " at index " +
                                                std::to_string(i) + " (expected < 10)");
     }
   }
   if (auto end = detail::expect_end(labels_in, labels_gz, n, "labels"); !end) return end.error();
 
+  dataset out;
+  const std::uint32_t kept = keep.end - keep.begin;
+  out.labels.assign(labels.begin() + keep.begin, labels.begin() + keep.end);
+  if (part.count > 1) {
+    out.first = keep.begin;
+    out.file_examples = n;
+  }
   out.images =
       Eigen::Map<
           const Eigen::Matrix<unsigned char, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>(
-          pixels.data(), n, static_cast<Eigen::Index>(image_pixels))
+          pixels.data(), kept, static_cast<Eigen::Index>(image_pixels))
           .cast<float>() *
       (1.0f / 255.0f);
   return out;
@@ -243,11 +282,13 @@ inline load_result<dataset> load_idx(const std::filesystem::path& images_gz,
 /// Loads the training and test sets from `dir`, which holds the four files
 /// `train-images-idx3-ubyte.gz`, `train-labels-idx1-ubyte.gz`, `t10k-images-idx3-ubyte.gz`,
 /// `t10k-labels-idx1-ubyte.gz` (the default directory is `default_data_dir()`).
-/// Returns {train (60,000 for Fashion-MNIST), test (10,000)}.
+/// Returns {train (60,000 for Fashion-MNIST, or the examples of `train_part` of them), test
+/// (10,000)}.
 /// Errors: the first `load_idx` failure, unchanged. Thread safety: reentrant.
-inline load_result<std::pair<dataset, dataset>>
-load_fashion_mnist(const std::filesystem::path& dir) {
-  auto train = load_idx(dir / "train-images-idx3-ubyte.gz", dir / "train-labels-idx1-ubyte.gz");
+inline load_result<std::pair<dataset, dataset>> load_fashion_mnist(const std::filesystem::path& dir,
+                                                                   partition train_part = {}) {
+  auto train =
+      load_idx(dir / "train-images-idx3-ubyte.gz", dir / "train-labels-idx1-ubyte.gz", train_part);
   if (!train) return train.error();
   auto test = load_idx(dir / "t10k-images-idx3-ubyte.gz", dir / "t10k-labels-idx1-ubyte.gz");
   if (!test) return test.error();

@@ -258,8 +258,29 @@ int main(int argc, char** argv) {
   CLI::App app{"Train Fashion-MNIST with asyncps parameter servers and workers over TCP"};
   app.add_option("--role", c.role,
                  "all: servers and workers in this process; master: the chain master "
-                 "(--recovery chain)")
-      ->check(CLI::IsMember({"all", "server", "worker", "master"}));
+                 "(--recovery chain); scheduler: only the rendezvous (--rendezvous). Default: "
+                 "from the launcher's environment (--launcher), else all")
+      ->check(CLI::IsMember({"all", "server", "worker", "master", "scheduler"}));
+  app.add_option("--launcher", c.launcher,
+                 "auto: without --role, take the role, rank and counts from the environment of "
+                 "Slurm (srun), Open MPI (mpirun), torchrun or DMLC (ps-lite/BytePS): ranks < "
+                 "--servers serve, the others train (docs/deploy.md); none: ignore it")
+      ->check(CLI::IsMember({"auto", "none"}));
+  app.add_option("--rendezvous", c.rendezvous,
+                 "host:port of the job's rendezvous, where servers publish their addresses and "
+                 "workers look them up (instead of --listen/--connect lists; default: the "
+                 "launcher's, or $ASYNCPS_RENDEZVOUS)");
+  app.add_flag("--elastic", c.elastic,
+               "workers may join and leave the running job (recovery none): --workers is the "
+               "capacity of worker ids, training starts once --min-workers joined, a worker "
+               "whose connection is gone for --grace seconds leaves, and a restarted one "
+               "rejoins (docs/concepts/membership.md)");
+  app.add_option("--min-workers", c.min_workers,
+                 "--elastic: workers that must join before the clock moves (default --workers)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--grace", c.grace,
+                 "--elastic: seconds a worker's connection may be gone before it leaves")
+      ->check(CLI::PositiveNumber);
   app.add_option("--model", c.model, "mlp (784-128-10, default) or softmax regression")
       ->check(CLI::IsMember({"softmax", "mlp"}));
   app.add_option("--consistency", c.consistency)
@@ -375,6 +396,12 @@ int main(int argc, char** argv) {
   });
   CLI11_PARSE(app, argc, argv);
 
+  // Launched by Slurm, Open MPI, torchrun or DMLC: role, index, counts and the rendezvous.
+  if (const int rc =
+          fashion::apply_launcher(c, app.count("--role") > 0, app.count("--servers") > 0);
+      rc != 0)
+    return rc;
+
   if (c.role == "server" && c.shard >= c.servers) {
     std::cerr << "fashion_mnist: --shard must be < --servers (" << c.servers << ")\n";
     return 2;
@@ -385,7 +412,7 @@ int main(int argc, char** argv) {
   }
   const bool chain = c.recovery.rfind("chain", 0) == 0;
   const std::uint32_t per_shard = chain ? c.replicas : 1;
-  if (c.role == "worker" && c.connect.size() != c.servers * per_shard) {
+  if (c.role == "worker" && c.rendezvous.empty() && c.connect.size() != c.servers * per_shard) {
     std::cerr << "fashion_mnist: --connect needs "
               << (chain ? "every server of every shard" : "one host:port per shard") << " ("
               << c.servers * per_shard << " host:port)\n";
@@ -432,6 +459,31 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (c.elastic || app.count("--min-workers") > 0 || app.count("--grace") > 0) {
+    const char* bad = nullptr;
+    if (!c.elastic)
+      bad = "--min-workers and --grace need --elastic";
+    else if (c.recovery != "none")
+      bad = "--elastic needs --recovery none (the recovery policies keep a fixed worker set)";
+    else if (c.groups >= 2)
+      bad = "--elastic does not combine with --groups";
+    else if (c.min_workers > c.workers)
+      bad = "--min-workers must be <= --workers";
+    if (bad != nullptr) {
+      std::cerr << "fashion_mnist: " << bad << '\n';
+      return 2;
+    }
+  }
+  if (!c.rendezvous.empty() && chain) {
+    std::cerr << "fashion_mnist: --rendezvous does not combine with --recovery " << c.recovery
+              << " (chain members need --chain and --master)\n";
+    return 2;
+  }
+  if (c.role == "scheduler" && c.rendezvous.empty()) {
+    std::cerr << "fashion_mnist: --role scheduler needs --rendezvous host:port (the address "
+                 "it serves)\n";
+    return 2;
+  }
   if (c.recovery != "replica-log" &&
       (app.count("--replica-interval") > 0 || app.count("--server-report") > 0)) {
     std::cerr << "fashion_mnist: --replica-interval and --server-report need --recovery "
@@ -507,6 +559,13 @@ int main(int argc, char** argv) {
   }
 
   try {
+    if (c.role == "scheduler") return fashion::run_scheduler(c);
+    if (!c.rendezvous.empty() && (c.role == "server" || c.role == "worker")) {
+      if (const int rc = fashion::join_rendezvous(c); rc != 0) return rc;
+      const int rc = train(c);
+      fashion::stop_rendezvous();
+      return rc;
+    }
     if (c.kill_at.empty()) return train(c);
     // Servers as child processes: the same command line, minus the fault flags.
     std::vector<std::string> base{argv[0]};

@@ -48,11 +48,17 @@ class minibatch_sampler {
                     [](std::uint8_t y) { return y >= num_classes; })) {
       throw std::invalid_argument("fashion model: a training label is >= 10");
     }
+    // The shard is a range of the whole file's examples; `train` may hold only a part of the
+    // file (`dataset::first`), which must cover the shard.
     const auto range =
-        asyncps::shard_range(static_cast<std::uint32_t>(train.size()), shard, num_shards);
+        asyncps::shard_range(static_cast<std::uint32_t>(train.file_size()), shard, num_shards);
     if (range.empty()) throw std::invalid_argument("fashion model: the shard is empty");
+    if (range.begin < train.first || range.end > train.first + train.size())
+      throw std::invalid_argument("fashion model: the training data loaded does not hold the "
+                                  "worker's shard");
     order_.resize(range.size());
-    for (std::uint32_t i = 0; i < range.size(); ++i) order_[i] = range.begin + i;
+    for (std::uint32_t i = 0; i < range.size(); ++i)
+      order_[i] = static_cast<std::uint32_t>(range.begin - train.first + i);
     // splitmix64 of (seed, shard): distinct, well-mixed streams per worker.
     std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (std::uint64_t{shard} + 1);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -194,6 +194,11 @@ inline asyncps::server_options server_opts(const config& c, std::uint32_t shard,
   o.num_workers = c.workers;
   o.tables.assign(layout.begin(), layout.end());
   o.seed = c.seed;
+  if (c.elastic) {  // --workers is a capacity; members join and leave
+    o.elastic = asyncps::membership_options{
+        .start_members = c.min_workers != 0 ? c.min_workers : c.workers,
+        .grace = std::chrono::milliseconds(static_cast<long long>(c.grace * 1000))};
+  }
   return o;
 }
 
@@ -438,11 +443,10 @@ int run(const config& c, Optimizer opt) {
   using server_t = server_type<Consistency, Optimizer, Recovery>;
   using worker_t = worker_type<Consistency, Recovery>;
   // Data: workers need the training set; the evaluating worker also the test set.
-  const bool need_data = c.role != "server";
+  // (a server process loads none, a worker process only its part: load_data).
   fashion::dataset train, test;
   std::vector<asyncps::table_spec> layout;
   if (!load_data(c, train, test, layout)) return 2;
-  if (!need_data) train = {};
 
   asio::io_context io(2);
   const unsigned threads = c.role == "all" ? 2 : 1;
@@ -481,7 +485,8 @@ int run(const config& c, Optimizer opt) {
   if (!chain && ((c.role == "all" && !c.external_servers) || c.role == "server")) {
     const std::uint32_t first = c.role == "all" ? 0 : c.shard;
     const std::uint32_t last = c.role == "all" ? c.servers : c.shard + 1;
-    for (std::uint32_t s = first; s < last; ++s) {
+    for (std::uint32_t k = first; k < last; ++k) {
+      std::uint32_t s = k;  // the shard (the rendezvous may assign another)
       auto ep = asyncps::parse_tcp_endpoint(c.role == "all" ? "127.0.0.1:0" : c.listen);
       if (!ep) {
         std::cerr << "fashion_mnist: --listen: expected host:port, got '" << c.listen << "'\n";
@@ -496,6 +501,11 @@ int run(const config& c, Optimizer opt) {
         return 2;
       }
       endpoints.push_back(acc.value().local_endpoint());
+      if (c.role == "server" && c.on_listening) {  // publish the address at the rendezvous
+        const auto shard = c.on_listening(endpoints.back().port());
+        if (!shard) return 2;
+        s = *shard;
+      }
       auto so = server_opts(c, s, layout);
       std::function<void(bool)> tick;
       if constexpr (std::is_same_v<Recovery, asyncps::recovery::replica_log>) {
@@ -510,8 +520,11 @@ int run(const config& c, Optimizer opt) {
       }
       auto& srv = servers.emplace_back(std::make_unique<server_t>(*t, so, opt, std::move(part)));
       if (reporter) reporter->attach(*srv);
+      // Elastic: the job ends once the workers needed to start have come and every member
+      // has left again (the capacity need not be filled).
+      const std::uint32_t until_seen = c.elastic && c.min_workers != 0 ? c.min_workers : c.workers;
       asio::co_spawn(t->get_executor(),
-                     serve_until_done(*srv, std::move(acc).value(), c.workers, std::move(tick)),
+                     serve_until_done(*srv, std::move(acc).value(), until_seen, std::move(tick)),
                      asio::detached);
       if (c.role == "server")
         std::cout << "server " << s << " of " << c.servers << " listening on " << endpoints.back()
@@ -538,7 +551,7 @@ int run(const config& c, Optimizer opt) {
 
   // Workers of this process.
   const double epochs = c.epochs;
-  const auto shard_size = train.size() / c.workers;
+  const auto shard_size = train.file_size() / c.workers;
   const auto clocks = static_cast<std::uint64_t>(epochs * static_cast<double>(shard_size) /
                                                  static_cast<double>(c.batch));
   std::vector<std::unique_ptr<asyncps::tcp_transport>> worker_transports;
@@ -561,6 +574,9 @@ int run(const config& c, Optimizer opt) {
       o.replicas = replicas;
       o.local_step = opt.local_step();  // read-my-writes (exact for SGD)
       o.connect_timeout = std::chrono::seconds(30);
+      // Elastic: a worker that joins late, or rejoins after a restart, trains to the job's
+      // end clock, not a full run from where it joined.
+      if (c.elastic) o.end_clock = static_cast<asyncps::clock_value>(clocks);
       // The first worker of this process reports progress and evaluates; `samples` counts
       // every worker's (in separate processes each worker reports for all, assuming equal speed).
       const std::uint64_t per_clock = std::uint64_t{c.batch} * (c.role == "all" ? 1 : c.workers);

@@ -18,11 +18,15 @@
 #              connection to the old one stays silently open, and stop with errc::timeout
 #              after worker_options::wait_timeout, 60 s): docs/multi-host.md. Not run by
 #              ctest (DISABLED) until the workers detect a silent server.
+#   worker-gone elastic workers (--elastic, recovery none), 1 server host and 2 worker hosts:
+#              worker 1's cable is pulled for good mid-run. Its connection stays open and
+#              silent; the server's TCP keepalive (tcp_options::keepalive, ~6 s) fails it, the
+#              worker leaves after its --grace, and worker 0 trains on to the end.
 #
 # Every namespace, veth pair and qdisc is removed on exit (trap), also on failure. Exits 77
 # (ctest's skip) with one line where namespaces cannot be made (not root, no CAP_NET_ADMIN, no
 # iproute2, an unprivileged container).
-# Usage: netns_e2e.sh /path/to/fashion_mnist basic|link-down|chain-flap|chain-gone
+# Usage: netns_e2e.sh /path/to/fashion_mnist basic|link-down|chain-flap|chain-gone|worker-gone
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$1"
@@ -180,8 +184,46 @@ chain-flap | chain-gone)
   fi
   wait_workers "$first_worker" 150
   ;;
+worker-gone)
+  netns_host s0 0 "$rate"
+  netns_host w0 2 "$rate"
+  netns_host w1 3 "$rate"
+  common+=(--servers 1 --workers 2 --epochs 20 --elastic --grace 1)
+  netns_spawn s0 "$dir/s0.log" "$bin" "${common[@]}" --role server --shard 0 \
+    --listen "$(netns_addr s0):$port" --metrics /dev/null
+  pids+=("$netns_pid")
+  wait_listening s0
+  first_worker=${#pids[@]}
+  for w in 0 1; do
+    netns_spawn "w$w" "$dir/w$w.log" "$bin" "${common[@]}" --role worker --worker-id "$w" \
+      --connect "$(netns_addr s0):$port" --metrics "$dir/w$w.jsonl"
+    pids+=("$netns_pid")
+  done
+  for _ in $(seq 300); do
+    [[ -s "$dir/w0.jsonl" ]] && break
+    sleep 0.1
+  done
+  [[ -s "$dir/w0.jsonl" ]] || fail "worker 0 did not start training within 30 s"
+  sleep 1
+  netns_link w1 down
+  down_at=$SECONDS
+  echo "netns_e2e($mode): worker 1's link down for good"
+  for _ in $(seq 300); do
+    grep -q 'worker 1 leaves' "$dir/s0.log" && break
+    sleep 0.1
+  done
+  grep -q 'worker 1 leaves' "$dir/s0.log" || fail "worker 1 did not leave within 30 s"
+  echo "netns_e2e($mode): the server let worker 1 go $((SECONDS - down_at)) s after its link went down"
+  # Worker 0 alone: wait for it only (worker 1 is cut off; killed at the end).
+  pids_w0=("${pids[@]:0:$((first_worker + 1))}")
+  last=$(( ${#pids[@]} - 1 ))
+  w1_pid="${pids[$last]}"
+  pids=("${pids_w0[@]}")
+  wait_workers "$first_worker" 150
+  pids+=("$w1_pid")
+  ;;
 *)
-  echo "netns_e2e: unknown mode '$mode' (basic, link-down, chain-flap, chain-gone)"
+  echo "netns_e2e: unknown mode '$mode' (basic, link-down, chain-flap, chain-gone, worker-gone)"
   exit 2
   ;;
 esac
@@ -191,7 +233,7 @@ for f in "$dir"/*.log; do echo "---- $(basename "$f")"; grep -v 'cannot connect'
 acc="$(accuracy "$dir/w0.log")"
 [[ -n "$acc" ]] || fail "worker 0 printed no final accuracy"
 awk -v a="$acc" 'BEGIN { exit !(a + 0 >= 0.78) }' || fail "final accuracy $acc < 0.78"
-if [[ "$mode" != basic ]]; then
+if [[ "$mode" != basic && "$mode" != worker-gone ]]; then
   # The stall the outage caused: the longest gap between worker 0's evaluations (one every
   # 0.25 epochs, about 0.15 s apart without a fault).
   gap="$(sed -n 's/.*"time_s":\([0-9.e+-]*\).*/\1/p' "$dir/w0.jsonl" |

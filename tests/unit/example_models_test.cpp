@@ -311,6 +311,49 @@ TEST_CASE("load_idx reads a well-formed pair of files") {
   CHECK(d.images(2, 783) == doctest::Approx(static_cast<float>((2 * 784 + 783) % 256) / 255.0f));
 }
 
+TEST_CASE("load_idx with a partition keeps only that part, and a model over it trains as over "
+          "the whole file") {
+  const temp_dir dir;
+  const auto images = dir.path / "images.gz";
+  const auto labels = dir.path / "labels.gz";
+  constexpr std::uint32_t n = 2500;  // several 1024-image read chunks
+  std::vector<unsigned char> ys(n);
+  for (std::uint32_t i = 0; i < n; ++i) ys[i] = static_cast<unsigned char>((i * 7) % 10);
+  write_gz(images, image_bytes(2051, n, std::size_t{n} * 784));
+  write_gz(labels, label_bytes(2049, n, ys));
+  const auto whole = fashion::load_idx(images, labels);
+  REQUIRE(whole.has_value());
+  CHECK(whole.value().first == 0);
+  CHECK(whole.value().file_size() == n);
+  for (std::uint32_t part = 0; part < 3; ++part) {
+    CAPTURE(part);
+    const auto r = fashion::load_idx(images, labels, {part, 3});
+    REQUIRE_MESSAGE(r.has_value(), (r.has_error() ? r.error().message : std::string()));
+    const auto& d = r.value();
+    const auto range = asyncps::shard_range(n, part, 3);
+    CHECK(d.first == range.begin);
+    CHECK(d.size() == range.size());
+    CHECK(d.file_size() == n);
+    CHECK(d.images == whole.value().images.middleRows(range.begin, range.size()));
+    CHECK(std::equal(d.labels.begin(), d.labels.end(), whole.value().labels.begin() + range.begin));
+    // A worker's model over its part draws the same minibatches as over the whole file.
+    fashion::softmax_model over_part(d, part, 3, 16, 5), over_whole(whole.value(), part, 3, 16, 5);
+    std::vector<float> params(asyncps::layout_size(over_part.tables()), 0.01f);
+    std::vector<float> g1(params.size()), g2(params.size());
+    const asyncps::parameter_view p(over_part.tables(), params.data());
+    asyncps::gradient_view v1(over_part.tables(), g1.data()), v2(over_part.tables(), g2.data());
+    for (int step = 0; step < 60; ++step) {  // > 1 epoch of the part (833 or 834 examples)
+      CHECK(over_part.compute_gradient(p, v1) == over_whole.compute_gradient(p, v2));
+      REQUIRE(g1 == g2);
+    }
+    // Another worker's shard is not in this part.
+    CHECK_THROWS_AS(fashion::softmax_model(d, (part + 1) % 3, 3, 16, 5), std::invalid_argument);
+  }
+  const auto bad = fashion::load_idx(images, labels, {3, 3});
+  REQUIRE(bad.has_error());
+  CHECK(contains(bad.error().message, "partition 3 of 3 does not exist"));
+}
+
 TEST_CASE("load_idx reports what is wrong and with which file") {
   const temp_dir dir;
   const auto images = dir.path / "images.gz";
