@@ -351,7 +351,8 @@ TEST_CASE_TEMPLATE("rendezvous: lookups wait for the last shard, then the direct
     // Shard 1 announces by index (port 7001); the lookup still waits.
     auto [ec1, a1] = co_await async_announce_server(env.client_t, env.root, 1u, 7001, 5s,
                                                     env.announce_host, to(client_log));
-    REQUIRE_MESSAGE(!ec1, ec1.message() << "\n" << joined(client_log) << joined(rv_log));
+    const std::string why1 = ec1.message() + "\n" + joined(client_log) + joined(rv_log);
+    REQUIRE_MESSAGE(!ec1, why1);
     CHECK(a1.shard == 1);
     CHECK(a1.num_servers == 2);
     CHECK(a1.num_workers == 3);
@@ -364,7 +365,8 @@ TEST_CASE_TEMPLATE("rendezvous: lookups wait for the last shard, then the direct
     auto [ec0, a0] =
         co_await async_announce_server(env.client_t, env.root, std::nullopt, 7000, 5s,
                                        env.announce_host == "" ? "" : "node-b", to(client_log));
-    REQUIRE_MESSAGE(!ec0, ec0.message() << "\n" << joined(client_log));
+    const std::string why0 = ec0.message() + "\n" + joined(client_log);
+    REQUIRE_MESSAGE(!ec0, why0);
     CHECK(a0.shard == 0);
     CHECK(rv.complete());
     const std::string addr0 = (env.announce_host == "" ? env.published : "node-b") + ":7000";
@@ -604,7 +606,8 @@ TEST_CASE_TEMPLATE("rendezvous: malformed, oversized or invalid requests get an 
     auto conn = std::move(c);
     REQUIRE(!(co_await conn.async_send(std::move(m))));
     auto [rec, reply] = co_await conn.async_receive();
-    REQUIRE_MESSAGE(!rec, rec.message());
+    const std::string receive_error = rec.message();
+    REQUIRE_MESSAGE(!rec, receive_error);
     REQUIRE(reply.header.type == message_type::error);
     protocol::error e;
     std::string why;
