@@ -18,6 +18,7 @@
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/recovery/stateless.hpp"
+#include "asyncps/rendezvous.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/run_loop.hpp"
 #include "asyncps/secret.hpp"

@@ -91,11 +91,16 @@ enum class errc {
   /// certificate is missing or not signed by `tls_options::ca_file`, or it refused this node's
   /// certificate (`tcp_transport::connection::tls_failure()` gives OpenSSL's reason)
   tls_handshake_failed,
+  /// (fatal) the rendezvous refused a request that is valid on the wire but not for this job:
+  /// a shard index >= its `num_servers`, a worker id >= its `num_workers`, no free shard or
+  /// worker id left, or an announce without a host over a transport that knows no peer
+  /// addresses (the `error` frame's reason names the values; asyncps/rendezvous.hpp)
+  rendezvous_refused,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::tls_handshake_failed;
+inline constexpr errc last_errc = errc::rendezvous_refused;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -193,6 +198,9 @@ class error_category_impl final : public std::error_category {
       case errc::tls_handshake_failed:
         return "TLS handshake failed: the peer does not speak TLS, or one side's certificate "
                "is missing or not signed by the other's CA";
+      case errc::rendezvous_refused:
+        return "the rendezvous refused the request: a shard or worker id outside the job's "
+               "counts, none left to assign, or no address to publish";
     }
     return "unknown asyncps error";
   }
@@ -261,7 +269,7 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
                e == errc::bad_gradient || e == errc::non_finite_update ||
                e == errc::authentication_required || e == errc::weak_secret ||
                e == errc::insecure_secret_file || e == errc::shard_lost ||
-               e == errc::tls_setup_failed;
+               e == errc::tls_setup_failed || e == errc::rendezvous_refused;
     }
     return false;
   }

@@ -26,8 +26,8 @@
 // followed by row_count x width float32 (little-endian IEEE-754); a backlog push has a 16-byte
 // prefix before the floats (clocks u64, 8 zero bytes); pull = keys (sparse) or nothing
 // (range); state = an encoded shard state (detail/shard_state_codec.hpp); hello, welcome, error,
-// report, chain_hello, chain_config = the typed messages of protocol.hpp; clock, ack,
-// heartbeat, bye = nothing.
+// report, chain_hello, chain_config, order, announce, assigned, directory = the typed messages
+// of protocol.hpp; clock, ack, heartbeat, bye, commit, replay, lookup = nothing.
 #pragma once
 
 #include <array>
@@ -90,8 +90,29 @@ enum class message_type : std::uint8_t {
   replay,  ///< worker -> server: the next message is its logged entry of position `seq` (flag
            ///< `state`: no entry follows, its replay is complete; `seq` = the newest stable
            ///< position it knows)
+  // --- rendezvous (asyncps/rendezvous.hpp): only a rendezvous and its clients send these ---
+  announce,   ///< server -> rendezvous: the shard it serves (header `sender`,
+              ///< `protocol::any_id`: assign one) and where it listens (`protocol::announce`)
+  assigned,   ///< rendezvous -> server: the reply to an announce (`protocol::assigned`)
+  lookup,     ///< client -> rendezvous: asks for the directory; header `sender` = the worker id
+              ///< it wants (`protocol::any_id`: assign one; `protocol::no_worker_id`: none)
+  directory,  ///< rendezvous -> client: every shard's address, in shard order
+              ///< (`protocol::directory`)
 };
-inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::replay);
+inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::directory);
+
+/// Rendezvous limits (docs/wire-format.md, "Rendezvous"): an announced host is at most 255
+/// bytes, and a directory lists at most 4096 shards.
+inline constexpr std::size_t max_host_bytes = 255;
+inline constexpr std::uint32_t max_directory_servers = 4096;
+/// Payload bytes of an `announce` with no host and of a `directory` with no shards; of an
+/// `assigned`; and the most a `directory` may have (each entry: port u16, host length u8,
+/// host).
+inline constexpr std::uint64_t announce_min_bytes = 4;
+inline constexpr std::uint64_t assigned_bytes = 12;
+inline constexpr std::uint64_t directory_min_bytes = 12;
+inline constexpr std::uint64_t directory_max_bytes =
+    directory_min_bytes + std::uint64_t{max_directory_servers} * (3 + max_host_bytes);
 
 /// Bytes before the floats of a backlog push (flag `backlog`): the number of clocks it sums
 /// (u64), then 8 zero bytes (so the floats stay 16-byte aligned).
@@ -151,8 +172,8 @@ constexpr std::uint64_t key_bytes(std::uint32_t row_count) noexcept {
 }
 
 /// The payload size a header implies for fixed-shape messages, or -1 when it is variable
-/// (hello/welcome/error/state, bounded by `validate_header`). Used to reject `payload_bytes`
-/// that disagree with the shape.
+/// (hello/welcome/error/state/announce/directory, bounded by `validate_header`). Used to reject
+/// `payload_bytes` that disagree with the shape.
 constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
   const std::uint64_t keys = h.has(frame_flags::range) ? 0 : key_bytes(h.row_count);
   const std::uint64_t floats = std::uint64_t{h.row_count} * h.width * 4;
@@ -166,6 +187,9 @@ constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
     case message_type::order:
     case message_type::chain_hello: return 16;
     case message_type::chain_config: return 24;
+    case message_type::assigned: return static_cast<std::int64_t>(assigned_bytes);
+    case message_type::announce:
+    case message_type::directory:
     case message_type::hello:
     case message_type::welcome:
     case message_type::error:
@@ -226,7 +250,9 @@ inline frame_header decode_header(std::span<const std::byte, header_size> in) no
 
 /// Validates every header field that can be checked without knowing the receiver's tables:
 /// magic, version, type, flags (`payload_unchecked` never on a `state`), limits, and that
-/// `payload_bytes` matches the shape.
+/// `payload_bytes` matches the shape. An `announce` or `directory` larger than its bound
+/// (`max_host_bytes`, `max_directory_servers`) is `frame_too_large`, so a receiver reads at most
+/// that much of it.
 /// Errors: `errc::bad_magic`, `unsupported_version`, `bad_message_type`, `bad_flags`,
 /// `frame_too_large`, `too_many_rows`, `bad_width`, `payload_size_mismatch`.
 /// Complexity: O(1). Thread safety: pure.
@@ -246,6 +272,14 @@ inline std::error_code validate_header(const frame_header& h, const wire_limits&
       (h.type == message_type::welcome &&
        h.payload_bytes > 24 + std::uint64_t{lim.max_tables} * 16))
     return errc::too_many_rows;
+  // A rendezvous message's layout: an announce's host is at most max_host_bytes, a directory
+  // lists at most max_directory_servers shards.
+  if ((h.type == message_type::announce && h.payload_bytes > announce_min_bytes + max_host_bytes) ||
+      (h.type == message_type::directory && h.payload_bytes > directory_max_bytes))
+    return errc::frame_too_large;
+  if ((h.type == message_type::announce && h.payload_bytes < announce_min_bytes) ||
+      (h.type == message_type::directory && h.payload_bytes < directory_min_bytes))
+    return errc::payload_size_mismatch;
   if (h.width > lim.max_width) return errc::bad_width;
   const std::int64_t expected = expected_payload_bytes(h);
   if (expected >= 0 && static_cast<std::uint64_t>(expected) != h.payload_bytes)

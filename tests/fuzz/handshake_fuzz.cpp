@@ -1,10 +1,12 @@
 // libFuzzer target `handshake`: the typed control messages of protocol.hpp. Input: frames as
 // fuzz_support.hpp reads them; each frame that a transport would accept is given to every
-// decoder (hello, welcome, error, report, chain_hello, chain_config, order).
+// decoder (hello, welcome, error, report, chain_hello, chain_config, order, and the rendezvous's
+// announce, assigned, lookup, directory).
 //
 // Invariants (abort on violation): a decoder accepts only its own message type; what it
-// accepts re-encodes to the same payload bytes and the same header fields (type, sender, clock
-// where the message carries one, flags); decoded values respect the documented ranges.
+// accepts re-encodes to the same payload bytes and the same header fields (type, sender where
+// the message carries one, clock where it carries one, flags); decoded values respect the
+// documented ranges.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -28,7 +30,8 @@ bool same_payload(const message& a, const message& b) {
 
 // Decodes `m` as a `T`; when that succeeds, re-encodes it and compares.
 template <class T>
-void round_trip(const message& m, message_type type, bool carries_clock, bool carries_state) {
+void round_trip(const message& m, message_type type, bool carries_clock, bool carries_state,
+                bool carries_sender = true) {
   T out{};
   std::string detail;
   if (protocol::decode(m, out, detail)) {
@@ -38,7 +41,7 @@ void round_trip(const message& m, message_type type, bool carries_clock, bool ca
   require(m.header.type == type, "a decoder accepts only its own message type");
   message back = protocol::encode(out, fuzz::allocate);
   require(back.header.type == type, "the encoder writes the type");
-  require(back.header.sender == m.header.sender, "sender round-trips");
+  if (carries_sender) require(back.header.sender == m.header.sender, "sender round-trips");
   if (carries_clock) require(back.header.clock == m.header.clock, "clock round-trips");
   if (carries_state)
     require(back.header.has(frame_flags::state) == m.header.has(frame_flags::state),
@@ -49,6 +52,19 @@ void round_trip(const message& m, message_type type, bool carries_clock, bool ca
   }
   if constexpr (std::is_same_v<T, protocol::report>) {
     require(out.server_clock >= 0 && out.slowest_clock >= 0, "report clocks are not negative");
+  }
+  if constexpr (std::is_same_v<T, protocol::announce>) {
+    require(out.port != 0 && out.host.size() <= max_host_bytes, "announce port and host bounds");
+    require(out.host.empty() || protocol::valid_host(out.host), "an announced host is valid");
+  }
+  if constexpr (std::is_same_v<T, protocol::assigned>) {
+    require(out.shard < out.num_servers, "an assigned shard is one of the shards");
+  }
+  if constexpr (std::is_same_v<T, protocol::directory>) {
+    require(!out.servers.empty() && out.servers.size() <= max_directory_servers,
+            "a directory lists 1 to max_directory_servers shards");
+    for (const auto& s : out.servers)
+      require(s.port != 0 && protocol::valid_host(s.host), "directory entries are addresses");
   }
   if constexpr (std::is_same_v<T, protocol::hello>) {
     require(out.layout.size() <= m.payload.size() / 8, "a hello's layout fits its payload");
@@ -98,6 +114,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     round_trip<protocol::chain_hello>(m, message_type::chain_hello, false, false);
     round_trip<protocol::chain_config>(m, message_type::chain_config, false, true);
     round_trip<protocol::order>(m, message_type::order, false, false);
+    round_trip<protocol::announce>(m, message_type::announce, false, false);
+    round_trip<protocol::assigned>(m, message_type::assigned, false, false, false);
+    round_trip<protocol::lookup>(m, message_type::lookup, false, false);
+    round_trip<protocol::directory>(m, message_type::directory, false, false, false);
   }
   return 0;
 }

@@ -241,6 +241,18 @@ void handshake_corpus() {
                        fuzz::allocate));
   one("order", protocol::encode(protocol::order{.shard = 0, .seq = 9, .position = 12, .stable = 10},
                                 fuzz::allocate));
+  one("announce", protocol::encode(protocol::announce{.shard = 1, .port = 7001, .host = "10.0.0.7"},
+                                   fuzz::allocate));
+  one("announce_any", protocol::encode(protocol::announce{.port = 7000}, fuzz::allocate));
+  one("assigned",
+      protocol::encode(protocol::assigned{.shard = 1, .num_servers = 2, .num_workers = 4},
+                       fuzz::allocate));
+  one("lookup", protocol::encode(protocol::lookup{.worker = protocol::any_id}, fuzz::allocate));
+  one("directory",
+      protocol::encode(protocol::directory{.worker = 2,
+                                           .num_workers = 4,
+                                           .servers = {{"10.0.0.7", 7000}, {"fe80::1%eth0", 7001}}},
+                       fuzz::allocate));
 }
 
 // `sparse_keys`: shard 1 of 3 owns rows [3, 6) of table 0 (width 3) and [33, 66) of table 1.

@@ -21,6 +21,34 @@ std::string peer_address(const C& c) {
   }
 }
 
+/// The host part of `c.remote_endpoint()` as text, when the connection has one (TCP): an IPv4
+/// address as "a.b.c.d" (also one that arrived IPv4-mapped on an IPv6 socket), an IPv6 address
+/// without brackets. "" when the transport knows no peer address, or it is unspecified.
+template <class C>
+std::string peer_host(const C& c) {
+  if constexpr (requires {
+                  c.remote_endpoint().address().to_string();
+                  c.remote_endpoint().address().is_unspecified();
+                }) {
+    const auto a = c.remote_endpoint().address();
+    if (a.is_unspecified()) return {};
+    if constexpr (requires {
+                    a.is_v6();
+                    a.to_v6().is_v4_mapped();
+                    a.to_v6().to_bytes();
+                  }) {
+      if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+        const auto b = a.to_v6().to_bytes();
+        return std::to_string(b[12]) + "." + std::to_string(b[13]) + "." + std::to_string(b[14]) +
+               "." + std::to_string(b[15]);
+      }
+    }
+    return a.to_string();
+  } else {
+    return {};
+  }
+}
+
 /// " (TLS: REASON)" when `c.tls_failure()` exists and names a reason (a TLS handshake failure
 /// of the TCP transport), else "". For the log line of a refused connection.
 template <class C>

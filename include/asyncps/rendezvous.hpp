@@ -1,0 +1,760 @@
+// asyncps — basic_rendezvous: where servers publish their addresses and workers find them.
+//
+// A job started by a launcher (Slurm's srun, Open MPI's mpirun, torchrun, a ps-lite/BytePS
+// style DMLC_* environment) knows each process's role and rank and one address, the root's;
+// no process knows the others'. The root process (rank 0, next to server 0) runs a rendezvous:
+// every server announces the shard it serves and the port it listens on, and every worker
+// looks the servers up, getting their addresses in shard order once all of them have
+// announced, and its worker id if it asked for one. This is the part ps-lite's scheduler node
+// and torchrun's MASTER_ADDR:MASTER_PORT store play; here it is one more service over the
+// `transport` concept, so it gets the transport's shared-secret authentication, TLS and frame
+// bounds as the servers do. Message flow, errors and how a launcher uses it:
+// docs/concepts/rendezvous.md; the four message types: docs/wire-format.md ("Rendezvous").
+//
+// The rendezvous keeps only the latest address of each shard: a server that restarts
+// announces again and replaces its entry, and a later lookup gets the current directory. It is
+// not replicated and keeps no state on disk: run it where it outlives the job's servers (the
+// root process), as the chain master.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <tuple>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/peer_address.hpp"
+#include "asyncps/detail/text.hpp"
+#include "asyncps/detail/transport_time.hpp"
+#include "asyncps/detail/wait_group.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/log.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/transport.hpp"
+#include "asyncps/transport/tcp.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps {
+
+/// Configuration of a rendezvous.
+struct rendezvous_options {
+  /// Shards of the job (servers, one per shard), 1 to `max_directory_servers`. A lookup is
+  /// answered once every shard in [0, num_servers) has announced.
+  std::uint32_t num_servers = 1;
+  /// Workers of the job; 0: unknown. When known, a lookup claiming a worker id >= num_workers,
+  /// or asking for one when all are taken, is refused (`errc::rendezvous_refused`); it is also
+  /// passed on to servers (`server_assignment`) and workers (`rendezvous_directory`).
+  std::uint32_t num_workers = 0;
+  /// A connection that has sent no request this long after its accept (the transport's
+  /// handshake counts in it), or stays open this long after its last reply, is closed; the
+  /// first kind is logged with its address and counted as refused. A lookup waiting for the
+  /// directory is never closed for this. Checked every `register_timeout / 4`. 0: no limit.
+  std::chrono::milliseconds register_timeout{std::chrono::seconds(10)};
+  log_function log{};  ///< announces, replacements, refusals; empty: stderr
+};
+
+/// Counters of a rendezvous (read on its executor).
+struct rendezvous_stats {
+  std::uint64_t announces = 0;  ///< announces accepted (first ones and repeated ones)
+  std::uint64_t replaced = 0;   ///< announces that changed a shard's address (a restart)
+  std::uint64_t lookups = 0;    ///< lookups answered with the directory
+  /// Connections refused: a failed authentication or TLS handshake, no request within
+  /// `register_timeout`, or a request refused with an `error` frame (malformed, a shard or
+  /// worker id outside the job, none left to assign).
+  std::uint64_t refused = 0;
+};
+
+/// "host:port" as the directory lists it: a host containing ':' (an IPv6 literal) in
+/// brackets, "[fe80::1%eth0]:7000"; any other host as is, "10.0.0.7:7000". The text
+/// `parse_tcp_endpoint` reads back when the host is an IP literal. Thread safety: pure.
+inline std::string host_port_string(std::string_view host, std::uint16_t port) {
+  std::string out;
+  if (host.find(':') != std::string_view::npos) {
+    out.reserve(host.size() + 8);
+    out += '[';
+    out += host;
+    out += ']';
+  } else {
+    out = host;
+  }
+  out += ':';
+  out += std::to_string(port);
+  return out;
+}
+
+/// The rendezvous service. `Transport` models `transport`.
+///
+/// Serves any number of connections; each sends requests one at a time and gets one reply per
+/// request: `announce` -> `assigned`, `lookup` -> `directory` (held back until every shard has
+/// announced). A request that is malformed or not valid for this job gets an `error` frame
+/// naming what was wrong (its code: `unexpected_message`, a header error such as
+/// `frame_too_large`, or `rendezvous_refused`), and that connection is closed; the service and
+/// every other connection go on. Peers the transport does not authenticate never get a frame
+/// through (logged as refused, with their address).
+///
+/// Thread safety: construct anywhere; call every member on `transport.get_executor()`, which
+/// runs one handler at a time (an `io_context` run by one thread, or a strand).
+/// Object lifetime: the transport outlives the rendezvous; `async_serve` must have completed
+/// before it is destroyed.
+template <transport Transport>
+class basic_rendezvous {
+ public:
+  /// Throws `std::invalid_argument` when `num_servers` is 0 or above `max_directory_servers`,
+  /// or `num_workers` is `protocol::no_worker_id` or above.
+  basic_rendezvous(Transport& transport, rendezvous_options opts)
+      : transport_(transport), opts_(std::move(opts)), running_(transport.get_executor()),
+        watchdog_timer_(transport.get_executor()) {
+    if (opts_.num_servers == 0 || opts_.num_servers > max_directory_servers)
+      throw std::invalid_argument("asyncps::rendezvous_options: num_servers in [1, 4096]");
+    if (opts_.num_workers >= protocol::no_worker_id)
+      throw std::invalid_argument("asyncps::rendezvous_options: num_workers < 0xfffffffe");
+    shards_.resize(opts_.num_servers);
+  }
+  basic_rendezvous(const basic_rendezvous&) = delete;
+  basic_rendezvous& operator=(const basic_rendezvous&) = delete;
+
+  /// Serves announces and lookups on `acceptor` until `stop()`. Completes with success after
+  /// a stop, or with the acceptor's error (then every connection is closed first).
+  /// Precondition: runs on `transport.get_executor()`; called once.
+  asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
+    acceptor_ = &acceptor;
+    if (opts_.register_timeout.count() > 0) {
+      running_.add();  // the watchdog
+      asio::co_spawn(transport_.get_executor(), watchdog(), asio::detached);
+    }
+    std::error_code result;
+    while (!stopped_) {
+      auto [ec, conn] = co_await acceptor.async_accept();
+      if (ec) {
+        if (!stopped_) result = ec;
+        break;
+      }
+      auto& s = sessions_.emplace_back(std::move(conn), transport_.get_executor());
+      s.self = std::prev(sessions_.end());
+      s.last_seen = clock_type::now();
+      running_.add();  // the session, until both its loops have finished
+      asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+      asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+    }
+    acceptor_ = nullptr;
+    stop();
+    co_await running_.async_wait();
+    co_return result;
+  }
+
+  /// Stops accepting and closes every connection (waiting lookups get no reply; their clients
+  /// retry until their timeout); `async_serve` then completes.
+  void stop() {
+    stopped_ = true;
+    if (acceptor_ != nullptr) acceptor_->close();
+    watchdog_timer_.cancel();
+    for (auto& s : sessions_) close(s);
+  }
+
+  /// Whether every shard has announced (lookups are answered at once).
+  bool complete() const noexcept { return announced_ == opts_.num_servers; }
+  /// Every shard's address ("host:port", `host_port_string`) in shard order; "" for a shard
+  /// that has not announced yet.
+  std::vector<std::string> servers() const {
+    std::vector<std::string> out;
+    out.reserve(shards_.size());
+    for (const auto& e : shards_)
+      out.push_back(e.announced ? host_port_string(e.host, e.port) : std::string{});
+    return out;
+  }
+  /// Lookups waiting for the directory (0 once it is complete).
+  std::size_t waiting_lookups() const noexcept { return waiting_.size(); }
+  const rendezvous_stats& stats() const noexcept { return stats_; }
+
+ private:
+  // The transport's timer and clock (virtual time under a simulated transport).
+  using timer_type = detail::transport_timer_t<Transport>;
+  using clock_type = detail::transport_clock_t<Transport>;
+
+  struct session {
+    session(typename Transport::connection_type c, const typename Transport::executor_type& ex)
+        : conn(std::move(c)), wake(ex, clock_type::time_point::max()) {}
+    typename Transport::connection_type conn;
+    timer_type wake;  // wakes the write loop (cancelled, never expires)
+    typename std::list<session>::iterator self;
+    std::vector<message> outbox;
+    bool open = true;
+    bool closing = false;  // refused: send what is queued (the error frame), then close
+    bool waiting = false;  // its lookup waits for the directory (in waiting_)
+    int running = 2;       // its read and write loops
+    std::uint64_t requests = 0;
+    std::uint32_t wanted = protocol::no_worker_id;  // the worker id its waiting lookup claims
+    typename clock_type::time_point last_seen{};
+  };
+  struct entry {
+    std::string host;
+    std::uint16_t port = 0;
+    bool announced = false;
+  };
+
+  void log(const std::string& line) const {
+    detail::emit(opts_.log, "asyncps rendezvous: " + line);
+  }
+
+  template <class M>
+  message encode(const M& m) {
+    return protocol::encode(m, [this](std::size_t n) { return transport_.allocate(n); });
+  }
+
+  void close(session& s) {
+    s.open = false;
+    unwait(s);
+    s.conn.close();
+    s.wake.cancel();
+  }
+  void unwait(session& s) {
+    if (!s.waiting) return;
+    s.waiting = false;
+    std::erase(waiting_, &s);
+  }
+  void reply(session& s, message m) {
+    s.outbox.push_back(std::move(m));
+    s.wake.cancel();
+  }
+  // Refuses `s`'s request: an error frame naming `reason`, then the connection is closed.
+  void refuse(session& s, std::error_code code, const std::string& reason) {
+    ++stats_.refused;
+    log("refusing a request" + detail::peer_address(s.conn) + ": " + reason);
+    std::optional<errc> wire_code;
+    if (code.category() == error_category()) wire_code = static_cast<errc>(code.value());
+    unwait(s);
+    s.closing = true;
+    reply(s, encode(protocol::error{.sender = 0, .code = wire_code, .reason = reason}));
+  }
+
+  asio::awaitable<void> write_loop(session& s) {
+    std::vector<message> sending;
+    for (;;) {
+      if (!s.open) break;
+      if (s.outbox.empty()) {
+        if (s.closing) break;
+        co_await s.wake.async_wait(detail::use_tuple);
+        continue;
+      }
+      std::swap(s.outbox, sending);
+      bool failed = false;
+      for (auto& m : sending)
+        if (!failed && co_await s.conn.async_send(std::move(m))) failed = true;
+      sending.clear();
+      if (failed) break;
+      s.last_seen = clock_type::now();  // register_timeout counts from the last reply
+    }
+    close(s);
+    finish(s);
+  }
+
+  asio::awaitable<void> read_loop(session& s) {
+    while (s.open && !s.closing) {
+      auto [ec, m] = co_await s.conn.async_receive();
+      if (ec) {
+        if (!s.open || s.closing) break;
+        if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
+            (ec == errc::timeout && s.requests == 0)) {
+          ++stats_.refused;
+          log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
+              ec.message() + detail::tls_failure_note(s.conn));
+        } else if (ec != errc::connection_closed && ec == condition::protocol_violation) {
+          // A frame the transport refused (its header names the field): say so, then close.
+          refuse(s, ec, "malformed frame: " + ec.message());
+        }
+        break;
+      }
+      s.last_seen = clock_type::now();
+      handle(s, m);
+    }
+    if (s.closing) {
+      s.wake.cancel();  // the write loop sends the error frame, then closes
+    } else {
+      close(s);
+    }
+    finish(s);
+  }
+
+  void finish(session& s) {
+    if (--s.running > 0) return;
+    sessions_.erase(s.self);
+    running_.done();
+  }
+
+  asio::awaitable<void> watchdog() {
+    const auto limit = opts_.register_timeout;
+    while (!stopped_) {
+      watchdog_timer_.expires_after(std::max(limit / 4, std::chrono::milliseconds(1)));
+      co_await watchdog_timer_.async_wait(detail::use_tuple);
+      if (stopped_) break;
+      const auto now = clock_type::now();
+      for (auto& s : sessions_) {
+        if (!s.open || s.waiting || now - s.last_seen <= limit) continue;
+        if (s.requests == 0 && !s.closing) {
+          ++stats_.refused;
+          log("closing the connection" + detail::peer_address(s.conn) + ": no request within " +
+              std::to_string(limit.count()) + " ms (register_timeout)");
+        }
+        close(s);
+      }
+    }
+    running_.done();
+  }
+
+  void handle(session& s, const message& m) {
+    if (s.waiting) {
+      refuse(s, errc::unexpected_message,
+             "message type " + std::to_string(static_cast<int>(m.header.type)) +
+                 " while its lookup waits (one request at a time)");
+      return;
+    }
+    switch (m.header.type) {
+      case message_type::announce: on_announce(s, m); return;
+      case message_type::lookup: on_lookup(s, m); return;
+      case message_type::heartbeat: return;
+      case message_type::bye:
+        s.closing = true;  // nothing queued: the write loop closes the connection
+        return;
+      default:
+        refuse(s, errc::unexpected_message,
+               "unexpected message type " + std::to_string(static_cast<int>(m.header.type)) +
+                   " (a rendezvous takes announce and lookup)");
+    }
+  }
+
+  std::string missing_shards() const {
+    std::string out;
+    std::size_t listed = 0;
+    for (std::uint32_t i = 0; i < shards_.size(); ++i) {
+      if (shards_[i].announced) continue;
+      if (listed++ == 8) {
+        out += ", ...";
+        break;
+      }
+      out += (out.empty() ? "" : ", ") + std::to_string(i);
+    }
+    return out;
+  }
+  std::string progress() const {
+    return std::to_string(announced_) + " of " + std::to_string(opts_.num_servers) +
+           " shards announced";
+  }
+
+  void on_announce(session& s, const message& m) {
+    protocol::announce a;
+    std::string why;
+    if (auto ec = protocol::decode(m, a, why)) {
+      refuse(s, ec, "malformed announce" + why);
+      return;
+    }
+    std::string host = a.host.empty() ? detail::peer_host(s.conn) : std::move(a.host);
+    if (host.empty() || host.size() > max_host_bytes) {
+      refuse(s, errc::rendezvous_refused,
+             "an announce without a host, and the transport knows no address of the peer");
+      return;
+    }
+    std::uint32_t shard = a.shard;
+    if (shard == protocol::any_id) {
+      // A server restarted at the same address gets its shard back; else the lowest free one.
+      shard = opts_.num_servers;
+      for (std::uint32_t i = 0; i < shards_.size() && shard == opts_.num_servers; ++i)
+        if (shards_[i].announced && shards_[i].host == host && shards_[i].port == a.port) shard = i;
+      for (std::uint32_t i = 0; i < shards_.size() && shard == opts_.num_servers; ++i)
+        if (!shards_[i].announced) shard = i;
+      if (shard == opts_.num_servers) {
+        refuse(s, errc::rendezvous_refused,
+               "an announce of any shard from " + host_port_string(host, a.port) + ": all " +
+                   std::to_string(opts_.num_servers) +
+                   " shards are announced (announce a shard index to replace one)");
+        return;
+      }
+    } else if (shard >= opts_.num_servers) {
+      refuse(s, errc::rendezvous_refused,
+             "an announce of shard " + std::to_string(shard) + " outside [0, " +
+                 std::to_string(opts_.num_servers) + ") (num_servers " +
+                 std::to_string(opts_.num_servers) + ")");
+      return;
+    }
+    auto& e = shards_[shard];
+    const std::string address = host_port_string(host, a.port);
+    const bool was_complete = complete();
+    if (!e.announced) {
+      ++announced_;
+      log("shard " + std::to_string(shard) + " at " + address + " (" + progress() + ")");
+    } else if (e.host != host || e.port != a.port) {
+      ++stats_.replaced;
+      log("shard " + std::to_string(shard) + " moved from " + host_port_string(e.host, e.port) +
+          " to " + address);
+    } else {
+      log("shard " + std::to_string(shard) + " announced again at " + address);
+    }
+    e.host = std::move(host);
+    e.port = a.port;
+    e.announced = true;
+    ++stats_.announces;
+    ++s.requests;
+    reply(s,
+          encode(protocol::assigned{
+              .shard = shard, .num_servers = opts_.num_servers, .num_workers = opts_.num_workers}));
+    if (!was_complete && complete()) {
+      log("every shard announced; answering " + std::to_string(waiting_.size()) +
+          " waiting lookup(s)");
+      auto waiting = std::move(waiting_);
+      waiting_.clear();
+      for (session* w : waiting) {
+        w->waiting = false;
+        answer(*w);
+      }
+    }
+  }
+
+  void on_lookup(session& s, const message& m) {
+    protocol::lookup l;
+    std::string why;
+    if (auto ec = protocol::decode(m, l, why)) {
+      refuse(s, ec, "malformed lookup" + why);
+      return;
+    }
+    const std::uint32_t id = l.worker;
+    if (id != protocol::any_id && id != protocol::no_worker_id && opts_.num_workers != 0 &&
+        id >= opts_.num_workers) {
+      refuse(s, errc::rendezvous_refused,
+             "a lookup as worker " + std::to_string(id) + " outside [0, " +
+                 std::to_string(opts_.num_workers) + ") (num_workers " +
+                 std::to_string(opts_.num_workers) + ")");
+      return;
+    }
+    ++s.requests;
+    s.wanted = id;
+    if (complete()) {
+      answer(s);
+      return;
+    }
+    if (waiting_.empty())
+      log("a lookup" + detail::peer_address(s.conn) + " waits for shards " + missing_shards() +
+          " (" + progress() + ")");
+    s.waiting = true;
+    waiting_.push_back(&s);
+  }
+
+  // Sends `s` the directory, assigning its worker id when it asked for any (in the order the
+  // lookups arrived: answer() runs for waiting lookups in that order).
+  void answer(session& s) {
+    std::uint32_t id = s.wanted;
+    if (id == protocol::any_id) {
+      const std::uint32_t limit =
+          opts_.num_workers != 0 ? opts_.num_workers : protocol::no_worker_id;
+      if (next_free_ >= limit) {
+        refuse(s, errc::rendezvous_refused,
+               "a lookup for any worker id: all " + std::to_string(limit) +
+                   " worker ids are taken (num_workers " + std::to_string(opts_.num_workers) + ")");
+        return;
+      }
+      id = next_free_;
+    }
+    if (id != protocol::no_worker_id) {
+      taken_.insert(id);
+      while (taken_.contains(next_free_)) ++next_free_;
+    }
+    protocol::directory d{.worker = id, .num_workers = opts_.num_workers, .servers = {}};
+    d.servers.reserve(shards_.size());
+    for (const auto& e : shards_) d.servers.push_back(protocol::server_address{e.host, e.port});
+    ++stats_.lookups;
+    s.last_seen = clock_type::now();
+    reply(s, encode(d));
+  }
+
+  Transport& transport_;
+  rendezvous_options opts_;
+  std::vector<entry> shards_;
+  std::uint32_t announced_ = 0;
+  std::set<std::uint32_t> taken_;  // worker ids assigned or claimed
+  std::uint32_t next_free_ = 0;    // the lowest id not in taken_
+  std::deque<session*> waiting_;   // lookups waiting for the directory, in arrival order
+  std::list<session> sessions_;
+  detail::wait_group<timer_type> running_;  // the watchdog and every session
+  timer_type watchdog_timer_;
+  typename Transport::acceptor_type* acceptor_ = nullptr;
+  bool stopped_ = false;
+  rendezvous_stats stats_{};
+};
+
+/// The rendezvous over TCP.
+using rendezvous = basic_rendezvous<tcp_transport>;
+
+// ---------------------------------------------------------------------------------------------
+// Clients
+// ---------------------------------------------------------------------------------------------
+
+/// The rendezvous's reply to an announce.
+struct server_assignment {
+  std::uint32_t shard = 0;        ///< the shard this server serves
+  std::uint32_t num_servers = 0;  ///< shards of the job
+  std::uint32_t num_workers = 0;  ///< workers of the job (0: unknown to the rendezvous)
+};
+
+/// The rendezvous's reply to a lookup.
+struct rendezvous_directory {
+  /// Every shard's address in shard order, "host:port" (`host_port_string`: IPv6 in
+  /// brackets); `servers.size()` is the job's number of shards.
+  std::vector<std::string> servers{};
+  /// The worker id the rendezvous gave (or recorded); `rendezvous_no_worker_id` when the
+  /// lookup took none.
+  std::uint32_t worker_id = protocol::no_worker_id;
+  std::uint32_t num_workers = 0;  ///< workers of the job (0: unknown to the rendezvous)
+};
+
+/// Pass as `worker_id` to `async_lookup_servers` to take no worker id (a server or a tool that
+/// only wants the addresses).
+inline constexpr std::uint32_t rendezvous_no_worker_id = protocol::no_worker_id;
+
+namespace detail {
+
+// One connection: connect, send `request`, receive one reply. `connected` says whether the
+// connect succeeded (the reply is then awaited).
+template <class Transport>
+asio::awaitable<std::tuple<std::error_code, message>>
+rendezvous_attempt(Transport& t, typename Transport::endpoint_type root, message request,
+                   typename Transport::connection_type& conn, bool& connected) {
+  auto [cec, c] = co_await t.async_connect(root);
+  if (cec) co_return std::tuple{cec, message{}};
+  conn = std::move(c);
+  connected = true;
+  if (auto sec = co_await conn.async_send(std::move(request))) co_return std::tuple{sec, message{}};
+  co_return co_await conn.async_receive();
+}
+
+// Ends when `timer` expires (then closes `conn`, ending a receive that ignores cancellation)
+// or is cancelled.
+template <class Timer, class Connection>
+asio::awaitable<void> rendezvous_deadline(Timer& timer, Connection& conn) {
+  auto [ec] = co_await timer.async_wait(use_tuple);
+  if (!ec) conn.close();
+}
+
+// Sends `make()` to the rendezvous at `root` and returns its reply, retrying until `timeout`
+// while the rendezvous cannot be reached or drops the connection (condition `transient`).
+template <class Transport, class MakeRequest>
+asio::awaitable<std::tuple<std::error_code, message>>
+rendezvous_request(Transport& t, typename Transport::endpoint_type root, MakeRequest make,
+                   std::chrono::milliseconds timeout, const log_function& log,
+                   std::string_view what) {
+  using namespace asio::experimental::awaitable_operators;
+  using clock_type = transport_clock_t<Transport>;
+  const std::string where = "the rendezvous at " + endpoint_string(root);
+  const std::string limit = std::to_string(timeout.count()) + " ms";
+  const auto deadline = clock_type::now() + timeout;
+  transport_timer_t<Transport> timer(t.get_executor());
+  std::chrono::milliseconds backoff{20};
+  std::error_code last;  // the last connect or connection error
+  bool logged = false;
+  for (;;) {
+    typename Transport::connection_type conn;
+    bool connected = false;
+    timer.expires_at(deadline);
+    auto r = co_await (rendezvous_attempt(t, root, make(), conn, connected) ||
+                       rendezvous_deadline(timer, conn));
+    conn.close();
+    if (r.index() == 1) {  // the deadline
+      if (connected) {
+        emit(log, "asyncps: no reply to the " + std::string(what) + " from " + where + " within " +
+                      limit +
+                      (what == "lookup" ? " (it answers once every shard has announced)" : ""));
+        co_return std::tuple{make_error_code(errc::timeout), message{}};
+      }
+      emit(log, "asyncps: cannot reach " + where + " within " + limit +
+                    (last ? ": " + last.message() : std::string{}));
+      co_return std::tuple{last ? last : make_error_code(errc::timeout), message{}};
+    }
+    auto& [ec, reply] = std::get<0>(r);
+    if (!ec) co_return std::tuple{std::error_code{}, std::move(reply)};
+    if (is_final_connect_error(ec) || (connected && ec != condition::transient)) {
+      emit(log, "asyncps: the " + std::string(what) + " to " + where + " failed: " + ec.message());
+      co_return std::tuple{ec, message{}};
+    }
+    last = ec;
+    const auto now = clock_type::now();
+    if (now >= deadline) {
+      emit(log, "asyncps: cannot reach " + where + " within " + limit + ": " + ec.message());
+      co_return std::tuple{ec, message{}};
+    }
+    if (!logged) {  // say so now, not only at the deadline
+      logged = true;
+      emit(log,
+           "asyncps: cannot reach " + where + " (" + ec.message() + "); retrying for " + limit);
+    }
+    timer.expires_after(std::min<typename clock_type::duration>(backoff, deadline - now));
+    co_await timer.async_wait(use_tuple);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+}
+
+// Decodes the rendezvous's reply `m` into `out` (of type `type`), or the code of its `error`
+// frame (`unexpected_message` when the frame names none), logging the reason.
+template <class T>
+std::error_code rendezvous_reply(const message& m, T& out, message_type type,
+                                 const log_function& log, std::string_view what) {
+  std::string why;
+  if (m.header.type == message_type::error) {
+    protocol::error e;
+    if (protocol::decode(m, e, why)) {
+      emit(log, "asyncps: the rendezvous sent a malformed error" + why);
+      return errc::unexpected_message;
+    }
+    emit(log,
+         "asyncps: the rendezvous refused the " + std::string(what) + ": " + peer_text(e.reason));
+    return e.code ? make_error_code(*e.code) : make_error_code(errc::unexpected_message);
+  }
+  if (m.header.type != type) {
+    emit(log, "asyncps: the rendezvous answered the " + std::string(what) + " with message type " +
+                  std::to_string(static_cast<int>(m.header.type)));
+    return errc::unexpected_message;
+  }
+  if (protocol::decode(m, out, why)) {
+    emit(log, "asyncps: the rendezvous sent a malformed reply to the " + std::string(what) + why);
+    return errc::unexpected_message;
+  }
+  return {};
+}
+
+}  // namespace detail
+
+/// Announces a server to the rendezvous at `root`: the shard it serves and where it listens.
+/// Call it once the server listens (its port is known), and again after a restart: the new
+/// address replaces the old one.
+///
+/// `shard`: the shard it serves; empty: the rendezvous assigns one (the shard it already lists
+/// at the same host and port, else the lowest shard not announced yet). `port`: the port it
+/// listens on (its real one: after a listen on port 0, the acceptor's). `host`: where others
+/// reach it, a host name or an IP literal (an IPv6 one with or without brackets), at most 255
+/// bytes of letters, digits and `-._:%`; empty: the address the rendezvous sees the announce
+/// come from (right for a server listening on 0.0.0.0, unless it reaches the rendezvous over
+/// loopback: then 127.0.0.1 is published). (Separate parameters, not a struct: g++ 12 destroys
+/// a braced aggregate temporary in a `co_await` operand twice.)
+///
+/// `timeout` (> 0) bounds the whole operation: while the rendezvous cannot be reached (it may
+/// start later than this server) or drops the connection, the connect is retried (backoff 20
+/// ms doubling to 1 s). Completes with the shard to serve and the job's counts, or:
+/// `errc::invalid_argument` (port 0, a host that is not a host name or IP literal of at most
+/// 255 bytes, a shard index >= `protocol::no_worker_id`, or `timeout` <= 0; nothing is sent);
+/// the last connect error (e.g. `connection_refused`; condition `transient`), or
+/// `errc::timeout`, when the rendezvous was not reached in time; an error no retry fixes at
+/// once (`is_final_connect_error`: a wrong secret, a refused certificate); the code of the
+/// rendezvous's `error` frame (`rendezvous_refused`: a shard >= its `num_servers`, or none
+/// left for "any"; `unexpected_message`, a header error: a malformed request); or
+/// `unexpected_message` for a reply that is not a valid `assigned`. Every failure is logged
+/// on `log` (empty: stderr) naming the endpoint, and the rendezvous's reason.
+///
+/// Thread safety: runs on `t`'s executor, which runs one handler at a time; `t` outlives the
+/// operation. Completion: `std::tuple<std::error_code, server_assignment>`.
+template <transport Transport>
+asio::awaitable<std::tuple<std::error_code, server_assignment>>
+async_announce_server(Transport& t, typename Transport::endpoint_type root,
+                      std::optional<std::uint32_t> shard, std::uint16_t port,
+                      std::chrono::milliseconds timeout, std::string host = {},
+                      log_function log = {}) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  const std::uint32_t wanted = shard.value_or(protocol::any_id);
+  if (port == 0 || (!host.empty() && !protocol::valid_host(host)) ||
+      (shard && wanted >= protocol::no_worker_id) || timeout.count() <= 0) {
+    detail::emit(log, "asyncps: announce to the rendezvous: invalid argument (port " +
+                          std::to_string(port) + ", host '" + detail::peer_text(host) +
+                          "', timeout " + std::to_string(timeout.count()) + " ms)");
+    co_return std::tuple{make_error_code(errc::invalid_argument), server_assignment{}};
+  }
+  protocol::announce request;
+  request.shard = wanted;
+  request.port = port;
+  request.host = std::move(host);
+  auto make = [&] {
+    return protocol::encode(request, [&](std::size_t n) { return t.allocate(n); });
+  };
+  auto [ec, m] = co_await detail::rendezvous_request(t, root, make, timeout, log, "announce");
+  if (ec) co_return std::tuple{ec, server_assignment{}};
+  protocol::assigned a;
+  if (auto rec = detail::rendezvous_reply(m, a, message_type::assigned, log, "announce"))
+    co_return std::tuple{rec, server_assignment{}};
+  if (shard && a.shard != wanted) {
+    detail::emit(log, "asyncps: the rendezvous assigned shard " + std::to_string(a.shard) +
+                          " to an announce of shard " + std::to_string(wanted));
+    co_return std::tuple{make_error_code(errc::unexpected_message), server_assignment{}};
+  }
+  co_return std::tuple{std::error_code{}, server_assignment{a.shard, a.num_servers, a.num_workers}};
+}
+
+/// Looks up the servers at the rendezvous at `root`: their addresses in shard order,
+/// once every shard has announced (the reply waits for that), and a worker id.
+///
+/// `worker_id`: empty: the rendezvous assigns the lowest id not yet given or claimed (ids 0,
+/// 1, 2, ... in the order lookups are answered, as ps-lite's scheduler does); a value: this
+/// id is recorded (a restarted worker keeps its id); `rendezvous_no_worker_id`: take none.
+/// A later lookup gets the current directory (a worker joining a running job, or one that
+/// lost a server that then restarted elsewhere).
+///
+/// `timeout` (> 0) bounds the whole operation, the wait for the last server included: while
+/// the rendezvous cannot be reached or drops the connection, the connect is retried (backoff
+/// 20 ms doubling to 1 s). A retry after the connection dropped with a lookup for any id
+/// (the rendezvous restarted) may be given another id. Completes with the directory, or:
+/// `errc::invalid_argument` (`timeout` <= 0); `errc::timeout` when the rendezvous was reached
+/// but some shard did not announce in time; the last connect error (e.g.
+/// `connection_refused`; condition `transient`), or `errc::timeout`, when the rendezvous was
+/// not reached in time; an error no retry fixes at once (`is_final_connect_error`); the code
+/// of the rendezvous's `error` frame (`rendezvous_refused`: a worker id >= its
+/// `num_workers`, or every id taken); or `unexpected_message` for a reply that is not a valid
+/// `directory` (or gives another id than the one claimed). Every failure is logged on `log`
+/// (empty: stderr) naming the endpoint, and the rendezvous's reason.
+///
+/// Thread safety: runs on `t`'s executor, which runs one handler at a time; `t` outlives the
+/// operation. Completion: `std::tuple<std::error_code, rendezvous_directory>`.
+template <transport Transport>
+asio::awaitable<std::tuple<std::error_code, rendezvous_directory>>
+async_lookup_servers(Transport& t, typename Transport::endpoint_type root,
+                     std::optional<std::uint32_t> worker_id, std::chrono::milliseconds timeout,
+                     log_function log = {}) {
+  if (timeout.count() <= 0 || (worker_id && *worker_id == protocol::any_id)) {
+    detail::emit(log, "asyncps: lookup at the rendezvous: invalid argument (timeout " +
+                          std::to_string(timeout.count()) + " ms)");
+    co_return std::tuple{make_error_code(errc::invalid_argument), rendezvous_directory{}};
+  }
+  const protocol::lookup request{.worker = worker_id.value_or(protocol::any_id)};
+  auto make = [&] {
+    return protocol::encode(request, [&](std::size_t n) { return t.allocate(n); });
+  };
+  auto [ec, m] = co_await detail::rendezvous_request(t, root, make, timeout, log, "lookup");
+  if (ec) co_return std::tuple{ec, rendezvous_directory{}};
+  protocol::directory d;
+  if (auto rec = detail::rendezvous_reply(m, d, message_type::directory, log, "lookup"))
+    co_return std::tuple{rec, rendezvous_directory{}};
+  if ((worker_id && d.worker != *worker_id) || (!worker_id && d.worker == protocol::no_worker_id)) {
+    detail::emit(log, "asyncps: the rendezvous gave worker id " + std::to_string(d.worker) +
+                          " to a lookup " +
+                          (worker_id ? "as worker " + std::to_string(*worker_id)
+                                     : std::string("for any worker id")));
+    co_return std::tuple{make_error_code(errc::unexpected_message), rendezvous_directory{}};
+  }
+  rendezvous_directory out;
+  out.worker_id = d.worker;
+  out.num_workers = d.num_workers;
+  out.servers.reserve(d.servers.size());
+  for (const auto& s : d.servers) out.servers.push_back(host_port_string(s.host, s.port));
+  co_return std::tuple{std::error_code{}, std::move(out)};
+}
+
+}  // namespace asyncps
