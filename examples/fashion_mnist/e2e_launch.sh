@@ -138,7 +138,7 @@ case "$mode" in
   elastic)
     port="$(free_port)"
     el=(--elastic --workers 3 --min-workers 2 --grace 1 --servers 1 --rendezvous "127.0.0.1:$port"
-        --model softmax --consistency ssp --staleness 2 --epochs 8)
+        --model softmax --consistency ssp --staleness 2 --epochs 8 --slow-worker 0 --slow-factor 20)
     "$bin" "${el[@]}" --role scheduler >"$dir/scheduler.log" 2>&1 &
     scheduler=$!
     "$bin" "${el[@]}" --role server --shard 0 --metrics /dev/null >"$dir/server.log" 2>&1 &

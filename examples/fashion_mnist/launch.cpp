@@ -212,11 +212,10 @@ int join_rendezvous(config& c) {
   // port (the rendezvous records the address it sees the announce come from) once listening.
   if (c.listen == "127.0.0.1:0" && !root->address().is_loopback()) c.listen = "0.0.0.0:0";
   c.on_listening = [&c, at = *root, timeout](std::uint16_t port) -> std::optional<std::uint32_t> {
-    asyncps::server_announcement a;
-    if (!c.assign_index) a.shard = c.shard;
-    a.port = port;
+    const auto shard = c.assign_index ? std::nullopt : std::optional<std::uint32_t>(c.shard);
     auto [ec, assigned] = run_blocking(c, [&](asyncps::tcp_transport& t) {
-      return asyncps::async_announce_server(t, at, a, timeout, log_to_stderr());
+      return asyncps::async_announce_server(t, at, shard, port, timeout, std::string{},
+                                            log_to_stderr());
     });
     if (ec) {
       std::cerr << "fashion_mnist: announcing this server at the rendezvous " << c.rendezvous

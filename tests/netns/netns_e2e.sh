@@ -20,8 +20,9 @@
 #              ctest (DISABLED) until the workers detect a silent server.
 #   worker-gone elastic workers (--elastic, recovery none), 1 server host and 2 worker hosts:
 #              worker 1's cable is pulled for good mid-run. Its connection stays open and
-#              silent; the server's TCP keepalive (tcp_options::keepalive, ~6 s) fails it, the
-#              worker leaves after its --grace, and worker 0 trains on to the end.
+#              silent; the server's TCP keepalive and user timeout (tcp_options::keepalive,
+#              ~10 s) fail it, the worker leaves after its --grace, and worker 0 trains on to
+#              the end.
 #
 # Every namespace, veth pair and qdisc is removed on exit (trap), also on failure. Exits 77
 # (ctest's skip) with one line where namespaces cannot be made (not root, no CAP_NET_ADMIN, no

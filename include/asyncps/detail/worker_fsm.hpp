@@ -148,7 +148,15 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
           // A link that came back while waiting (or lost its outstanding pull) needs a pull.
           pc_ = pc::rows_joined;
           return {loop_step::join};
-        case pc::rows_joined: begin_pulls(true, pc::rows_check); break;
+        case pc::rows_joined:
+          if (clock_ > c_) {
+            // A shard took this worker back at a later clock while it waited (elastic
+            // membership): start that clock instead.
+            pc_ = pc::clock_begin;
+            break;
+          }
+          begin_pulls(true, pc::rows_check);
+          break;
         case pc::rows_end: {
           if (ec_) {
             pc_ = pc::pending_begin;

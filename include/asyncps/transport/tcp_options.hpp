@@ -33,20 +33,24 @@ struct tcp_keepalive {
   std::chrono::seconds idle{3};      ///< idle time before the first probe (TCP_KEEPIDLE), >= 1 s
   std::chrono::seconds interval{1};  ///< time between probes (TCP_KEEPINTVL), >= 1 s
   int probes = 3;                    ///< unanswered probes that fail the connection (TCP_KEEPCNT)
-  /// TCP_USER_TIMEOUT: how long sent data may stay unacknowledged before the connection fails
-  /// (a peer that vanished while data was in flight to it, which keepalive does not probe).
-  /// When set it also replaces `interval * probes` as the keepalive deadline (Linux). 0: the
-  /// kernel's default (retransmissions for about 15 minutes).
-  std::chrono::milliseconds user_timeout{0};
+  /// TCP_USER_TIMEOUT: how long sent data may stay unacknowledged before the connection fails.
+  /// Keepalive probes only idle connections, and a connection to a vanished peer is seldom
+  /// idle: a server keeps sending heartbeat reports to a worker whose pull waits, and TCP
+  /// retransmits them for about 15 minutes by default. On Linux it also replaces
+  /// `interval * probes` as the keepalive deadline. A live peer acknowledges what its kernel
+  /// receives whether or not the application reads, so only a dead or cut-off peer hits it.
+  /// 0: the kernel's default.
+  std::chrono::milliseconds user_timeout{10000};
 };
 
 /// Options of a `tcp_transport`.
 struct tcp_options {
   wire_limits limits{};  ///< validation limits for received frames
   bool no_delay = true;  ///< set TCP_NODELAY on every connection
-  /// Kernel keepalive on every connection (see `tcp_keepalive`): by default a vanished peer is
-  /// noticed within about 6 s of idleness (3 s + 3 probes 1 s apart). Unset: the kernel's
-  /// defaults (keepalive off).
+  /// Kernel keepalive on every connection (see `tcp_keepalive`): by default a vanished peer
+  /// fails its connection within about 10 s (`user_timeout`), whether the connection was idle
+  /// (3 s, then probes 1 s apart) or had data in flight. Unset: the kernel's defaults
+  /// (keepalive off, retransmissions for about 15 minutes).
   std::optional<tcp_keepalive> keepalive = tcp_keepalive{};
   int listen_backlog = 128;                             ///< accept queue length
   std::size_t pool_cache_bytes = std::size_t{1} << 30;  ///< see `buffer_pool`
