@@ -230,8 +230,10 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
             // A shard this worker had left welcomed it back at a later clock while it computed
             // clock c_ (elastic membership): drop the gradient, counted, and go on at the clock
             // the shard expects.
-            log("clock " + std::to_string(c_) + "'s gradient dropped: a shard took this worker "
-                "back at clock " + std::to_string(clock_));
+            log("clock " + std::to_string(c_) +
+                "'s gradient dropped: a shard took this worker "
+                "back at clock " +
+                std::to_string(clock_));
             ++stats_.dropped_clocks;
             grad_ = buffer{};
             pc_ = pc::clock_begin;
