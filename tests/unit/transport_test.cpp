@@ -158,10 +158,11 @@ TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) 
       REQUIRE(!ec);
       auto [ec2, server] = co_await acc.value().async_accept();
       REQUIRE(!ec2);
+      auto& srv = server;  // clang 14 cannot capture a structured binding in a lambda
       int good = 0;
       auto reader = [&]() -> asio::awaitable<void> {
         for (std::uint64_t i = 0; i < std::size(floats); ++i) {
-          auto [rec, m] = co_await server.async_receive();
+          auto [rec, m] = co_await srv.async_receive();
           if (rec || m.header.seq != i || m.payload.size() != floats[i] * 4) break;
           bool same = true;
           for (std::size_t k = 0; k < m.payload.floats().size(); ++k)
@@ -444,10 +445,11 @@ TEST_CASE("tcp: frames trickled in pieces or packed into one write are read whol
     REQUIRE(!cec);
     auto [aec, conn] = co_await acc.value().async_accept();
     REQUIRE(!aec);
+    auto& accepted = conn;  // clang 14 cannot capture a structured binding in a lambda
     int good = 0;
     auto reader = [&]() -> asio::awaitable<void> {
       for (std::uint64_t i = 0; i < 5; ++i) {
-        auto [rec, m] = co_await conn.async_receive();
+        auto [rec, m] = co_await accepted.async_receive();
         if (rec || m.header.seq != i || m.payload.size() != sizes[i] * 4) break;
         bool same = true;
         for (std::size_t k = 0; k < sizes[i]; ++k)
