@@ -561,8 +561,10 @@ class shard_core {
     }
     if (st.last_seq.size() == last_seq_.size())
       std::copy(st.last_seq.begin(), st.last_seq.end(), last_seq_.begin());
-    server_clock_ = 0;
-    (void)settle_clock();
+    // The restored clocks decide the server clock, also below 0 (settle_clock only raises
+    // it); 0 when no member holds it (elastic, before any join).
+    server_clock_ = std::numeric_limits<clock_value>::min();
+    if (!settle_clock()) server_clock_ = 0;
     has_state_ = true;
     return {};
   }
