@@ -125,7 +125,6 @@ case "$mode" in
     grep -h "^fashion_mnist: dmlc: " "$dir"/*.log
     # The rendezvous handed out shards 0 and 1 and worker ids 0..3, once each.
     for s in 0 1; do
-      grep -lq "listening on" "$dir"/s*.log || fail "no server listens"
       [[ "$(grep -l "^server $s of 2 listening" "$dir"/s*.log | wc -l)" -eq 1 ]] ||
         fail "shard $s was not assigned exactly once"
     done
