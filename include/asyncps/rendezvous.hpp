@@ -38,6 +38,7 @@
 #include <asio/detached.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 
+#include "asyncps/detail/accept_loop.hpp"
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/peer_address.hpp"
 #include "asyncps/detail/text.hpp"
@@ -133,29 +134,13 @@ class basic_rendezvous {
   /// a stop, or with the acceptor's error (then every connection is closed first).
   /// Precondition: runs on `transport.get_executor()`; called once.
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
-    acceptor_ = &acceptor;
     if (opts_.register_timeout.count() > 0) {
       running_.add();  // the watchdog
       asio::co_spawn(transport_.get_executor(), watchdog(), asio::detached);
     }
-    std::error_code result;
-    while (!stopped_) {
-      auto [ec, conn] = co_await acceptor.async_accept();
-      if (ec) {
-        if (!stopped_) result = ec;
-        break;
-      }
-      auto& s = sessions_.emplace_back(std::move(conn), transport_.get_executor());
-      s.self = std::prev(sessions_.end());
-      s.last_seen = clock_type::now();
-      running_.add();  // the session, until both its loops have finished
-      asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
-      asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
-    }
-    acceptor_ = nullptr;
-    stop();
-    co_await running_.async_wait();
-    co_return result;
+    co_return co_await detail::serve_sessions(
+        acceptor, acceptor_, stopped_, sessions_, running_, transport_.get_executor(),
+        [this](session& s) { start(s); }, [this] { stop(); });
   }
 
   /// Stops accepting and closes every connection (waiting lookups get no reply; their clients
@@ -215,6 +200,13 @@ class basic_rendezvous {
   template <class M>
   message encode(const M& m) {
     return protocol::encode(m, [this](std::size_t n) { return transport_.allocate(n); });
+  }
+
+  // A new session (`detail::serve_sessions`): its read and write loops, which finish it.
+  void start(session& s) {
+    s.last_seen = clock_type::now();
+    asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+    asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
   }
 
   void close(session& s) {

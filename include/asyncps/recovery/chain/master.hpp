@@ -24,6 +24,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 
+#include "asyncps/detail/accept_loop.hpp"
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/peer_address.hpp"
 #include "asyncps/detail/transport_time.hpp"
@@ -83,27 +84,11 @@ class basic_chain_master {
   /// Serves registrations on `acceptor` until `stop()`. Completes with success after a stop,
   /// or with the acceptor's error. Precondition: runs on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
-    acceptor_ = &acceptor;
     running_.add();  // the watchdog
     asio::co_spawn(transport_.get_executor(), watchdog(), asio::detached);
-    std::error_code result;
-    while (!stopped_) {
-      auto [ec, conn] = co_await acceptor.async_accept();
-      if (ec) {
-        if (!stopped_) result = ec;
-        break;
-      }
-      auto& s = sessions_.emplace_back(std::move(conn), transport_.get_executor());
-      s.self = std::prev(sessions_.end());
-      s.last_seen = clock_type::now();
-      running_.add();  // the session, until both its loops have finished
-      asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
-      asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
-    }
-    acceptor_ = nullptr;
-    stop();
-    co_await running_.async_wait();
-    co_return result;
+    co_return co_await detail::serve_sessions(
+        acceptor, acceptor_, stopped_, sessions_, running_, transport_.get_executor(),
+        [this](session& s) { start(s); }, [this] { stop(); });
   }
 
   /// Stops accepting and closes every connection; `async_serve` then completes.
@@ -156,6 +141,13 @@ class basic_chain_master {
 
   void log(const std::string& line) const {
     detail::emit(opts_.log, "asyncps chain master: " + line);
+  }
+
+  // A new session (`detail::serve_sessions`): its read and write loops, which finish it.
+  void start(session& s) {
+    s.last_seen = clock_type::now();
+    asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+    asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
   }
 
   void close(session& s) {

@@ -1,0 +1,47 @@
+// asyncps — detail::serve_sessions: the accept loop of the small services that serve one
+// session per connection (the chain master, the rendezvous).
+#pragma once
+
+#include <iterator>
+#include <system_error>
+#include <utility>
+
+#include <asio/awaitable.hpp>
+
+namespace asyncps::detail {
+
+/// Serves one session per connection on `acceptor` (a transport's `acceptor_type`) until
+/// `stopped` is true or an accept fails, then calls `stop()` (which closes every session) and
+/// waits until `running` (a `wait_group` counting every session and any helper coroutine of
+/// the owner) is empty. While it accepts, `current` points to `acceptor` (so that the owner's
+/// stop can close it), and nullptr after. Each connection becomes a session at the end of
+/// `sessions` (a `std::list<Session>`; `Session` is constructible from (connection, `ex`) and
+/// has a `self` iterator member, set here), counted in `running` until it calls `done()`, and
+/// is handed to `start(Session&)`, which starts its coroutines. Completes with the accept's
+/// error, or with success when `stopped` was set (closing the acceptor ends the wait). Every
+/// argument but `ex`, `start` and `stop` must outlive the coroutine. Thread safety: on `ex`,
+/// the owner's executor.
+template <class Acceptor, class Sessions, class Running, class Executor, class Start, class Stop>
+asio::awaitable<std::error_code>
+serve_sessions(Acceptor& acceptor, Acceptor*& current, const bool& stopped, Sessions& sessions,
+               Running& running, Executor ex, Start start, Stop stop) {
+  current = &acceptor;
+  std::error_code result;
+  while (!stopped) {
+    auto [ec, conn] = co_await acceptor.async_accept();
+    if (ec) {
+      if (!stopped) result = ec;
+      break;
+    }
+    auto& s = sessions.emplace_back(std::move(conn), ex);
+    s.self = std::prev(sessions.end());
+    running.add();
+    start(s);
+  }
+  current = nullptr;
+  stop();
+  co_await running.async_wait();
+  co_return result;
+}
+
+}  // namespace asyncps::detail
