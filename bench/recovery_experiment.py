@@ -251,7 +251,10 @@ def parse_run(path):
             summary = d
         elif d.get("final"):
             final = d
-        else:
+        elif d.get("eval_source", "servers") == "servers":
+            # The servers' model (runs from before --eval servers have no eval_source and
+            # read worker 0's view); an evaluation the servers did not answer (a shard down)
+            # is worker 0's view and is left out of the curves.
             evals.append((d["time_s"], d["test_accuracy"], d["clock"]))
     r["banner"] = banner if banner is not None else float("nan")
     b = r["banner"]

@@ -46,6 +46,9 @@ struct config {
   std::string data = "/usr/share/datasets/fashion-mnist";  // = default_data_dir() (dataset.hpp)
   std::string metrics = "fashion_mnist_metrics.jsonl";
   double eval_every = 0.25;  // epochs
+  // What the evaluations read: "servers" (the servers' model, read as a reader, on a thread of
+  // its own), "both" (and worker 0's view beside it) or "worker" (worker 0's view only).
+  std::string eval = "servers";
   unsigned compute_threads = 0;
   bool quiet = false;
   // Recovery (docs/recovery/*.md).

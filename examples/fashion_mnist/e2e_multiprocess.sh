@@ -27,7 +27,7 @@ for s in 0 1; do
   ports+=("$port")
 done
 for w in 0 1; do
-  "$bin" "${common[@]}" --role worker --worker-id "$w" --connect "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}" \
+  "$bin" "${common[@]}" --role worker --worker-id "$w" --eval both --connect "127.0.0.1:${ports[0]},127.0.0.1:${ports[1]}" \
     --metrics "$dir/w$w.jsonl" >"$dir/w$w.log" 2>&1 &
   pids+=($!)
 done
@@ -42,3 +42,9 @@ acc="$(sed -n 's/^final test accuracy \([0-9.]*\).*/\1/p' "$dir/w0.log")"
 echo "e2e: worker 0 final test accuracy $acc"
 awk -v a="$acc" 'BEGIN { exit !(a + 0 >= 0.80) }' || { echo "e2e: accuracy '$acc' < 0.80"; exit 1; }
 grep -q '"test_accuracy"' "$dir/w0.jsonl"
+# The evaluations read the servers' model (--eval both: as a reader over TCP with the run's
+# secret) while both workers trained, and worker 0's view beside it.
+servers_evals="$(grep -c '"eval_source":"servers"' "$dir/w0.jsonl" || true)"
+echo "e2e: $servers_evals evaluations of worker 0 read the servers' model"
+[[ "$servers_evals" -ge 3 ]] || { echo "e2e: fewer than 3 evaluations read the servers' model"; cat "$dir/w0.jsonl"; exit 1; }
+grep -q '"worker_test_accuracy"' "$dir/w0.jsonl"

@@ -330,6 +330,10 @@ int main(int argc, char** argv) {
   app.add_option("--metrics", c.metrics, "JSON-lines metrics file");
   app.add_option("--eval-every", c.eval_every, "epochs between evaluations")
       ->check(CLI::PositiveNumber);
+  app.add_option("--eval", c.eval,
+                 "what evaluations read: servers (their model, read as a reader), both (and "
+                 "worker 0's view beside it) or worker (worker 0's view only)")
+      ->check(CLI::IsMember({"servers", "both", "worker"}));
   app.add_option("--compute-threads", c.compute_threads, "gradient threads (default 2)");
   app.add_flag("--quiet", c.quiet, "no progress line");
   app.add_option("--recovery", c.recovery, "what happens when a server fails")

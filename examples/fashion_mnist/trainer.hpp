@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -110,9 +111,124 @@ typename Recovery::worker_part make_worker_part(const config& c) {
   }
 }
 
+// Evaluates on a thread of its own, so that worker 0 does not wait for it: the servers' model,
+// read as a reader (asyncps::async_read_model, over its own io_context and TCP transport with
+// the run's secret and TLS), and/or a copy of worker 0's view. One evaluation at a time: a
+// request made while one runs is refused (the caller then evaluates worker 0's view itself).
+class evaluator {
+ public:
+  // What one evaluation produced: the servers' model's (when read) and worker 0's view's
+  // (when asked for, or when the servers were not read: `servers_error` says why).
+  struct result {
+    std::optional<evaluation> servers;
+    std::optional<evaluation> worker;
+    std::string servers_error;
+  };
+
+  evaluator(std::vector<asyncps::tcp_transport::endpoint_type> servers,
+            std::vector<asyncps::table_spec> layout, asyncps::tcp_options options,
+            const any_model& model, const fashion::dataset& test)
+      : servers_(std::move(servers)), layout_(std::move(layout)), options_(std::move(options)),
+        model_(model), test_(test), params_(asyncps::layout_size(layout_)) {
+    thread_ = std::thread([this] { loop(); });
+  }
+  evaluator(const evaluator&) = delete;
+  evaluator& operator=(const evaluator&) = delete;
+  ~evaluator() { stop(); }
+
+  // Starts an evaluation of the servers' model and, when `both`, of `worker_view` (worker 0's
+  // parameters, copied by the caller); `done(result)` runs on the evaluator's thread. False
+  // when one is running.
+  bool start(std::vector<float> worker_view, bool both, std::function<void(const result&)> done) {
+    std::lock_guard lock(mutex_);
+    if (done_ || stopping_) return false;
+    view_ = std::move(worker_view);
+    both_ = both;
+    done_ = std::move(done);
+    cv_.notify_one();
+    return true;
+  }
+  // Reads the servers' model now, on the calling thread (after `stop`), into `out`. Returns
+  // the error, empty on success.
+  std::string read_now(std::vector<float>& out) {
+    std::string error = read_servers();
+    if (error.empty()) out = params_;
+    return error;
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+      cv_.notify_one();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::string read_servers() {
+    asio::io_context io(1);
+    asyncps::tcp_transport t(io.get_executor(), options_);
+    std::error_code ec;
+    std::string why;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          ec = co_await asyncps::async_read_model(
+              t, std::span<const asyncps::tcp_transport::endpoint_type>(servers_),
+              std::span<const asyncps::table_spec>(layout_), std::span<float>(params_),
+              std::chrono::seconds(2), [&why](std::string_view l) { why = l; });
+        },
+        asio::detached);
+    io.run();
+    if (ec) return why.empty() ? ec.message() : why;
+    return {};
+  }
+  void loop() {
+    for (;;) {
+      std::function<void(const result&)> done;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [this] { return done_ || stopping_; });
+        if (stopping_) return;
+        done = done_;
+      }
+      result r;
+      r.servers_error = read_servers();
+      if (r.servers_error.empty())
+        r.servers = model_.evaluate(asyncps::parameter_view(layout_, params_.data()), test_);
+      if (both_ || !r.servers)
+        r.worker = model_.evaluate(asyncps::parameter_view(layout_, view_.data()), test_);
+      done(r);
+      std::lock_guard lock(mutex_);
+      done_ = nullptr;
+    }
+  }
+
+  std::vector<asyncps::tcp_transport::endpoint_type> servers_;
+  std::vector<asyncps::table_spec> layout_;
+  asyncps::tcp_options options_;
+  const any_model& model_;
+  const fashion::dataset& test_;
+  std::vector<float> params_;  // the servers' model, as read
+  std::vector<float> view_;    // worker 0's view, as copied
+  bool both_ = false;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::function<void(const result&)> done_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
 // Progress and metrics shared by the workers of this process.
 struct monitor {
   monitor(const config& c, const fashion::dataset& t) : cfg(c), test(t), metrics(c.metrics) {}
+  ~monitor() { stop_reader(); }
+  // --eval servers|both: evaluations read the servers' model through `reader` (set once the
+  // servers' addresses are known; stop it with stop_reader before the model it uses goes).
+  std::unique_ptr<evaluator> reader;
+  void stop_reader() {
+    if (reader) reader->stop();
+  }
   const config& cfg;
   const fashion::dataset& test;
   std::ofstream metrics;
@@ -143,14 +259,47 @@ struct monitor {
     const double t = elapsed();
     if (epoch >= next_eval) {
       next_eval += cfg.eval_every;
-      const auto e = m.evaluate(r.params, test);
-      last_accuracy = e.accuracy;
-      metrics << nlohmann::json{{"time_s", t},         {"clock", r.clock},
-                                {"epoch", epoch},      {"test_accuracy", e.accuracy},
-                                {"test_loss", e.loss}, {"train_loss", loss_ema}}
-                     .dump()
-              << '\n';
-      metrics.flush();
+      // --eval servers (or both): the evaluator thread reads and evaluates the servers' model
+      // (test_accuracy, eval_source "servers") and, for both, worker 0's view beside it
+      // (worker_test_accuracy); when the servers do not answer, worker 0's view stands in
+      // (eval_source "worker", and why). --eval worker, or the evaluator busy: worker 0's
+      // view (its cache at the start of this clock), evaluated here.
+      nlohmann::json rec{
+          {"time_s", t}, {"clock", r.clock}, {"epoch", epoch}, {"train_loss", loss_ema}};
+      const auto write = [this](nlohmann::json& j, const evaluation& e, const char* source) {
+        j["test_accuracy"] = e.accuracy;
+        j["test_loss"] = e.loss;
+        j["eval_source"] = source;
+        last_accuracy = e.accuracy;
+        metrics << j.dump() << '\n';
+        metrics.flush();
+      };
+      bool started = false;
+      if (reader) {
+        std::vector<float> view;  // worker 0's parameters now (the evaluator reads them later)
+        view.reserve(asyncps::layout_size(r.params.tables()));
+        for (std::size_t k = 0; k < r.params.tables().size(); ++k) {
+          const auto sp = r.params.span(static_cast<asyncps::table_id>(k));
+          view.insert(view.end(), sp.begin(), sp.end());
+        }
+        started = reader->start(std::move(view), cfg.eval == "both",
+                                [this, rec, write](const evaluator::result& res) mutable {
+                                  std::lock_guard lock(mutex);
+                                  rec["eval_s"] = elapsed() - rec["time_s"].get<double>();
+                                  if (res.worker) {
+                                    rec["worker_test_accuracy"] = res.worker->accuracy;
+                                    rec["worker_test_loss"] = res.worker->loss;
+                                  }
+                                  if (!res.servers) rec["servers_unreadable"] = res.servers_error;
+                                  write(rec, res.servers ? *res.servers : *res.worker,
+                                        res.servers ? "servers" : "worker");
+                                });
+        if (!started) rec["servers_unreadable"] = "an earlier evaluation is still running";
+      }
+      if (!started) {
+        const auto e = m.evaluate(r.params, test);
+        write(rec, e, "worker");
+      }
     }
     if (!cfg.quiet && (t - last_print >= 1.0 || last_print < 0)) {
       last_print = t;
@@ -597,6 +746,11 @@ int run(const config& c, Optimizer opt) {
         workers.back()->consistency().shrink = c.vap_shrink;
       }
     }
+    // --eval servers|both: the evaluations of this process's first worker read the servers'
+    // model (asyncps::async_read_model), on a thread of their own.
+    if (c.eval != "worker" && !models.empty())
+      mon.reader =
+          std::make_unique<evaluator>(endpoints, layout, tcp_opts(c), *models.front(), test);
     for (std::size_t i = 0; i < workers.size(); ++i) {
       asio::co_spawn(
           worker_transports[i]->get_executor(),
@@ -636,9 +790,12 @@ int run(const config& c, Optimizer opt) {
   slow_compute.join();
   if (mon.tty && !c.quiet) std::cout << '\n';
 
+  mon.stop_reader();
   if (c.role == "server") return failures == 0 ? 0 : 1;
-  // Final model: the servers' parameters when they live in this process, else worker 0's cache.
+  // Final model: the servers' parameters (read in place when they live in this process, else
+  // as a reader while they still serve), else worker 0's cache.
   std::vector<float> final_params;
+  const char* final_source = "servers";
   if constexpr (chain) {
     // One server per shard: the head (it has every acknowledged push).
     std::vector<std::unique_ptr<server_t>> heads;
@@ -660,7 +817,11 @@ int run(const config& c, Optimizer opt) {
       }
       off += layout[t].size();
     }
-  } else {
+  } else if (std::string why = mon.reader ? mon.reader->read_now(final_params) : "--eval worker";
+             !why.empty()) {
+    final_source = "worker 0's cache";
+    std::cout << "final model: worker 0's cache (the servers' model was not read: " << why << ")\n";
+    final_params.clear();
     const auto view = workers.front()->cache();
     for (std::size_t t = 0; t < layout.size(); ++t) {
       const auto sp = view.span(static_cast<asyncps::table_id>(t));
@@ -679,7 +840,7 @@ int run(const config& c, Optimizer opt) {
   mon.metrics << nlohmann::json{{"time_s", secs},           {"clock", reached},
                                 {"clocks_planned", clocks}, {"final", true},
                                 {"failed", failed},         {"test_accuracy", e.accuracy},
-                                {"test_loss", e.loss}}
+                                {"test_loss", e.loss},      {"eval_source", final_source}}
                      .dump()
               << '\n';
   if (failed)

@@ -11,6 +11,7 @@
 #include "asyncps/optimizer.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/options.hpp"
+#include "asyncps/reader.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/chain/master.hpp"
 #include "asyncps/recovery/chain_replication.hpp"

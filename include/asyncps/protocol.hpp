@@ -408,6 +408,15 @@ inline constexpr std::uint32_t any_id = 0xffffffffu;
 /// server or a tool that only wants the addresses).
 inline constexpr std::uint32_t no_worker_id = 0xfffffffeu;
 
+// --- readers (asyncps/reader.hpp) ----------------------------------------------------------
+
+/// Header `sender` (and `hello::worker`) of a *reader*'s hello: a read-only session that
+/// takes no part in the clocks (an evaluator or a monitor reading the servers' model). Its
+/// hello carries the layout (checked) and any fingerprint (not checked); it may then only pull
+/// (answered at once with the rows as of the server clock, never deferred), send heartbeats,
+/// bye or error. A push or clock message from it is refused with `errc::unexpected_message`.
+inline constexpr std::uint32_t reader_id = 0xfffffffdu;
+
 /// Whether `host` may be announced and listed: 1 to `max_host_bytes` bytes, each a letter, a
 /// digit or one of `-._:%` (host names, IPv4 and IPv6 literals, an IPv6 zone after `%`; no
 /// brackets, no spaces, nothing a log line or a resolver could misread). Thread safety: pure.

@@ -475,7 +475,7 @@ class basic_server {
           // The server closed it meanwhile (a deadline, the queue budget, a takeover, stop),
           // which was logged and counted there; the receive failed because of that.
         } else if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
-                   (ec == errc::timeout && !s.is_worker() && !s.is_peer())) {
+                   (ec == errc::timeout && s.is_unknown())) {
           // Refused by the transport's handshake (it told the peer); nothing to send.
           ++proto_.stats().rejected;
           proto_.log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +

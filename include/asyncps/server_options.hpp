@@ -128,6 +128,10 @@ struct server_stats {
   /// left), and members that left (a `bye`, or their connection gone for `grace`).
   std::uint64_t joins = 0;
   std::uint64_t departures = 0;
+  /// Reader sessions greeted (`protocol::reader_id`), and the pulls they made (not counted in
+  /// `pulls`).
+  std::uint64_t readers = 0;
+  std::uint64_t reader_pulls = 0;
   // The recovery policy's counters are in its server part: `basic_server::recovery().stats()`.
 };
 

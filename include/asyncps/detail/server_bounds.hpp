@@ -67,7 +67,7 @@ class server_bounds {
 
   /// Whether `s` is watched for its first message (`hello_timeout`).
   bool awaits_hello(const Session& s) const noexcept {
-    return hello_.count() > 0 && s.open && !s.cut && !s.is_worker() && !s.is_peer();
+    return hello_.count() > 0 && s.open && !s.cut && s.is_unknown();
   }
   /// Whether `s` is watched for its write in progress (`send_timeout`).
   bool awaits_write(const Session& s) const noexcept {

@@ -27,7 +27,8 @@ namespace asyncps::detail {
 /// the part opened). Thread safety: the server's executor.
 struct session_base {
   /// What the peer of a session is.
-  enum class kind_type : std::uint8_t { unknown, worker, peer };
+  /// `reader`: a read-only session (`protocol::reader_id`), greeted by the server itself.
+  enum class kind_type : std::uint8_t { unknown, worker, peer, reader };
   static constexpr std::uint32_t none = 0xffffffffu;
   kind_type kind = kind_type::unknown;
   std::uint8_t role = 0;        ///< peer sessions: the recovery part's own tag
@@ -38,6 +39,9 @@ struct session_base {
 
   bool is_worker() const noexcept { return kind == kind_type::worker; }
   bool is_peer() const noexcept { return kind == kind_type::peer; }
+  bool is_reader() const noexcept { return kind == kind_type::reader; }
+  /// Whether its first message has not been taken yet (no hello, no peer handshake).
+  bool is_unknown() const noexcept { return kind == kind_type::unknown; }
 };
 
 /// A member that is default-constructed again when copied (and keeps its value when moved):

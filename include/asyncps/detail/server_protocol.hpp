@@ -276,7 +276,9 @@ class server_protocol {
  private:
   std::error_code handle(Session& s, message& m, std::string& detail) {
     std::error_code err;
-    if (s.is_worker()) {
+    if (s.is_reader()) {
+      err = on_reader_message(s, m, detail);
+    } else if (s.is_worker()) {
       if constexpr (has_on_worker_message<part_type, ctx_t<Io>>) {
         // e.g. held until the message's apply position is logged (recovery::replica_log)
         if (auto r = part_.on_worker_message(io_->ctx(), s, m, detail))
@@ -314,6 +316,7 @@ class server_protocol {
     }
     protocol::hello& hello = hello_;  // reused: a hello decodes into the same vector
     if (auto ec = protocol::decode(m, hello, detail)) return ec;
+    if (h.sender == protocol::reader_id) return greet_reader(s, hello, detail);
     if (hello.fingerprint != policy_fingerprint<Consistency, Recovery>()) {
       detail = std::string(" (this server runs ") + (Consistency::eager ? "eager" : "lazy") +
                " consistency and recovery '" + std::string(Recovery::name) + "')";
@@ -374,6 +377,57 @@ class server_protocol {
       advance(s.worker, h.clock);
     }
     return {};
+  }
+
+  /// A reader's hello (`protocol::reader_id`): no fingerprint, membership or recovery hook;
+  /// the layout must match. Its welcome gives the server clock as the reader's clock.
+  std::error_code greet_reader(Session& s, const protocol::hello& hello, std::string& detail) {
+    if (!core_.layout_matches(hello.layout)) {
+      detail = " (" + core_.layout_difference_from(hello.layout) + ")";
+      return errc::layout_mismatch;
+    }
+    s.kind = session_base::kind_type::reader;
+    ++stats_.readers;
+    protocol::welcome w{.shard = opts_.shard,
+                        .num_shards = opts_.num_shards,
+                        .server_clock = core_.clock(),
+                        .last_seq = 0,
+                        .worker_clock = core_.clock(),
+                        .wants_state = false,
+                        .tables = {},
+                        .local_step = 0};
+    core_.welcome_tables(no_worker, w);
+    enqueue(s, protocol::encode(w, alloc()));
+    return {};
+  }
+
+  /// A message of reader session `s`: a pull, answered at once with the rows as of the server
+  /// clock (whatever clock it names), heartbeat, bye or error; anything else is refused.
+  std::error_code on_reader_message(Session& s, message& m, std::string& detail) {
+    const auto& h = m.header;
+    switch (h.type) {
+      case message_type::pull:
+        if (h.sender != protocol::reader_id) return errc::bad_sender;
+        if (auto ec = core_.check_rows(m, detail)) return ec;
+        send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, false,
+                  core_.rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
+                                     payload_keys(m), alloc()));
+        ++stats_.reader_pulls;
+        return {};
+      case message_type::heartbeat: return {};
+      case message_type::bye: close_after_flush(s); return {};
+      case message_type::error: {
+        protocol::error e;
+        if (auto ec = protocol::decode(m, e, detail)) return ec;
+        log(who(s) + " reported an error: " + peer_text(e.reason));
+        close_after_flush(s);
+        return {};
+      }
+      default:
+        detail = " (type " + std::to_string(static_cast<int>(h.type)) +
+                 " from a reader, which may only pull)";
+        return errc::unexpected_message;
+    }
   }
 
   /// A message of registered worker session `s`: push, clock, pull, heartbeat, bye, error.
@@ -601,6 +655,8 @@ class server_protocol {
     std::string name;
     if (s.is_worker()) {
       name = "worker " + std::to_string(s.worker);
+    } else if (s.is_reader()) {
+      name = "reader";
     } else if (s.is_peer()) {
       name = "peer";
       if constexpr (has_peer_name<part_type>) name = part_.peer_name(s);

@@ -358,7 +358,8 @@ class shard_core {
     w.tables.clear();
     w.tables.reserve(tables_.size());
     for (std::size_t i = 0; i < tables_.size(); ++i)
-      w.tables.push_back({tables_[i].spec.rows, tables_[i].spec.width, applied_[worker][i]});
+      w.tables.push_back({tables_[i].spec.rows, tables_[i].spec.width,
+                          worker < applied_.size() ? applied_[worker][i] : 0});
     w.local_step = static_cast<float>(optimizer_.local_step());
   }
   /// A snapshot of rows of table `tid` (keys first when sparse), in a buffer from `alloc`.

@@ -1,0 +1,187 @@
+// asyncps — async_read_model: read the parameters the server shards hold now, as a *reader*
+// (`protocol::reader_id`): a session that takes no part in the clocks, for evaluating or
+// monitoring the servers' model while workers train (docs/wire-format.md, "Readers").
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include <asio/awaitable.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/text.hpp"
+#include "asyncps/detail/transport_time.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/log.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/table.hpp"
+#include "asyncps/transport.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps {
+
+namespace detail {
+
+// Reads shard `shard`'s part of every table of `layout` from the server at `ep` into `out`
+// (the whole model, tables in order): hello as a reader, welcome, one ranged pull per table,
+// bye. `conn` is the caller's, so that a deadline can close it. `what` is set to what failed.
+template <class Transport>
+asio::awaitable<std::error_code>
+read_shard(Transport& t, typename Transport::endpoint_type ep, std::uint32_t shard,
+           std::uint32_t num_shards, std::span<const table_spec> layout, std::span<float> out,
+           typename Transport::connection_type& conn, std::string& what) {
+  auto [cec, c] = co_await t.async_connect(ep);
+  if (cec) {
+    what = "connect";
+    co_return cec;
+  }
+  conn = std::move(c);
+  protocol::hello h;
+  h.worker = protocol::reader_id;
+  for (const auto& s : layout) h.layout.push_back({s.rows, s.width});
+  if (auto ec = co_await conn.async_send(
+          protocol::encode(h, [&t](std::size_t n) { return t.allocate(n); }))) {
+    what = "send hello";
+    co_return ec;
+  }
+  auto [wec, wm] = co_await conn.async_receive();
+  if (wec) {
+    what = "receive welcome";
+    co_return wec;
+  }
+  if (wm.header.type == message_type::error) {
+    protocol::error e;
+    std::string why;
+    if (protocol::decode(wm, e, why)) {
+      what = "the server's refusal is malformed" + why;
+      co_return make_error_code(errc::unexpected_message);
+    }
+    what = "refused: " + peer_text(e.reason);
+    co_return e.code ? make_error_code(*e.code) : make_error_code(errc::unexpected_message);
+  }
+  protocol::welcome w;
+  if (std::string why; protocol::decode(wm, w, why)) {
+    what = "welcome" + why;
+    co_return make_error_code(errc::unexpected_message);
+  }
+  if (w.shard != shard || w.num_shards != num_shards) {
+    what = "it serves shard " + std::to_string(w.shard) + " of " + std::to_string(w.num_shards) +
+           ", expected shard " + std::to_string(shard) + " of " + std::to_string(num_shards);
+    co_return make_error_code(errc::unexpected_message);
+  }
+  std::size_t offset = 0;  // of the table in `out`
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    const auto& spec = layout[i];
+    const key_range r = shard_range(spec.rows, shard, num_shards);
+    if (!r.empty()) {
+      message pull;
+      pull.header.type = message_type::pull;
+      pull.header.flags = frame_flags::range;
+      pull.header.sender = protocol::reader_id;
+      pull.header.table = static_cast<table_id>(i);
+      pull.header.first_row = r.begin;
+      pull.header.row_count = r.size();
+      pull.header.width = spec.width;
+      if (auto ec = co_await conn.async_send(std::move(pull))) {
+        what = "send pull";
+        co_return ec;
+      }
+      auto [rec, rows] = co_await conn.async_receive();
+      if (rec) {
+        what = "receive rows";
+        co_return rec;
+      }
+      const std::size_t n = std::size_t{r.size()} * spec.width;
+      if (rows.header.type != message_type::rows || rows.header.table != i ||
+          !rows.header.has(frame_flags::range) || rows.header.first_row != r.begin ||
+          rows.header.row_count != r.size() || rows.payload.size() != n * sizeof(float)) {
+        what = "the reply to the pull of table " + std::to_string(i) +
+               " is not its rows (message type " +
+               std::to_string(static_cast<int>(rows.header.type)) + ", " +
+               std::to_string(rows.payload.size()) + " bytes)";
+        co_return make_error_code(errc::unexpected_message);
+      }
+      std::memcpy(out.data() + offset + std::size_t{r.begin} * spec.width, rows.payload.data(),
+                  n * sizeof(float));
+    }
+    offset += spec.size();
+  }
+  message bye;
+  bye.header.type = message_type::bye;
+  bye.header.sender = protocol::reader_id;
+  (void)co_await conn.async_send(std::move(bye));  // the rows are in; a lost bye is harmless
+  conn.close();
+  co_return std::error_code{};
+}
+
+template <class Timer, class Connection>
+asio::awaitable<void> reader_deadline(Timer& timer, Connection& conn) {
+  auto [ec] = co_await timer.async_wait(use_tuple);
+  if (!ec) conn.close();
+}
+
+}  // namespace detail
+
+/// Reads the parameters the server shards hold now into `out`: the whole model of `layout`
+/// (`layout_size(layout)` floats: tables in order, rows in order, as `parameter_view` lays
+/// them out). Shard `i` of `servers.size()` is served at `servers[i]`; the shards are read one
+/// after another, so the result is each shard's state at the moment it answered (shards may
+/// differ by the clocks that passed meanwhile). Each server sees a *reader*
+/// (`protocol::reader_id`): it is not a worker, holds no clock, and never delays training; it
+/// gets the same shared secret / TLS checks as any peer through `t`. In a chain, a backup
+/// answers with its own (possibly lagging) copy: list the heads.
+///
+/// `timeout` (> 0) bounds the whole read; no connect is retried. Completes with success, or:
+/// `errc::invalid_argument` (no servers, `out` of the wrong size, `timeout` <= 0; nothing is
+/// sent); a connect or connection error; `errc::timeout`; the code of a server's refusal
+/// (e.g. `layout_mismatch`); `errc::unexpected_message` when a reply is malformed or a server
+/// serves another shard than its position says. On failure `out` is partly written. Each
+/// failure is logged on `log` (empty: stderr) naming the server and what failed.
+///
+/// Thread safety: runs on `t`'s executor; `t`, `servers`, `layout` and `out` outlive the
+/// operation. Cost: one connection and one pull per table per shard; the rows are copied once,
+/// into `out`.
+template <transport Transport>
+asio::awaitable<std::error_code>
+async_read_model(Transport& t, std::span<const typename Transport::endpoint_type> servers,
+                 std::span<const table_spec> layout, std::span<float> out,
+                 std::chrono::milliseconds timeout, const log_function& log = {}) {
+  using namespace asio::experimental::awaitable_operators;
+  if (servers.empty() || out.size() != layout_size(layout) || timeout.count() <= 0 ||
+      servers.size() >= protocol::no_worker_id) {
+    detail::emit(log, "asyncps: read model: invalid argument (" + std::to_string(servers.size()) +
+                          " servers, " + std::to_string(out.size()) + " floats for a layout of " +
+                          std::to_string(layout_size(layout)) + ", timeout " +
+                          std::to_string(timeout.count()) + " ms)");
+    co_return make_error_code(errc::invalid_argument);
+  }
+  const auto n = static_cast<std::uint32_t>(servers.size());
+  detail::transport_timer_t<Transport> timer(t.get_executor());
+  timer.expires_at(detail::transport_clock_t<Transport>::now() + timeout);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    typename Transport::connection_type conn;
+    std::string what;
+    auto r = co_await (detail::read_shard(t, servers[i], i, n, layout, out, conn, what) ||
+                       detail::reader_deadline(timer, conn));
+    conn.close();
+    std::error_code ec = r.index() == 1 ? make_error_code(errc::timeout) : std::get<0>(r);
+    if (ec) {
+      detail::emit(log, "asyncps: read model: server " + std::to_string(i) + " at " +
+                            detail::endpoint_string(servers[i]) + ": " +
+                            (r.index() == 1
+                                 ? "no answer within " + std::to_string(timeout.count()) + " ms"
+                                 : what + ": " + ec.message()));
+      co_return ec;
+    }
+  }
+  co_return std::error_code{};
+}
+
+}  // namespace asyncps
