@@ -3,7 +3,7 @@
 //
 //   fashion_mnist                                  # MLP, 2 servers + 4 workers, SSP(3)
 //   fashion_mnist --model softmax --consistency essp --staleness 3
-//   fashion_mnist --model cnn --eval-every 1                       # conv net, ~0.91
+//   fashion_mnist --model cnn --eval-every 1                       # conv net (im2col)
 //   head -c 32 /dev/urandom > secret; chmod 600 secret  # multi-process runs share a secret
 //   fashion_mnist --role server --shard 0 --servers 2 --workers 2 --listen 127.0.0.1:7000
 //                 --secret-file secret
@@ -293,7 +293,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000));
   app.add_option("--vap-magnitude", c.vap_magnitude,
                  "--consistency vap: bound on a worker's in-transit update magnitude (L2 norm of "
-                 "lr x gradient; default 0.15 softmax, 0.5 MLP: about 2 clocks of SGD updates)")
+                 "lr x gradient; default 0.15 softmax, 0.5 MLP and CNN: about 2 clocks of SGD "
+                 "updates)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--vap-shrink", c.vap_shrink,
                "--consistency vap: bound --vap-magnitude / sqrt(clock + 1)");
