@@ -13,14 +13,23 @@
 namespace fashion {
 
 struct any_model::impl {
-  using variant = std::variant<fashion::softmax_model, fashion::mlp_model>;
+  using variant = std::variant<fashion::softmax_model, fashion::mlp_model, fashion::cnn_model>;
   impl(const config& c, const fashion::dataset& train, std::uint32_t shard, std::uint32_t shards)
-      : m(c.model == "mlp" ? variant(std::in_place_type<fashion::mlp_model>, train, shard, shards,
-                                     c.batch, c.seed, c.l2, c.hidden)
-                           : variant(std::in_place_type<fashion::softmax_model>, train, shard,
-                                     shards, c.batch, c.seed, c.l2)),
-        decay_at(c.decay_at), factor(c.decay_factor),
+      : m(make(c, train, shard, shards)), decay_at(c.decay_at), factor(c.decay_factor),
         slow(any_model::is_slow(c, shard) ? c.slow_factor : 1.0) {}
+  static variant make(const config& c, const fashion::dataset& train, std::uint32_t shard,
+                      std::uint32_t shards) {
+    if (c.model == "mlp") {
+      return variant(std::in_place_type<fashion::mlp_model>, train, shard, shards, c.batch, c.seed,
+                     c.l2, c.hidden);
+    }
+    if (c.model == "cnn") {
+      return variant(std::in_place_type<fashion::cnn_model>, train, shard, shards, c.batch, c.seed,
+                     c.l2);
+    }
+    return variant(std::in_place_type<fashion::softmax_model>, train, shard, shards, c.batch,
+                   c.seed, c.l2);
+  }
   variant m;
   double decay_at;
   float factor;

@@ -18,7 +18,7 @@ namespace fashion {
 
 using clock_type = std::chrono::steady_clock;
 
-/// One worker's model: softmax regression or the MLP (models.hpp), chosen at run time.
+/// One worker's model: softmax regression, the MLP or the CNN (models.hpp), chosen at run time.
 class any_model {
  public:
   /// Worker `shard` of `shards`: draws minibatches from its contiguous part of `train`, which

@@ -1,8 +1,9 @@
-// fashion_mnist — train softmax regression or an MLP on Fashion-MNIST with asyncps parameter
-// servers and workers talking over TCP.
+// fashion_mnist — train softmax regression, an MLP or a small CNN on Fashion-MNIST with asyncps
+// parameter servers and workers talking over TCP.
 //
 //   fashion_mnist                                  # MLP, 2 servers + 4 workers, SSP(3)
 //   fashion_mnist --model softmax --consistency essp --staleness 3
+//   fashion_mnist --model cnn --eval-every 1                       # conv net (im2col)
 //   head -c 32 /dev/urandom > secret; chmod 600 secret  # multi-process runs share a secret
 //   fashion_mnist --role server --shard 0 --servers 2 --workers 2 --listen 127.0.0.1:7000
 //                 --secret-file secret
@@ -281,8 +282,10 @@ int main(int argc, char** argv) {
   app.add_option("--grace", c.grace,
                  "--elastic: seconds a worker's connection may be gone before it leaves")
       ->check(CLI::PositiveNumber);
-  app.add_option("--model", c.model, "mlp (784-128-10, default) or softmax regression")
-      ->check(CLI::IsMember({"softmax", "mlp"}));
+  app.add_option("--model", c.model,
+                 "mlp (784-128-10, default), softmax regression, or cnn (conv 5x5 16, pool, conv "
+                 "5x5 32, pool, dense; docs/results/fashion_mnist.md)")
+      ->check(CLI::IsMember({"softmax", "mlp", "cnn"}));
   app.add_option("--consistency", c.consistency)
       ->check(CLI::IsMember({"bsp", "ssp", "essp", "asp", "vap"}));
   app.add_option("--staleness", c.staleness,
@@ -290,7 +293,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000000));
   app.add_option("--vap-magnitude", c.vap_magnitude,
                  "--consistency vap: bound on a worker's in-transit update magnitude (L2 norm of "
-                 "lr x gradient; default 0.15 softmax, 0.5 MLP: about 2 clocks of SGD updates)")
+                 "lr x gradient; default 0.15 softmax, 0.5 MLP and CNN: about 2 clocks of SGD "
+                 "updates)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--vap-shrink", c.vap_shrink,
                "--consistency vap: bound --vap-magnitude / sqrt(clock + 1)");

@@ -1,5 +1,6 @@
-// fashion — two `asyncps::model`s for Fashion-MNIST: softmax regression and a one-hidden-layer
-// ReLU network, each trained with minibatch gradients of the mean cross-entropy.
+// fashion — three `asyncps::model`s for Fashion-MNIST: softmax regression, a one-hidden-layer
+// ReLU network and a small convolutional network, each trained with minibatch gradients of the
+// mean cross-entropy.
 //
 // One model object is one worker's: it owns an index permutation of its contiguous shard of the
 // training set and its own generator, and draws `batch_size` examples per `compute_gradient`.
@@ -157,6 +158,100 @@ inline double softmax_cross_entropy(Eigen::Ref<asyncps::row_matrix> z, const std
     row(y) -= scale;
   }
   return loss;
+}
+
+/// im2col of a 5 x 5 "valid" convolution (stride 1) over `m` images of `side` x `side` pixels
+/// and `channels` channels, stored NHWC (pixel (y, x) of image b, channel c at
+/// `in[((b * side + y) * side + x) * channels + c]`). Writes one row per output position
+/// (b, oy, ox), in that order, of 25 * channels values at columns (ky * 5 + kx) * channels + c;
+/// consecutive rows are `row_stride` (>= 25 * channels) floats apart, and the columns past
+/// 25 * channels are left untouched. Complexity: O(m * (side - 4)^2 * 25 * channels).
+inline void im2col5(const float* in, Eigen::Index m, Eigen::Index side, Eigen::Index channels,
+                    float* cols, Eigen::Index row_stride) noexcept {
+  const Eigen::Index out = side - 4;
+  const Eigen::Index run = 5 * channels;  // one kernel row: 5 pixels x all channels
+  for (Eigen::Index b = 0; b < m; ++b) {
+    for (Eigen::Index oy = 0; oy < out; ++oy) {
+      for (Eigen::Index ox = 0; ox < out; ++ox) {
+        float* dst = cols + ((b * out + oy) * out + ox) * row_stride;
+        for (Eigen::Index ky = 0; ky < 5; ++ky)
+          std::copy_n(in + ((b * side + oy + ky) * side + ox) * channels, run, dst + ky * run);
+      }
+    }
+  }
+}
+
+/// The adjoint of `im2col5`: sets `in` (NHWC, m x side x side x channels) to zero, then adds
+/// every value of `cols` (laid out as `im2col5` writes it) to the input value it was copied from.
+/// Complexity: O(m * (side - 4)^2 * 25 * channels).
+inline void col2im5(const float* cols, Eigen::Index row_stride, Eigen::Index m, Eigen::Index side,
+                    Eigen::Index channels, float* in) noexcept {
+  const Eigen::Index out = side - 4;
+  const Eigen::Index run = 5 * channels;
+  std::fill_n(in, m * side * side * channels, 0.0f);
+  for (Eigen::Index b = 0; b < m; ++b) {
+    for (Eigen::Index oy = 0; oy < out; ++oy) {
+      for (Eigen::Index ox = 0; ox < out; ++ox) {
+        const float* src = cols + ((b * out + oy) * out + ox) * row_stride;
+        for (Eigen::Index ky = 0; ky < 5; ++ky) {
+          float* dst = in + ((b * side + oy + ky) * side + ox) * channels;
+          const float* s = src + ky * run;
+          for (Eigen::Index k = 0; k < run; ++k) dst[k] += s[k];
+        }
+      }
+    }
+  }
+}
+
+/// ReLU then 2 x 2 max pooling (stride 2) of pre-activations `a`: m images of `side` x `side`
+/// (even) positions and `channels` channels, NHWC. Output position (py, px), channel c of image
+/// b goes to `out[b * out_stride + (py * side / 2 + px) * channels + c]` (= max(0, the window's
+/// maximum)), and the index into `a` of the window's maximum to `arg[(b * (side / 2)^2 + py *
+/// side / 2 + px) * channels + c]`. Complexity: O(m * side^2 * channels).
+inline void relu_max_pool(const float* a, Eigen::Index m, Eigen::Index side, Eigen::Index channels,
+                          float* out, Eigen::Index out_stride, std::uint32_t* arg) noexcept {
+  const Eigen::Index half = side / 2;
+  for (Eigen::Index b = 0; b < m; ++b) {
+    for (Eigen::Index py = 0; py < half; ++py) {
+      for (Eigen::Index px = 0; px < half; ++px) {
+        const Eigen::Index base = ((b * side + 2 * py) * side + 2 * px) * channels;
+        const Eigen::Index pos = py * half + px;
+        float* o = out + b * out_stride + pos * channels;
+        std::uint32_t* g = arg + (b * half * half + pos) * channels;
+        const std::array<Eigen::Index, 4> window{base, base + channels, base + side * channels,
+                                                 base + (side + 1) * channels};
+        for (Eigen::Index c = 0; c < channels; ++c) {
+          Eigen::Index best = window[0] + c;
+          for (int k = 1; k < 4; ++k) {
+            if (a[window[k] + c] > a[best]) best = window[k] + c;
+          }
+          o[c] = std::max(a[best], 0.0f);
+          g[c] = static_cast<std::uint32_t>(best);
+        }
+      }
+    }
+  }
+}
+
+/// The adjoint of `relu_max_pool` (arguments as there): sets `d_a` to
+/// the gradient with respect to the pre-activations given `d_out`, the gradient with respect to
+/// the pooled outputs `out` (same layout as `out`): each pooled value's gradient goes to its
+/// window's maximum when that value is positive; every other value of `d_a` is zero. (`a` itself
+/// is not read, so `d_a` may reuse its storage.) Complexity: O(m * side^2 * channels).
+inline void relu_max_pool_backward(const float* out, const float* d_out, Eigen::Index m,
+                                   Eigen::Index side, Eigen::Index channels,
+                                   Eigen::Index out_stride, const std::uint32_t* arg,
+                                   float* d_a) noexcept {
+  const Eigen::Index positions = (side / 2) * (side / 2) * channels;
+  std::fill_n(d_a, m * side * side * channels, 0.0f);
+  for (Eigen::Index b = 0; b < m; ++b) {
+    const float* o = out + b * out_stride;
+    const float* d = d_out + b * out_stride;
+    const std::uint32_t* g = arg + b * positions;
+    for (Eigen::Index k = 0; k < positions; ++k) {
+      if (o[k] > 0.0f) d_a[g[k]] = d[k];
+    }
+  }
 }
 
 /// Evaluates `forward(x, logits)` (which fills `logits`, m x 10, from images `x`, m x 784)
@@ -372,8 +467,210 @@ class mlp_model {
   asyncps::row_matrix logits_;        // batch x 10; then d(loss)/d(logits)
 };
 
+/// A small convolutional network: conv 5x5 (1 -> C1) -> ReLU -> max pool 2x2 -> conv 5x5
+/// (C1 -> C2) -> ReLU -> max pool 2x2 -> dense (16 C2 -> 10) -> softmax. Spatial sizes:
+/// 28 -> 24 -> 12 -> 8 -> 4 ("valid" convolutions, stride 1; pools of stride 2).
+///
+/// Layout (each row is one output unit's weights followed by its bias, as the MLP's [W | b]):
+/// * table 0, conv 1: C1 rows x 26; row f = [w_f(ky, kx) at column ky * 5 + kx | b_f].
+///   He-uniform scale sqrt(6 / 25).
+/// * table 1, conv 2: C2 rows x (25 C1 + 1); row f = [w_f(ky, kx, c) at column
+///   (ky * 5 + kx) * C1 + c | b_f]. He-uniform scale sqrt(6 / (25 C1)).
+/// * table 2, dense: 10 rows x (16 C2 + 1); row k = [w_k(y, x, c) at column (y * 4 + x) * C2 + c
+///   | b_k], over the 4 x 4 x C2 pooled features. Glorot-uniform scale sqrt(6 / (16 C2 + 10)).
+/// (Biases start uniform too: the layout has one scale per table.)
+/// Loss per minibatch: mean cross-entropy + (l2 / 2) * (sum of squared weights, biases excluded).
+///
+/// Each convolution is one GEMM over the whole batch: the inputs are unrolled (im2col, with a
+/// column of ones that multiplies the bias column) into (batch * positions) x (25 C_in + 1)
+/// rows, times the table transposed. Activations are NHWC (channel fastest). Per example, the
+/// forward pass is 576 * 26 * C1 + 64 * (25 C1 + 1) * C2 + 10 * (16 C2 + 1) multiply-adds
+/// (about 1.07 M for the default C1 = 16, C2 = 32), the gradient about 3 times that.
+/// Object lifetimes: the training set passed to the constructor must outlive the model.
+/// Thread safety: distinct objects are independent; one object is used by one thread at a time.
+class cnn_model {
+ public:
+  /// First convolution [W1 | b1].
+  static constexpr asyncps::table_id conv1_table = 0;
+  /// Second convolution [W2 | b2].
+  static constexpr asyncps::table_id conv2_table = 1;
+  /// Dense output layer [W3 | b3].
+  static constexpr asyncps::table_id output_table = 2;
+  /// The default channel counts C1 and C2.
+  static constexpr std::uint32_t default_channels1 = 16;
+  static constexpr std::uint32_t default_channels2 = 32;
+
+  /// A worker's model; arguments as `softmax_model`'s, plus the channel counts `channels1` and
+  /// `channels2` (both > 0) of the two convolutions.
+  /// Errors: as `softmax_model`'s constructor, and `std::invalid_argument` if a channel count is
+  /// 0 or above 4096.
+  /// Complexity: O(shard size + batch_size * (576 * (C1 + 26) + 64 * (25 C1 + C2))) time and
+  /// memory (about 230 KB per example of the batch for the default channels).
+  cnn_model(const dataset& train, std::uint32_t shard, std::uint32_t num_shards,
+            std::uint32_t batch_size, std::uint64_t seed, float l2 = 0.0f,
+            std::uint32_t channels1 = default_channels1,
+            std::uint32_t channels2 = default_channels2)
+      : tables_(make_tables(channels1, channels2)),
+        sampler_(train, shard, num_shards, batch_size, seed), l2_(l2),
+        x_(batch_size, static_cast<Eigen::Index>(image_pixels)), labels_(batch_size),
+        work_(batch_size, channels1, channels2) {}
+
+  /// The parameter layout (see the class comment). Valid while the model lives.
+  std::span<const asyncps::table_spec> tables() const noexcept { return tables_; }
+
+  /// Draws the next minibatch and writes into every value of `g` the gradient, at `p`, of the
+  /// minibatch's mean cross-entropy plus (l2 / 2) * (squared weights); returns that loss (nats).
+  /// Preconditions: `p` and `g` have the layout `tables()`.
+  /// Allocation: none. Complexity: O(batch_size * 3 * (forward multiply-adds, class comment)).
+  float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) noexcept {
+    sampler_.next(x_, labels_);
+    workspace& w = work_;
+    const Eigen::Index m = x_.rows();
+    const Eigen::Index c1 = w.c1;
+    const Eigen::Index c2 = w.c2;
+    const auto theta1 = p.table(conv1_table);
+    const auto theta2 = p.table(conv2_table);
+    const auto theta3 = p.table(output_table);
+    w.forward(theta1, theta2, theta3, x_.data(), m);
+    const auto batch = static_cast<float>(m);
+    double loss = detail::softmax_cross_entropy(w.logits, labels_.data(), 1.0f / batch) / batch;
+
+    // Dense layer: d(loss)/d[W3 | b3] = d_logits^T [features | 1].
+    const Eigen::Index features = 16 * c2;
+    auto grad3 = g.table(output_table);
+    detail::product_into(grad3, w.logits.transpose(), w.pooled2);
+    detail::product_into(w.d_pooled2.leftCols(features), w.logits, theta3.leftCols(features));
+    // Pool 2 and ReLU, into the conv 2 pre-activations' storage.
+    detail::relu_max_pool_backward(w.pooled2.data(), w.d_pooled2.data(), m, 8, c2, features + 1,
+                                   w.arg2.data(), w.act2.data());
+    // Conv 2: d[W2 | b2] = d_act2^T cols2; then d_cols2 = d_act2 W2 into cols2's storage (its
+    // last column, the ones, is not written and is restored by the next forward pass anyway).
+    auto grad2 = g.table(conv2_table);
+    detail::product_into(grad2, w.act2.transpose(), w.cols2);
+    detail::product_into(w.cols2.leftCols(25 * c1), w.act2, theta2.leftCols(25 * c1));
+    detail::col2im5(w.cols2.data(), w.cols2.cols(), m, 12, c1, w.d_pooled1.data());
+    // Pool 1 and ReLU, into the conv 1 pre-activations' storage.
+    detail::relu_max_pool_backward(w.pooled1.data(), w.d_pooled1.data(), m, 24, c1, 144 * c1,
+                                   w.arg1.data(), w.act1.data());
+    auto grad1 = g.table(conv1_table);
+    detail::product_into(grad1, w.act1.transpose(), w.cols1);
+
+    if (l2_ != 0.0f) {
+      double squares = 0.0;
+      const auto decay = [&](auto grad, const auto& theta, Eigen::Index weights) {
+        grad.leftCols(weights) += l2_ * theta.leftCols(weights);
+        squares += static_cast<double>(theta.leftCols(weights).squaredNorm());
+      };
+      decay(grad1, theta1, 25);
+      decay(grad2, theta2, 25 * c1);
+      decay(grad3, theta3, features);
+      loss += 0.5 * static_cast<double>(l2_) * squares;
+    }
+    return static_cast<float>(loss);
+  }
+
+  /// Examples drawn so far by this object.
+  std::uint64_t samples_seen() const noexcept { return sampler_.samples_seen(); }
+  /// Passes over this object's shard so far (fractional).
+  double epoch() const noexcept { return sampler_.epoch(); }
+  /// The channel counts C1 and C2.
+  std::uint32_t channels1() const noexcept { return tables_[conv1_table].rows; }
+  std::uint32_t channels2() const noexcept { return tables_[conv2_table].rows; }
+
+  /// Accuracy and mean cross-entropy of parameters `p` on `test`, in chunks of `chunk_rows`
+  /// rows, each run as forward passes of at most 100 images. C1 and C2 are read from
+  /// `p.tables()`. Preconditions: `p` has a `cnn_model` layout; `test` is n x 784 with n
+  /// labels, all < 10. Allocates O(chunk_rows * 10) floats and the activations of 100 examples
+  /// (about 23 MB for the default channels). Thread safety: reentrant.
+  static evaluation evaluate(const asyncps::parameter_view& p, const dataset& test,
+                             std::size_t chunk_rows = 1000) {
+    const auto theta1 = p.table(conv1_table);
+    const auto theta2 = p.table(conv2_table);
+    const auto theta3 = p.table(output_table);
+    constexpr Eigen::Index block = 100;
+    workspace w(block, static_cast<std::uint32_t>(theta1.rows()),
+                static_cast<std::uint32_t>(theta2.rows()));
+    return detail::evaluate_chunks(test, chunk_rows, [&](const auto& x, auto& z) {
+      for (Eigen::Index r = 0; r < x.rows(); r += block) {
+        const Eigen::Index m = std::min(block, x.rows() - r);
+        w.forward(theta1, theta2, theta3, x.row(r).data(), m);
+        z.middleRows(r, m) = w.logits.topRows(m);
+      }
+    });
+  }
+
+ private:
+  /// The layout for channel counts (c1, c2); throws `std::invalid_argument` if one is 0 or
+  /// above 4096.
+  static std::array<asyncps::table_spec, 3> make_tables(std::uint32_t c1, std::uint32_t c2) {
+    if (c1 == 0 || c2 == 0 || c1 > 4096 || c2 > 4096)
+      throw std::invalid_argument("fashion::cnn_model: channel counts must be in [1, 4096]");
+    const auto he = [](std::uint32_t fan_in) {
+      return std::sqrt(6.0f / static_cast<float>(fan_in));
+    };
+    return {{{conv1_table, c1, 26, he(25)},
+             {conv2_table, c2, 25 * c1 + 1, he(25 * c1)},
+             {output_table, static_cast<std::uint32_t>(num_classes), 16 * c2 + 1,
+              std::sqrt(6.0f / static_cast<float>(16 * c2 + num_classes))}}};
+  }
+
+  /// The activations of up to `capacity` examples, and the gradients flowing back through them.
+  struct workspace {
+    workspace(Eigen::Index capacity, std::uint32_t channels1, std::uint32_t channels2)
+        : c1(channels1), c2(channels2), cols1(capacity * 576, 26), act1(capacity * 576, c1),
+          pooled1(capacity * 144, c1), d_pooled1(capacity * 144, c1),
+          arg1(static_cast<std::size_t>(capacity * 144 * c1)), cols2(capacity * 64, 25 * c1 + 1),
+          act2(capacity * 64, c2), pooled2(capacity, 16 * c2 + 1), d_pooled2(capacity, 16 * c2 + 1),
+          arg2(static_cast<std::size_t>(capacity * 16 * c2)),
+          logits(capacity, static_cast<Eigen::Index>(num_classes)) {
+      // The ones that multiply the bias columns; no pass overwrites them.
+      cols1.col(25).setOnes();
+      cols2.col(25 * c1).setOnes();
+      pooled2.col(16 * c2).setOnes();
+    }
+
+    /// Fills the top m rows of `logits` with the logits of the m <= capacity images at `x`
+    /// (m x 784, row-major, contiguous), keeping every activation for the backward pass.
+    template <class Theta>
+    void forward(const Theta& theta1, const Theta& theta2, const Theta& theta3, const float* x,
+                 Eigen::Index m) noexcept {
+      detail::im2col5(x, m, 28, 1, cols1.data(), cols1.cols());
+      auto a1 = act1.topRows(m * 576);
+      detail::product_into(a1, cols1.topRows(m * 576), theta1.transpose());
+      detail::relu_max_pool(act1.data(), m, 24, c1, pooled1.data(), 144 * c1, arg1.data());
+      detail::im2col5(pooled1.data(), m, 12, c1, cols2.data(), cols2.cols());
+      auto a2 = act2.topRows(m * 64);
+      detail::product_into(a2, cols2.topRows(m * 64), theta2.transpose());
+      detail::relu_max_pool(act2.data(), m, 8, c2, pooled2.data(), pooled2.cols(), arg2.data());
+      auto z = logits.topRows(m);
+      detail::product_into(z, pooled2.topRows(m), theta3.transpose());
+    }
+
+    Eigen::Index c1, c2;
+    asyncps::row_matrix cols1;        // (m * 576) x 26: conv 1 input patches | 1
+    asyncps::row_matrix act1;         // (m * 576) x C1: conv 1 pre-activations; then gradient
+    asyncps::row_matrix pooled1;      // (m * 144) x C1: relu(pool(act1)), NHWC
+    asyncps::row_matrix d_pooled1;    // (m * 144) x C1: d(loss)/d(pooled1)
+    std::vector<std::uint32_t> arg1;  // m * 144 * C1: index into act1 of each pool maximum
+    asyncps::row_matrix cols2;        // (m * 64) x (25 C1 + 1): conv 2 patches | 1; then grad
+    asyncps::row_matrix act2;         // (m * 64) x C2: conv 2 pre-activations; then gradient
+    asyncps::row_matrix pooled2;      // m x (16 C2 + 1): relu(pool(act2)), NHWC | 1
+    asyncps::row_matrix d_pooled2;    // m x (16 C2 + 1): d(loss)/d(pooled2) (last col unused)
+    std::vector<std::uint32_t> arg2;  // m * 16 * C2: index into act2 of each pool maximum
+    asyncps::row_matrix logits;       // m x 10; then d(loss)/d(logits)
+  };
+
+  std::array<asyncps::table_spec, 3> tables_;
+  detail::minibatch_sampler sampler_;
+  float l2_;
+  asyncps::row_matrix x_;             // batch x 784
+  std::vector<std::uint8_t> labels_;  // batch
+  workspace work_;
+};
+
 static_assert(asyncps::model<softmax_model>);
 static_assert(asyncps::model<mlp_model>);
+static_assert(asyncps::model<cnn_model>);
 
 /// `Model::evaluate(p, test)`: accuracy and mean cross-entropy of `p` on `test`.
 template <class Model>
