@@ -3,7 +3,7 @@
 //
 //   fashion_mnist                                  # MLP, 2 servers + 4 workers, SSP(3)
 //   fashion_mnist --model softmax --consistency essp --staleness 3
-//   fashion_mnist --model cnn --eval-every 1                       # conv net (im2col)
+//   fashion_mnist --model cnn                                      # conv net (im2col)
 //   head -c 32 /dev/urandom > secret; chmod 600 secret  # multi-process runs share a secret
 //   fashion_mnist --role server --shard 0 --servers 2 --workers 2 --listen 127.0.0.1:7000
 //                 --secret-file secret

@@ -9,7 +9,8 @@
 // failing schedule prints its policy and seed: replay it with
 // `simulate<Policy>(random_config(seed, bound))` or
 // `simulate_elastic<Policy>(random_elastic_config(seed, bound))`. The whole file runs in ~2 s
-// at -O2, the elastic schedules about a sixth of it.
+// at -O2, the elastic schedules about a sixth of it. Unoptimised (the clang-asan stage, -O0)
+// the random tests run a quarter of their schedules (tests/support/build_mode.hpp).
 #include <algorithm>
 #include <array>
 #include <bitset>
@@ -40,6 +41,7 @@
 #include "asyncps/server.hpp"
 #include "asyncps/transport/simulated.hpp"
 #include "asyncps/worker.hpp"
+#include "build_mode.hpp"
 #include "counter_model.hpp"
 
 using namespace asyncps;
@@ -323,10 +325,11 @@ TEST_CASE("simulation: the same seed gives bit-identical runs; another seed othe
                                  << " s; " << a.stats.events << " events");
 }
 
-TEST_CASE("simulation: consistency bounds hold on every read over 1800 random schedules") {
+TEST_CASE("simulation: consistency bounds hold on every read over 1800 random schedules (450 "
+          "unoptimised)") {
   // Seeds are disjoint per policy, so every schedule is different. The schedules reach each
   // bound (the largest staleness observed is the bound itself), so the checks are not vacuous.
-  constexpr std::uint64_t n = 300;
+  constexpr std::uint64_t n = test::random_runs(300);
   CHECK(check_schedules<consistency::bsp>("bsp", 0, 100000, n).max() == 0);
   CHECK(check_schedules<consistency::ssp<1>>("ssp<1>", 1, 200000, n).max() == 1);
   CHECK(check_schedules<consistency::ssp<3>>("ssp<3>", 3, 300000, n).max() == 3);
@@ -380,12 +383,12 @@ TEST_CASE("consistency: ssp<>/essp<> with a run-time bound decide as ssp<s>/essp
   CHECK(p.on_read(7, 7, true) == read_action::read);
 }
 
-TEST_CASE("simulation: run-time bounds (ssp<>, essp<>) hold over 400 random schedules, exactly as "
-          "the compile-time ones") {
+TEST_CASE("simulation: run-time bounds (ssp<>, essp<>) hold over 400 random schedules (100 "
+          "unoptimised), exactly as the compile-time ones") {
   // Each run-time bound runs on the same seeds as its compile-time twin: the simulation is
   // deterministic, so identical decisions give identical staleness histograms and pull counts.
   // check_schedules checks the bound on every read of every schedule.
-  constexpr std::uint64_t n = 40;
+  constexpr std::uint64_t n = test::random_runs(40);
   const auto same = [](auto rt, auto ct, std::int64_t s, std::uint64_t first) {
     worker_stats a, b;
     const auto ha = check_schedules<decltype(rt)>("run-time", s, first, n, &a);
@@ -402,11 +405,12 @@ TEST_CASE("simulation: run-time bounds (ssp<>, essp<>) hold over 400 random sche
   same(consistency::essp<>{}, consistency::essp<3>{}, 3, 840000);
 }
 
-TEST_CASE("simulation: sparse reads keep the bounds on every row read over 600 random schedules") {
+TEST_CASE("simulation: sparse reads keep the bounds on every row read over 600 random schedules "
+          "(150 unoptimised)") {
   // Each clock every worker reads a random half of the rows: it pulls (keyed) and waits for
   // only those, and ESSP subscribes it to only those. Rows it does not read may be older than
   // the bound; the rows it reads may not. Pushes stay dense, so every row counts exactly.
-  constexpr std::uint64_t n = 100;
+  constexpr std::uint64_t n = test::random_runs(100);
   using model = test::sparse_counter_model;
   worker_stats ssp, essp, asp;
   CHECK(check_schedules<consistency::bsp, model>("sparse bsp", 0, 110000, n).max() == 0);
@@ -1155,14 +1159,14 @@ elastic_totals check_elastic_schedules(std::string_view policy, std::int64_t bou
 }  // namespace
 
 TEST_CASE("simulation: elastic membership keeps every bound over the live members on 1000 "
-          "random join/leave/death/restart schedules") {
+          "random join/leave/death/restart schedules (248 unoptimised)") {
   // Workers join late (at the server clock), leave with bye, die mid-run (their node goes down:
   // connections reset, no bye) and restart with the same id within the grace (keeping their
   // place) or after it (joining again), or lose their links for a blip and reconnect.
   // check_elastic_schedules checks every read against the bound over the members, that nobody
   // deadlocks, the server clock's progress, and the servers' joins and departures against the
   // schedule.
-  constexpr std::uint64_t n = 250;
+  constexpr std::uint64_t n = test::random_runs(250);
   const auto bsp = check_elastic_schedules<consistency::bsp>("bsp", 0, 900000, n);
   const auto ssp1 = check_elastic_schedules<consistency::ssp<1>>("ssp<1>", 1, 910000, n);
   const auto ssp3 = check_elastic_schedules<consistency::ssp<3>>("ssp<3>", 3, 920000, n);
