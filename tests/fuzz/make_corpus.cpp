@@ -184,6 +184,24 @@ void frame_corpus() {
     add(b, range_push(0, 0, 0, 2, 4, 1));
     write("frame", "refusals", b);
   }
+  {  // a reader (protocol::reader_id) beside a worker: its pulls answered at once (one at a
+     // clock far ahead, one keyed), then its push refused
+    const auto fp = policy_fingerprint<consistency::ssp<1>, recovery::none>();
+    bytes b{std::byte{0}};
+    b.push_back(std::byte{0});
+    add(b, hello(protocol::reader_id, 0));
+    b.push_back(std::byte{1});
+    add(b, hello(0, fp));
+    b.push_back(std::byte{1});
+    add(b, range_push(0, 0, 0, 2, 4, 4, frame_flags::want_ack));
+    b.push_back(std::byte{0});
+    add(b, range_pull(protocol::reader_id, 0, 1000, 4, 4));
+    b.push_back(std::byte{0});
+    add(b, pull(protocol::reader_id, 1, 0, {8, 9, 15}));
+    b.push_back(std::byte{0});
+    add(b, range_push(protocol::reader_id, 0, 0, 2, 4, 4));
+    write("frame", "reader", b);
+  }
   {  // regression: a rejoin at the largest clock, then its clock message (signed overflow of
      // `clock + 1` in the server before the fix; tests/unit/server_core_test.cpp)
     const auto fp = policy_fingerprint<consistency::ssp<1>, recovery::none>();
