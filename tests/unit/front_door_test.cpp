@@ -32,23 +32,16 @@
 #include "asyncps/worker.hpp"
 #include "counter_model.hpp"
 #include "listen_and_serve.hpp"
+#include "log_lines.hpp"
+#include "run_coro.hpp"
 
 using namespace asyncps;
 
 namespace {
 
-using lines = std::vector<std::string>;
-
-bool any_line_has(const lines& ls, std::string_view needle) {
-  return std::any_of(ls.begin(), ls.end(),
-                     [&](const std::string& l) { return l.find(needle) != std::string::npos; });
-}
-
-std::string joined(const lines& ls) {
-  std::string out;
-  for (const auto& l : ls) out += l + "\n";
-  return out;
-}
+using lines = test::log_lines;
+using test::any_line_has;
+using test::joined;
 
 // The counter model with a hook that may spoil its gradient (unwritten values, NaN).
 struct spoiling_model : test::counter_model {
@@ -504,23 +497,6 @@ asio::awaitable<bool> eventually(P done, std::chrono::milliseconds limit = 10s) 
   co_return true;
 }
 
-// Runs `body` on `io` until it has finished (the test fails after `limit`).
-template <class F>
-void run_body(asio::io_context& io, F body, std::chrono::seconds limit = 30s) {
-  bool finished = false;
-  asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<void> {
-        co_await body();
-        finished = true;
-      },
-      [](std::exception_ptr e) {
-        if (e) std::rethrow_exception(e);
-      });
-  io.run_for(limit);
-  REQUIRE_MESSAGE(finished, "test coroutine did not finish in time");
-}
-
 shared_secret test_secret() {
   std::array<std::byte, 32> b{};
   b.fill(std::byte{0x5a});
@@ -557,7 +533,7 @@ TEST_CASE("front door: an authenticated connection that never says hello is refu
       io, [&]() -> asio::awaitable<void> { (void)co_await s.async_serve(std::move(acc).value()); },
       asio::detached);
   std::error_code worker_ec;
-  run_body(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     // Proves the secret, then says nothing.
     auto [ec, c] = co_await idle_t.async_connect(ep);
     REQUIRE(!ec);
@@ -610,7 +586,7 @@ TEST_CASE("front door: a worker that stops reading is closed after send_timeout"
   asio::co_spawn(
       io, [&]() -> asio::awaitable<void> { (void)co_await s.async_serve(std::move(acc).value()); },
       asio::detached);
-  run_body(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     auto [ec, c] = co_await ct.async_connect(ep);
     REQUIRE(!ec);
     c.socket().set_option(asio::socket_base::receive_buffer_size(4096));

@@ -27,24 +27,17 @@
 #include "asyncps/worker.hpp"
 #include "counter_model.hpp"
 #include "listen_and_serve.hpp"
+#include "log_lines.hpp"
+#include "run_coro.hpp"
 
 using namespace asyncps;
 using namespace std::chrono_literals;
 
 namespace {
 
-using lines = std::vector<std::string>;
-
-bool any_line_has(const lines& ls, std::string_view needle) {
-  return std::any_of(ls.begin(), ls.end(),
-                     [&](const std::string& l) { return l.find(needle) != std::string::npos; });
-}
-
-std::string joined(const lines& ls) {
-  std::string out;
-  for (const auto& l : ls) out += l + "\n";
-  return out;
-}
+using lines = test::log_lines;
+using test::any_line_has;
+using test::joined;
 
 bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](float x, float y) {
@@ -77,22 +70,6 @@ std::vector<float> servers_model(in_process_server& s0, in_process_server& s1) {
     m.insert(m.end(), v.begin(), v.end());
   }
   return m;
-}
-
-template <class F>
-void run_body(asio::io_context& io, F body, std::chrono::seconds limit = 30s) {
-  bool finished = false;
-  asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<void> {
-        co_await body();
-        finished = true;
-      },
-      [](std::exception_ptr e) {
-        if (e) std::rethrow_exception(e);
-      });
-  io.run_for(limit);
-  REQUIRE_MESSAGE(finished, "test coroutine did not finish in time");
 }
 
 // Two in-process BSP shards ("shard0", "shard1") of the counter model's table, serving until
@@ -152,7 +129,7 @@ TEST_CASE("reader: async_read_model reads the shards' values while BSP workers t
   int reads_during = 0;
   lines reader_log;
   const log_function rlog = [&](std::string_view l) { reader_log.emplace_back(l); };
-  run_body(c.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(c.io, [&]() -> asio::awaitable<void> {
     asio::steady_timer pause(c.io);
     while (done < workers) {  // reads while the workers train: each read completes
       const auto ec =
@@ -192,7 +169,7 @@ TEST_CASE("reader: a reader's pull is answered at once, whatever clock it names;
           "refused and changes nothing") {
   two_shards c;
   in_process_transport rt(c.io.get_executor(), c.net);
-  run_body(c.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(c.io, [&]() -> asio::awaitable<void> {
     auto [cec, conn] = co_await rt.async_connect("shard0");
     REQUIRE(!cec);
     protocol::hello h;
@@ -259,7 +236,7 @@ TEST_CASE("reader: each failure names the server and what failed") {
   lines rlog;
   const log_function log = [&](std::string_view l) { rlog.emplace_back(l); };
   std::vector<float> model(layout_size(layout));
-  run_body(c.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(c.io, [&]() -> asio::awaitable<void> {
     const std::span<const table_spec> good(layout);
 
     // `out` of the wrong size: nothing is sent.
@@ -324,7 +301,7 @@ TEST_CASE("reader: over TCP a reader proves the shared secret like any peer") {
   std::vector<float> untouched(layout_size(l), 7.0f);
   std::error_code with_secret;
   std::error_code without_secret;
-  run_body(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     tcp_transport rt(io.get_executor(), secured);
     with_secret = co_await async_read_model(rt, std::span<const asio::ip::tcp::endpoint>(eps),
                                             std::span<const table_spec>(l), model, 5s,

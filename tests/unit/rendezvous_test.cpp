@@ -27,6 +27,7 @@
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/transport/tcp.hpp"
 #include "asyncps/wire.hpp"
+#include "run_coro.hpp"
 
 using namespace asyncps;
 using namespace std::chrono_literals;
@@ -45,25 +46,6 @@ std::string joined(const lines& ls) {
   std::string out;
   for (const auto& l : ls) out += l + "\n";
   return out;
-}
-
-// Runs `body` as a coroutine on `io`; fails the test if it has not finished within `limit`
-// (a hang guard, not a timing assertion).
-template <class F>
-void run_coro(asio::io_context& io, F body, std::chrono::seconds limit = 30s) {
-  io.restart();
-  bool finished = false;
-  asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<void> {
-        co_await body();
-        finished = true;
-      },
-      [](std::exception_ptr e) {
-        if (e) std::rethrow_exception(e);
-      });
-  io.run_for(limit);
-  REQUIRE_MESSAGE(finished, "test coroutine did not finish in time");
 }
 
 // Waits until `done()`, polling every 2 ms, for at most about `ms` milliseconds.
@@ -335,7 +317,7 @@ TEST_CASE_TEMPLATE("rendezvous: lookups wait for the last shard, then the direct
   lines rv_log, client_log;
   basic_rendezvous<T> rv(env.rv_t, options(2, 3, rv_log));
   env.start(rv);
-  run_coro(env.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
     // A worker looks up before any server announced: its reply waits.
     std::optional<std::tuple<std::error_code, rendezvous_directory>> early;
     asio::co_spawn(
@@ -406,7 +388,7 @@ TEST_CASE_TEMPLATE("rendezvous: a re-announce replaces the shard's address; late
   lines rv_log, client_log;
   basic_rendezvous<T> rv(env.rv_t, options(2, 0, rv_log));
   env.start(rv);
-  run_coro(env.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
     for (std::uint32_t s : {0u, 1u}) {
       auto [ec, a] = co_await async_announce_server(env.client_t, env.root, s,
                                                     static_cast<std::uint16_t>(7000 + s), 5s,
@@ -456,7 +438,7 @@ TEST_CASE("rendezvous: worker ids are assigned in arrival order, claimed ids are
   lines rv_log, client_log;
   basic_rendezvous<in_process_transport> rv(env.rv_t, options(1, 4, rv_log));
   env.start(rv);
-  run_coro(env.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
     // Three lookups for any id arrive before the server announces; one claims id 1.
     std::vector<std::uint32_t> order;  // ids, in the order the replies arrive
     std::vector<std::error_code> errors;
@@ -515,7 +497,7 @@ TEST_CASE_TEMPLATE("rendezvous: a lookup times out when a shard never announces;
   lines rv_log, client_log;
   basic_rendezvous<T> rv(env.rv_t, options(2, 0, rv_log));
   env.start(rv);
-  run_coro(env.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
     auto [aec, a] =
         co_await async_announce_server(env.client_t, env.root, 0u, 7000, 5s, env.announce_host);
     REQUIRE(!aec);
@@ -560,7 +542,7 @@ TEST_CASE("rendezvous: the client retries until a rendezvous that starts late is
   rendezvous rv(env.rv_t, options(1, 0, rv_log));
   const auto root = env.nowhere();  // free now; the rendezvous listens there later
   env.root = root;
-  run_coro(env.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
     std::optional<std::tuple<std::error_code, rendezvous_directory>> result;
     asio::co_spawn(
         env.io,
@@ -619,7 +601,7 @@ TEST_CASE_TEMPLATE("rendezvous: malformed, oversized or invalid requests get an 
     conn.close();
     co_return r;
   };
-  run_coro(env.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
     // A waiting lookup of a well-behaved worker, through all the refusals below.
     std::optional<std::tuple<std::error_code, rendezvous_directory>> waiting;
     asio::co_spawn(
@@ -699,7 +681,7 @@ TEST_CASE("rendezvous: a peer without the shared secret is refused; holders of i
   lines rv_log, client_log;
   rendezvous rv(env.rv_t, options(1, 0, rv_log));
   env.start(rv);
-  run_coro(env.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
     // The wrong secret: refused at connect, at once (no retry can fix it), never a request.
     auto [wec, wa] = co_await async_announce_server(wrong_t, env.root, 0u, 6666, 10s, "10.6.6.6",
                                                     to(client_log));
@@ -730,7 +712,7 @@ TEST_CASE("rendezvous: a connection that sends no request is closed after regist
   opts.register_timeout = 200ms;
   rendezvous rv(env.rv_t, opts);
   env.start(rv);
-  run_coro(env.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
     auto [cec, c] = co_await env.client_t.async_connect(env.root);
     REQUIRE(!cec);
     auto conn = std::move(c);
@@ -761,7 +743,7 @@ TEST_CASE("rendezvous: over IPv6 the published address is bracketed") {
   REQUIRE(acc.has_value());
   env.root = acc.value().local_endpoint();
   asio::co_spawn(env.io, rv.async_serve(std::move(acc).value()), asio::detached);
-  run_coro(env.io, [&]() -> asio::awaitable<void> {
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
     auto [aec, a] = co_await async_announce_server(env.client_t, env.root, std::nullopt, 7000, 5s);
     REQUIRE(!aec);
     auto [lec, dir] = co_await async_lookup_servers(env.client_t, env.root, std::nullopt, 5s);

@@ -38,30 +38,12 @@
 #include "asyncps/worker.hpp"
 #include "counter_model.hpp"
 #include "examples/fashion_mnist/serve_until_done.hpp"
+#include "run_coro.hpp"
 #include "test_pki.hpp"
 
 using namespace asyncps;
 
 namespace {
-
-// Runs `body` as a coroutine on `io` and fails the test if it takes longer than `limit`. May be
-// called again on the same `io` (it restarts a context that ran out of work).
-template <class F>
-void run_coro(asio::io_context& io, F body, std::chrono::seconds limit = std::chrono::seconds(30)) {
-  io.restart();
-  bool finished = false;
-  asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<void> {
-        co_await body();
-        finished = true;
-      },
-      [](std::exception_ptr e) {
-        if (e) std::rethrow_exception(e);
-      });
-  io.run_for(limit);
-  REQUIRE_MESSAGE(finished, "test coroutine did not finish in time");
-}
 
 struct tcp_fixture {
   using transport_type = tcp_transport;
@@ -118,7 +100,7 @@ TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) 
   const auto ep = f.target(acc.value());
 
   SUBCASE("messages arrive whole, in order, with their header fields") {
-    run_coro(f.io, [&]() -> asio::awaitable<void> {
+    test::run_coro(f.io, [&]() -> asio::awaitable<void> {
       auto [ec, client] = co_await f.a.async_connect(ep);
       REQUIRE(!ec);
       auto [ec2, server] = co_await acc.value().async_accept();
@@ -153,7 +135,7 @@ TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) 
     // across two, a payload partly read ahead and read in place for the rest, empty ones.
     const std::size_t floats[] = {0,     3,    4080, 4081, 100'000, 1, 0,   4096,
                                   40000, 2000, 2000, 2000, 2000,    5, 300, 250'000};
-    run_coro(f.io, [&]() -> asio::awaitable<void> {
+    test::run_coro(f.io, [&]() -> asio::awaitable<void> {
       auto [ec, client] = co_await f.a.async_connect(ep);
       REQUIRE(!ec);
       auto [ec2, server] = co_await acc.value().async_accept();
@@ -183,7 +165,7 @@ TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) 
   }
 
   SUBCASE("both directions at once") {
-    run_coro(f.io, [&]() -> asio::awaitable<void> {
+    test::run_coro(f.io, [&]() -> asio::awaitable<void> {
       auto [ec, client] = co_await f.a.async_connect(ep);
       REQUIRE(!ec);
       auto [ec2, server] = co_await acc.value().async_accept();
@@ -211,7 +193,7 @@ TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) 
   }
 
   SUBCASE("close: the peer gets connection_closed after what was sent") {
-    run_coro(f.io, [&]() -> asio::awaitable<void> {
+    test::run_coro(f.io, [&]() -> asio::awaitable<void> {
       auto [ec, client] = co_await f.a.async_connect(ep);
       REQUIRE(!ec);
       auto [ec2, server] = co_await acc.value().async_accept();
@@ -229,7 +211,7 @@ TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) 
   }
 
   SUBCASE("connecting to nobody fails") {
-    run_coro(f.io, [&]() -> asio::awaitable<void> {
+    test::run_coro(f.io, [&]() -> asio::awaitable<void> {
       auto [ec, c] = co_await f.a.async_connect(f.nowhere());
       CHECK(ec);
       CHECK(!c.is_open());
@@ -237,7 +219,7 @@ TEST_CASE_TEMPLATE("transport conformance", F, tcp_fixture, in_process_fixture) 
   }
 
   SUBCASE("a frame over the receiver's limit is rejected naming the field") {
-    run_coro(f.io, [&]() -> asio::awaitable<void> {
+    test::run_coro(f.io, [&]() -> asio::awaitable<void> {
       auto [ec, client] = co_await f.a.async_connect(ep);
       REQUIRE(!ec);
       auto [ec2, server] = co_await acc.value().async_accept();
@@ -439,7 +421,7 @@ TEST_CASE("tcp: frames trickled in pieces or packed into one write are read whol
       {f4.begin(), f4.begin() + header_size},
       {f4.begin() + header_size, f4.end()}};
   const std::size_t sizes[] = {100, 7, 10'000, 2, 50};
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     asio::ip::tcp::socket raw(io);
     auto [cec] = co_await raw.async_connect(acc.value().local_endpoint(), detail::use_tuple);
     REQUIRE(!cec);
@@ -487,7 +469,7 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
   const auto ep = serve_on_loopback(io, st, server);
 
   tcp_transport wt(io.get_executor());
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     // A well-behaved worker 0 stays connected through everything.
     auto [ec, connected] = co_await wt.async_connect(ep);
     REQUIRE(!ec);
@@ -650,7 +632,7 @@ TEST_CASE("server applies sparse pushes and answers sparse pulls (row sets)") {
   auto acc = st.listen("s");
   REQUIRE(acc.has_value());
   asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     auto [ec, c] = co_await wt.async_connect("s");
     REQUIRE(!ec);
     co_await handshake(wt, c, 0, 100, 3);
@@ -718,7 +700,7 @@ namespace {
 template <class Server, class Acceptor, class F>
 void serve_while(asio::io_context& io, Server& server, Acceptor acc, F client) {
   std::error_code served = make_error_code(errc::timeout);
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     asio::co_spawn(
         io,
         [&]() -> asio::awaitable<void> {
@@ -821,7 +803,7 @@ TEST_CASE("in-process: a send waiting for room ends when either side or the list
     CAPTURE(static_cast<int>(who));
     in_process_transport::connection c, accepted;
     std::optional<std::error_code> third;
-    run_coro(io, [&]() -> asio::awaitable<void> {
+    test::run_coro(io, [&]() -> asio::awaitable<void> {
       auto [ec, conn] = co_await t.async_connect("s");
       REQUIRE(!ec);
       c = std::move(conn);
@@ -869,13 +851,13 @@ TEST_CASE("in-process connections and acceptors outlive the io_context that made
     auto worker_io = std::make_unique<asio::io_context>();
     in_process_transport wt(worker_io->get_executor(), net);
     in_process_transport::connection worker_end;
-    run_coro(*worker_io, [&]() -> asio::awaitable<void> {
+    test::run_coro(*worker_io, [&]() -> asio::awaitable<void> {
       auto [ec, c] = co_await wt.async_connect("server");
       REQUIRE(!ec);
       worker_end = std::move(c);
       REQUIRE(!(co_await worker_end.async_send(make_message(wt, 1, 4))));
     });
-    run_coro(server_io, [&]() -> asio::awaitable<void> {
+    test::run_coro(server_io, [&]() -> asio::awaitable<void> {
       auto [ec, c] = co_await acc.async_accept();
       REQUIRE(!ec);
       server_end = std::move(c);
@@ -884,7 +866,7 @@ TEST_CASE("in-process connections and acceptors outlive the io_context that made
     worker_end.close();
     worker_io.reset();
   }
-  run_coro(server_io, [&]() -> asio::awaitable<void> {
+  test::run_coro(server_io, [&]() -> asio::awaitable<void> {
     auto [ec, m] = co_await server_end.async_receive();
     REQUIRE(!ec);
     CHECK(m.header.seq == 1);
@@ -904,13 +886,13 @@ TEST_CASE("in-process connections and acceptors outlive the io_context that made
   auto lacc = std::move(late).value();
   listener_io.reset();
   in_process_transport::connection queued;
-  run_coro(server_io, [&]() -> asio::awaitable<void> {
+  test::run_coro(server_io, [&]() -> asio::awaitable<void> {
     auto [ec, c] = co_await st.async_connect("late");
     REQUIRE(!ec);  // queued, never accepted
     queued = std::move(c);
   });
   lacc.close();
-  run_coro(server_io, [&]() -> asio::awaitable<void> {
+  test::run_coro(server_io, [&]() -> asio::awaitable<void> {
     CHECK(co_await queued.async_send(make_message(st, 3, 4)) == errc::connection_closed);
     auto [ec, c] = co_await st.async_connect("late");
     CHECK(ec == std::errc::connection_refused);
@@ -1074,7 +1056,7 @@ TEST_CASE("trainer's serve_until_done: bare connections are no workers; it ends 
         done = true;
       },
       asio::detached);
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     asio::steady_timer t(io);
     for (int i = 0; i < 2; ++i) {  // the port scan
       asio::ip::tcp::socket s(io);
@@ -1255,7 +1237,7 @@ TEST_CASE(
   wrong.secret = secret_of('w');
   tcp_transport wrong_t(io.get_executor(), wrong);
   tcp_transport none_t(io.get_executor());
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     auto [ec, connected] = co_await good_t.async_connect(ep);
     REQUIRE(!ec);
     auto& good = connected;
@@ -1313,7 +1295,7 @@ TEST_CASE("auth: a client refuses a listener that lacks the secret or fakes its 
   tcp_transport client(io.get_executor(), secured);
   asio::ip::tcp::acceptor fake(io, {asio::ip::make_address("127.0.0.1"), 0});
   const auto ep = fake.local_endpoint();
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     // A fake server: sends a challenge, reads the response, accepts with a proof made with
     // another secret. A worker must not send it pushes nor take rows from it.
     asio::co_spawn(
@@ -1366,7 +1348,7 @@ TEST_CASE("auth: before authenticating, a peer costs a fixed handshake read and 
   const auto ep = serve_on_loopback(io, st, server);
   const auto pool_before = st.pool().stats();
   const auto receive_before = st.receive_pool().stats();
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     frame_header big;
     big.type = message_type::push;
     big.flags = frame_flags::range;
@@ -1412,7 +1394,7 @@ TEST_CASE("auth: an unauthenticated chain_hello never reaches the chain master")
   basic_chain_master<tcp_transport> master(mt, mo);
   const auto ep = serve_on_loopback(io, mt, master);
   tcp_transport member_t(io.get_executor(), secured);
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     buffer_pool pool;
     message hello = protocol::encode(protocol::chain_hello{.shard = 0, .member = 7},
                                      [&](std::size_t n) { return pool.allocate(n); });
@@ -1457,7 +1439,7 @@ TEST_CASE("chain master: a connection that never registers is closed after regis
   mo.log = [&](std::string_view line) { logs.emplace_back(line); };
   basic_chain_master<tcp_transport> master(mt, mo);
   const auto ep = serve_on_loopback(io, mt, master);
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     const auto start = std::chrono::steady_clock::now();
     const auto idle = co_await raw_exchange(ep, {}, false);  // connects, sends nothing
     const auto waited = std::chrono::steady_clock::now() - start;
@@ -1576,7 +1558,7 @@ TEST_CASE("tls: frames cross intact both ways, encrypted; the peer's close is co
   relay tap(io, acc.value().local_endpoint());  // records what crosses the wire
   std::error_code last;
   bool done = false;
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     asio::co_spawn(io, echo_one(acc.value(), last, done), asio::detached);
     asio::co_spawn(io, tap.run(), asio::detached);
     auto [ec, client] = co_await a.async_connect(tap.endpoint());
@@ -1622,7 +1604,7 @@ TEST_CASE("tls: without TLS the same relay sees the frames (the wire check above
   relay tap(io, acc.value().local_endpoint());
   std::error_code last;
   bool done = false;
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     asio::co_spawn(io, echo_one(acc.value(), last, done), asio::detached);
     asio::co_spawn(io, tap.run(), asio::detached);
     auto [ec, client] = co_await a.async_connect(tap.endpoint());
@@ -1652,7 +1634,7 @@ TEST_CASE("tls: a byte changed on the wire is detected, the frame is never deliv
   tap.flip_at = 60000;  // inside the 1.2 MB frame, long after the handshake
   std::error_code last;
   bool done = false;
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     asio::co_spawn(io, echo_one(acc.value(), last, done), asio::detached);
     asio::co_spawn(io, tap.run(), asio::detached);
     auto [ec, client] = co_await a.async_connect(tap.endpoint());
@@ -1687,7 +1669,7 @@ TEST_CASE("tls: with a secret too, the secret's handshake runs inside TLS") {
     o.auth_timeout = std::chrono::milliseconds(300);
     return o;
   }());
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     auto [ec, good] = co_await good_t.async_connect(ep);
     REQUIRE(!ec);
     co_await handshake(good_t, good, 0, 8, 4);
@@ -1725,7 +1707,7 @@ TEST_CASE("tls: a client without TLS is refused with a named error; the listener
   const auto ep = serve_on_loopback(io, st, server);
   tcp_transport plain_t(io.get_executor());
   tcp_transport good_t(io.get_executor(), tls_opts(pki.issue("worker")));
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     auto [ec, plain] = co_await plain_t.async_connect(ep);  // plain TCP: nothing to check yet
     REQUIRE(!ec);
     message hello = protocol::encode(
@@ -1761,7 +1743,7 @@ TEST_CASE("tls: a client without TLS is refused with a named error; the listener
   REQUIRE(pacc.has_value());
   std::error_code last;
   bool done = false;
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     asio::co_spawn(io, echo_one(pacc.value(), last, done), asio::detached);
     auto [ec, c] = co_await good_t.async_connect(pacc.value().local_endpoint());
     // This listener hangs up without a word (a real server first sends an error frame, which
@@ -1794,7 +1776,7 @@ TEST_CASE("tls: certificates of another CA are refused, both ways") {
   // A client that trusts only the rogue CA: it refuses the real server.
   tcp_transport doubting_t(io.get_executor(), tls_opts(rogue_pki.issue("doubter")));
   tcp_transport good_t(io.get_executor(), tls_opts(pki.issue("worker")));
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     auto [rec, rc] = co_await rogue_t.async_connect(ep);
     CHECK(rec == errc::tls_handshake_failed);
     CHECK(!rc.is_open());
@@ -1868,7 +1850,7 @@ TEST_CASE("tls: missing, garbled or mismatched files fail listen and connect, na
     std::string why;
     CHECK(make_tls_context(c.tls, why).error() == errc::tls_setup_failed);
     CHECK(why == bad.tls_setup_error());
-    run_coro(io, [&]() -> asio::awaitable<void> {
+    test::run_coro(io, [&]() -> asio::awaitable<void> {
       auto [ec, conn] = co_await bad.async_connect(lo);
       CHECK(ec == errc::tls_setup_failed);
       CHECK(!conn.is_open());
@@ -1999,7 +1981,7 @@ TEST_CASE("tcp: frames on accepted connections wait for max_receive_bytes, then 
   REQUIRE(acc.has_value());
   const auto ep = acc.value().local_endpoint();
   constexpr std::size_t floats = (1 << 20) / 4;  // exactly the budget
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     auto [e1, c1] = co_await client_side.async_connect(ep);
     REQUIRE(!e1);
     auto [a1, s1] = co_await acc.value().async_accept();
@@ -2067,7 +2049,7 @@ TEST_CASE("tcp: checksum_payloads off checks the header only; state transfers st
   auto acc = listener.listen({asio::ip::make_address("127.0.0.1"), 0});
   REQUIRE(acc.has_value());
   const auto ep = acc.value().local_endpoint();
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     auto [ec, c] = co_await sender.async_connect(ep);
     REQUIRE(!ec);
     auto [aec, s] = co_await acc.value().async_accept();
@@ -2113,7 +2095,7 @@ TEST_CASE("tcp: checksum_payloads off checks the header only; state transfers st
     out.insert(out.end(), payload.begin(), payload.end());
     return out;
   };
-  run_coro(io, [&]() -> asio::awaitable<void> {
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
     struct outcome {
       std::error_code ec;
       std::uint64_t pool_blocks;
