@@ -416,18 +416,22 @@ class server_protocol {
         return {};
       case message_type::heartbeat: return {};
       case message_type::bye: close_after_flush(s); return {};
-      case message_type::error: {
-        protocol::error e;
-        if (auto ec = protocol::decode(m, e, detail)) return ec;
-        log(who(s) + " reported an error: " + peer_text(e.reason));
-        close_after_flush(s);
-        return {};
-      }
+      case message_type::error: return on_error_frame(s, m, detail);
       default:
         detail = " (type " + std::to_string(static_cast<int>(h.type)) +
                  " from a reader, which may only pull)";
         return errc::unexpected_message;
     }
+  }
+
+  /// An `error` frame from a worker or reader session `s`: logged with its reason, then `s`
+  /// is closed once its queue is sent. A malformed one is refused (`unexpected_message`).
+  std::error_code on_error_frame(Session& s, const message& m, std::string& detail) {
+    protocol::error e;
+    if (auto ec = protocol::decode(m, e, detail)) return ec;
+    log(who(s) + " reported an error: " + peer_text(e.reason));
+    close_after_flush(s);
+    return {};
   }
 
   /// A message of registered worker session `s`: push, clock, pull, heartbeat, bye, error.
@@ -447,13 +451,7 @@ class server_protocol {
         if (membership_.elastic() && core_.is_member(s.worker)) leave(s.worker, "it said bye");
         close_after_flush(s);
         return {};
-      case message_type::error: {
-        protocol::error e;
-        if (auto ec = protocol::decode(m, e, detail)) return ec;
-        log(who(s) + " reported an error: " + peer_text(e.reason));
-        close_after_flush(s);
-        return {};
-      }
+      case message_type::error: return on_error_frame(s, m, detail);
       default:
         detail = " (type " + std::to_string(static_cast<int>(h.type)) + " from a worker)";
         return errc::unexpected_message;
