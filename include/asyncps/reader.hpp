@@ -121,12 +121,6 @@ read_shard(Transport& t, typename Transport::endpoint_type ep, std::uint32_t sha
   co_return std::error_code{};
 }
 
-template <class Timer, class Connection>
-asio::awaitable<void> reader_deadline(Timer& timer, Connection& conn) {
-  auto [ec] = co_await timer.async_wait(use_tuple);
-  if (!ec) conn.close();
-}
-
 }  // namespace detail
 
 /// Reads the parameters the server shards hold now into `out`: the whole model of `layout`
@@ -169,7 +163,7 @@ async_read_model(Transport& t, std::span<const typename Transport::endpoint_type
     typename Transport::connection_type conn;
     std::string what;
     auto r = co_await (detail::read_shard(t, servers[i], i, n, layout, out, conn, what) ||
-                       detail::reader_deadline(timer, conn));
+                       detail::close_at_deadline(timer, conn));
     conn.close();
     std::error_code ec = r.index() == 1 ? make_error_code(errc::timeout) : std::get<0>(r);
     if (ec) {

@@ -532,14 +532,6 @@ rendezvous_attempt(Transport& t, typename Transport::endpoint_type root, message
   co_return co_await conn.async_receive();
 }
 
-// Ends when `timer` expires (then closes `conn`, ending a receive that ignores cancellation)
-// or is cancelled.
-template <class Timer, class Connection>
-asio::awaitable<void> rendezvous_deadline(Timer& timer, Connection& conn) {
-  auto [ec] = co_await timer.async_wait(use_tuple);
-  if (!ec) conn.close();
-}
-
 // Sends `make()` to the rendezvous at `root` and returns its reply, retrying until `timeout`
 // while the rendezvous cannot be reached or drops the connection (condition `transient`).
 template <class Transport, class MakeRequest>
@@ -561,7 +553,7 @@ rendezvous_request(Transport& t, typename Transport::endpoint_type root, MakeReq
     bool connected = false;
     timer.expires_at(deadline);
     auto r = co_await (rendezvous_attempt(t, root, make(), conn, connected) ||
-                       rendezvous_deadline(timer, conn));
+                       close_at_deadline(timer, conn));
     conn.close();
     if (r.index() == 1) {  // the deadline
       if (connected) {

@@ -409,9 +409,7 @@ class server_protocol {
       case message_type::pull:
         if (h.sender != protocol::reader_id) return errc::bad_sender;
         if (auto ec = core_.check_rows(m, detail)) return ec;
-        send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, false,
-                  core_.rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
-                                     payload_keys(m), alloc()));
+        send_requested_rows(s, m, false);
         ++stats_.reader_pulls;
         return {};
       case message_type::heartbeat: return {};
@@ -914,13 +912,19 @@ class server_protocol {
   // Replies to a pull (or pushes eagerly) with the requested rows as of the server clock.
   void answer(Session& s, const message& req, bool eager) {
     const auto& h = req.header;
-    send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, eager,
-              core_.rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
-                                 payload_keys(req), alloc()));
+    send_requested_rows(s, req, eager);
     if (!eager) ++stats_.pulls;
     if constexpr (Consistency::eager || is_value_bounded_v<Consistency>) {
       if (!eager) core_.subscribe(s.subs[h.table], req);
     }
+  }
+
+  // Sends `s` the rows pull `req` names (range or keys), as of the server clock.
+  void send_requested_rows(Session& s, const message& req, bool eager) {
+    const auto& h = req.header;
+    send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, eager,
+              core_.rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
+                                 payload_keys(req), alloc()));
   }
 
   void send_rows(Session& s, table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,

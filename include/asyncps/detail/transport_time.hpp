@@ -93,4 +93,13 @@ using transport_timer_t = typename transport_time_traits<T>::timer_type;
 template <class T>
 using transport_clock_t = typename transport_time_traits<T>::clock_type;
 
+/// Ends when `timer` expires, then closes `conn` (which ends a receive that ignores
+/// cancellation), or when the wait is cancelled (then `conn` is left alone). Race it against an
+/// operation on `conn` with `||` to bound that operation (the rendezvous and reader clients).
+template <class Timer, class Connection>
+asio::awaitable<void> close_at_deadline(Timer& timer, Connection& conn) {
+  auto [ec] = co_await timer.async_wait(use_tuple);
+  if (!ec) conn.close();
+}
+
 }  // namespace asyncps::detail
