@@ -1,22 +1,37 @@
 // asyncps_consistency_experiment — paper D (Dai et al., "High-Performance Distributed ML at
 // Scale through Parameter Server Consistency Models", AAAI 2015) in the deterministic
-// simulation: matrix factorization by SGD on 8 workers of mixed speed over the simulated
-// transport (virtual time), under BSP, SSP(s), ESSP(s), ASP and VAP, s in {1, 3, 7, 15}, with
-// minibatches of 1% and 10% of each worker's ratings per clock. Results and how to regenerate
-// them: docs/results/consistency.md; plots: bench/consistency_experiment.py.
+// simulation: matrix factorization by SGD on 8 workers over the simulated transport (virtual
+// time), under BSP, SSP(s), ESSP(s), ASP and VAP, s in {1, 3, 7, 15}, with minibatches of 1%
+// and 10% of each worker's ratings per clock. Results and how to regenerate them:
+// docs/results/consistency.md; plots: bench/consistency_experiment.py.
 //
-//   asyncps_consistency_experiment --out FILE.jsonl [--quick] [--seeds N] [--seed0 N]
-//       [--profiles mixed,uniform,noisy] [--batches 1,10] [--policies bsp,ssp3,essp3,asp,vap]
-//       [--clocks1 N] [--clocks10 N] [--lr1 X] [--lr10 X] [--vap1 V[s],..] [--vap10 V[s],..]
-//       [--evals N] [--users N] [--items N] [--count N] [--rank N] [--lambda X]
-//       [--us-per-rating X] [--user-exponent X] [--item-exponent X] [--init-scale X]
+//   asyncps_consistency_experiment --out FILE.jsonl [--quick | --vap-sweep] [--seeds N]
+//       [--seed0 N] [--profiles mixed,uniform,noisy] [--batches 1,10]
+//       [--policies bsp,ssp3,essp3,asp,vap] [--clocks1 N] [--clocks10 N] [--lr1 X] [--lr10 X]
+//       [--vap1 V[s],..] [--vap10 V[s],..] [--evals N] [--users N] [--items N] [--count N]
+//       [--rank N] [--lambda X] [--us-per-rating X] [--user-exponent X] [--item-exponent X]
+//       [--init-scale X] [--link-gbit X] [--latency-us N] [--jitter-us N]
+//
+// Fixed work: every run computes the same number of gradients in total, workers x clocks
+// (clocks = --clocks1 or --clocks10: the mean per worker), however they are split among the
+// workers: a worker starts another clock only while the clocks started by all workers stay
+// within that budget, so a fast worker computes more of them than a slow one (unless the
+// policy holds it back). A worker that stops says bye and leaves the servers' membership
+// (the servers run with elastic membership, all workers joining before the first clock), so
+// the server clock, and with it every BSP/SSP/ESSP bound, no longer waits for it.
+//
+// --vap-sweep: the preset of the value-bound sweep (docs/results/consistency.md, "VAP"):
+// compute 10x faster (1.5 us per rating: 0.2 ms per clock at 1%, about as long as a
+// visibility round trip), 1% minibatches, uniform and mixed profiles, BSP, SSP(1), SSP(3),
+// ESSP(3), ASP and VAP with bounds from below one update to many.
 //
 // One JSON object per run (one line each) goes to --out: the configuration, the observed
 // staleness histogram (all workers' reads), the training RMSE of the servers' model sampled
 // every 1/evals of the run (mean worker clock, simulated seconds, server clock), messages and
-// bytes, time blocked, wall time. A summary line per run goes to stderr. A run whose model
-// diverges (a non-finite gradient: the servers refuse it and the workers stop) is recorded with
-// "diverged": true; the exit status is 1 only when a run that did not diverge failed.
+// bytes, time blocked, the distribution of the per-clock update magnitudes, wall time. A summary
+// line per run goes to stderr. A run whose model diverges (a non-finite gradient: the servers
+// refuse it and the workers stop) is recorded with "diverged": true; the exit status is 1 only when
+// a run that did not diverge failed.
 //
 // Loss: the training RMSE of the global model, i.e. the concatenation of the server shards'
 // current values (basic_server::values), over every training rating; evaluated whenever the
@@ -99,23 +114,29 @@ struct experiment {
   // rating) while the data term is a mean over the minibatch: without the scaling the penalty
   // weighs 10x more at 10% and pulls the factors to the saddle at 0.
   float lambda = 0.001f;
-  float init_scale = 0.1f;       // factors start uniform in [-init_scale, init_scale]
-  std::uint64_t clocks1 = 1000;  // clocks per worker with 1% minibatches
-  std::uint64_t clocks10 = 300;  // clocks per worker with 10% minibatches
-  float lr1 = 8.0f;              // server SGD learning rate with 1% minibatches
-  float lr10 = 32.0f;            // with 10% minibatches
-  std::uint32_t evals = 50;      // loss samples per run
+  float init_scale = 0.1f;  // factors start uniform in [-init_scale, init_scale]
+  // Fixed work: workers * clocks gradients per run in total (mean clocks per worker).
+  std::uint64_t clocks1 = 1000;  // mean clocks per worker with 1% minibatches
+  std::uint64_t clocks10 = 300;  // mean clocks per worker with 10% minibatches
+  // Half the best BSP rate of a grid (8 at 1%, 32 at 10%): at the best rate itself many
+  // delayed runs diverge (docs/results/consistency.md, "Choices").
+  float lr1 = 4.0f;          // server SGD learning rate with 1% minibatches
+  float lr10 = 16.0f;        // with 10% minibatches
+  std::uint32_t evals = 50;  // loss samples per run
   // Sweep.
   std::uint64_t seed0 = 1;
   std::uint32_t seeds = 1;
-  std::vector<std::string> profiles{"mixed", "uniform", "noisy"};
+  std::vector<std::string> profiles{"mixed", "noisy"};
   std::vector<int> batches{1, 10};  // percent of a worker's ratings per clock
+  // Policies (command-line names; empty: every clock policy, and VAP when vap1/vap10 are
+  // not empty).
   std::vector<std::string> policies{};
-  // VAP bounds v_thr (L2 norm of in-transit parameter change), one run per value; the typical
-  // update lr * |g|_2 of one clock is printed per run ("|lr g|") to pick them. 0.25 is below
-  // one update at lr 4 and above (a synchronous flush every clock); "s" = shrinking bound.
-  std::vector<vap_bound> vap1{{1.5f}, {6.0f}, {6.0f, true}, {0.25f}};
-  std::vector<vap_bound> vap10{{2.0f}, {8.0f}, {8.0f, true}, {0.25f}};
+  // VAP bounds v_thr (the worker's measure of in-transit parameter change: per server, the L2
+  // norm of lr * the clock's gradient slice, summed over servers), one run per value; the
+  // mean per-clock magnitude is printed per run ("|lr g|") to pick them. "s" = shrinking bound.
+  // None by default: at 2 ms of compute per clock VAP's bound cannot bind (see --vap-sweep).
+  std::vector<vap_bound> vap1{};
+  std::vector<vap_bound> vap10{};
   std::string out = "consistency.jsonl";
 };
 
@@ -173,15 +194,42 @@ dataset make_dataset(const experiment& ex) {
   return d;
 }
 
-/// `mf_model` plus running means of the norms of the gradients it writes (to size VAP
-/// thresholds relative to a typical update lr * |g|); forwards `touched_rows` and
-/// `rows_to_read`, so like `mf_model` it is a `sparse_gradient_source` and a
-/// `sparse_read_source`: the workers push and pull only the rows a minibatch touches.
+/// Log-spaced histogram of per-clock update magnitudes: bucket i holds [lo * 10^(i/per_decade),
+/// lo * 10^((i+1)/per_decade)); the first also holds smaller values, the last larger ones.
+struct magnitude_histogram {
+  static constexpr double lo = 1e-3;
+  static constexpr int per_decade = 10;
+  static constexpr std::size_t buckets = 60;  // 1e-3 .. 1e3
+  std::array<std::uint64_t, buckets> counts{};
+  void record(double x) noexcept {
+    const double k = x > 0 ? std::floor(std::log10(x / lo) * per_decade) : 0.0;
+    counts[static_cast<std::size_t>(std::clamp(k, 0.0, double{buckets - 1}))] += 1;
+  }
+  magnitude_histogram& operator+=(const magnitude_histogram& o) noexcept {
+    for (std::size_t i = 0; i < buckets; ++i) counts[i] += o.counts[i];
+    return *this;
+  }
+};
+
+/// `mf_model` plus the norms of the gradients it writes (to size VAP thresholds relative to a
+/// typical update); forwards `touched_rows` and `rows_to_read`, so like `mf_model` it is a
+/// `sparse_gradient_source` and a `sparse_read_source`: the workers push and pull only the
+/// rows a minibatch touches.
 struct measured_model {
   mf::mf_model inner;
-  double l2_sum = 0;   // sum over clocks of |g|_2
-  double inf_sum = 0;  // sum over clocks of |g|_inf
+  float lr = 1;              // the servers' SGD step (the parameter change is lr * g)
+  std::uint32_t shards = 1;  // server shards (VAP measures each shard's slice)
+  double l2_sum = 0;         // sum over clocks of |g|_2
+  double inf_sum = 0;        // sum over clocks of |g|_inf
+  double vap_sum = 0;        // sum over clocks of the VAP magnitude (below)
   std::uint64_t n = 0;
+  /// Per clock, what VAP's worker adds to its in-transit magnitude: over the shards, the sum of
+  /// lr * |the clock's gradient slice of that shard|_2 (asyncps::detail::update_magnitude).
+  magnitude_histogram vap_magnitude;
+
+  /// Wraps `m`; `lr` is the servers' SGD step, `shards` the number of server shards.
+  measured_model(mf::mf_model m, float lr, std::uint32_t shards)
+      : inner(std::move(m)), lr(lr), shards(shards) {}
 
   /// The layout of the wrapped model.
   std::span<const table_spec> tables() const noexcept { return inner.tables(); }
@@ -192,14 +240,27 @@ struct measured_model {
   /// The wrapped model's gradient; records its L2 and max norm.
   float compute_gradient(const parameter_view& p, gradient_view& g) noexcept {
     const float loss = inner.compute_gradient(p, g);
-    double sq = 0, mx = 0;
+    double sq = 0, mx = 0, vap = 0;
     for (table_id t = 0; t < g.tables().size(); ++t) {
       const auto m = g.table(t);
       sq += static_cast<double>(m.squaredNorm());
       mx = std::max(mx, static_cast<double>(m.cwiseAbs().maxCoeff()));
     }
+    for (std::uint32_t s = 0; s < shards; ++s) {
+      double part = 0;
+      for (table_id t = 0; t < g.tables().size(); ++t) {
+        const auto m = g.table(t);
+        const key_range r = shard_range(static_cast<std::uint32_t>(m.rows()), s, shards);
+        part += static_cast<double>(
+            m.middleRows(static_cast<Eigen::Index>(r.begin), static_cast<Eigen::Index>(r.size()))
+                .squaredNorm());
+      }
+      vap += lr * std::sqrt(part);
+    }
     l2_sum += std::sqrt(sq);
     inf_sum += mx;
+    vap_sum += vap;
+    vap_magnitude.record(vap);
     ++n;
     return loss;
   }
@@ -213,7 +274,7 @@ struct run_spec {
   int staleness = 0;   // s (-1: unbounded)
   std::string profile;
   int batch_percent = 1;
-  std::uint64_t clocks = 0;
+  std::uint64_t clocks = 0;  // mean per worker: workers * clocks gradients in all
   float lr = 0;
   std::uint64_t seed = 1;
   float vap_threshold = 0;  // VAP only
@@ -236,6 +297,8 @@ struct run_result {
   std::vector<double> done;              // when each worker finished (simulated s)
   std::vector<double> wait;              // seconds each worker was blocked
   std::vector<double> compute;           // seconds each worker computed
+  std::vector<std::uint64_t> clocks;     // clocks each worker computed
+  magnitude_histogram vap_magnitude;     // per-clock VAP update magnitudes, all workers
   worker_stats wsum{};                   // counters summed over workers
   server_stats ssum{};                   // counters summed over servers
   simulation_stats net{};
@@ -244,6 +307,7 @@ struct run_result {
   double final_test = 0;
   double update_l2 = 0;   // mean lr * |g|_2 per clock
   double update_inf = 0;  // mean lr * |g|_inf per clock
+  double update_vap = 0;  // mean per-clock VAP magnitude (sum over shards of lr * |slice|_2)
   double wall_seconds = 0;
   int errors = 0;
 };
@@ -324,10 +388,10 @@ run_result simulate(const experiment& ex, const dataset& data, const run_spec& r
     std::vector<measured_model> models;
     models.reserve(ex.workers);
     for (std::uint32_t w = 0; w < ex.workers; ++w)
-      models.push_back(measured_model{mf::mf_model(data.shards[w], ex.rank, batch,
-                                                   ex.lambda / static_cast<float>(rs.batch_percent),
-                                                   rs.seed * 1000 + w, ex.init_scale),
-                                      0, 0, 0});
+      models.emplace_back(mf::mf_model(data.shards[w], ex.rank, batch,
+                                       ex.lambda / static_cast<float>(rs.batch_percent),
+                                       rs.seed * 1000 + w, ex.init_scale),
+                          rs.lr, ex.servers);
     const std::span<const table_spec> layout = models[0].tables();
 
     std::vector<std::unique_ptr<simulated_transport>> sts;
@@ -341,6 +405,10 @@ run_result simulate(const experiment& ex, const dataset& data, const run_spec& r
       so.num_workers = ex.workers;
       so.tables = {layout[mf::mf_model::user_table], layout[mf::mf_model::item_table]};
       so.seed = rs.seed;
+      // Elastic membership: a worker whose share of the fixed work is done says bye and
+      // leaves, so the server clock (every clock bound) stops waiting for it. All workers
+      // join before the server clock first advances.
+      so.elastic = membership_options{.start_members = ex.workers};
       so.log = quiet;
       servers.push_back(std::make_unique<server_t>(*sts.back(), so, optimizer::sgd{rs.lr}));
       eps.push_back("shard" + std::to_string(s));
@@ -351,9 +419,11 @@ run_result simulate(const experiment& ex, const dataset& data, const run_spec& r
     }
 
     std::vector<float> scratch;
-    std::uint64_t total = 0;
+    std::uint64_t total = 0;  // clocks completed by all workers
+    const std::uint64_t budget = ex.workers * rs.clocks;
+    std::uint32_t active = ex.workers;  // workers that have not stopped (each is in a clock)
     const std::uint64_t every =
-        std::max<std::uint64_t>(1, ex.workers * rs.clocks / std::max<std::uint32_t>(1, ex.evals));
+        std::max<std::uint64_t>(1, budget / std::max<std::uint32_t>(1, ex.evals));
     const auto record = [&] {
       clock_value m = servers[0]->clock();
       for (const auto& s : servers) m = std::min(m, s->clock());
@@ -373,8 +443,19 @@ run_result simulate(const experiment& ex, const dataset& data, const run_spec& r
       wo.servers = eps;
       wo.local_step = rs.lr;
       wo.log = quiet;
-      wo.on_clock = [&](const clock_report&) {
+      // Fixed work: a worker that ends a clock starts another only while the clocks completed
+      // plus those in progress (one per other active worker) plus its next stay within the
+      // budget; otherwise it stops now (worker_options::end_clock, read by the worker at the
+      // start of every clock, set to its current clock). Every clock started is finished,
+      // so exactly `budget` gradients are computed.
+      wo.on_clock = [&, w](const clock_report&) {
         if (++total % every == 0) record();
+        if (total + active > budget) {
+          --active;
+          // basic_worker keeps its options (non-const) and reads end_clock at each clock's
+          // start; the simulation runs on one thread, inside the worker's own callback.
+          const_cast<typename worker_t::options_type&>(ws[w]->options()).end_clock = ws[w]->clock();
+        }
       };
       ws.push_back(std::make_unique<worker_t>(*wts.back(), models[w], wo,
                                               asio::any_io_executor(net.compute_executor(w))));
@@ -382,7 +463,8 @@ run_result simulate(const experiment& ex, const dataset& data, const run_spec& r
       asio::co_spawn(
           net.get_executor(),
           [&, w]() -> asio::awaitable<void> {
-            if (co_await ws[w]->async_run(rs.clocks)) ++r.errors;
+            // At most the whole budget; the fixed-work rule above stops it sooner.
+            if (co_await ws[w]->async_run(budget)) ++r.errors;
             r.done[w] = seconds(net.now());
           },
           asio::detached);
@@ -393,22 +475,26 @@ run_result simulate(const experiment& ex, const dataset& data, const run_spec& r
       for (auto& s : servers) s->stop();
     });
     net.run();
-    if (r.series.back().clock < static_cast<double>(rs.clocks)) record();
+    if (total % every != 0) record();
     std::tie(r.final_train, r.final_test) =
         evaluate(servers, layout, scratch, data.train, &data.test);
-    double l2 = 0, inf = 0, n = 0;
+    double l2 = 0, inf = 0, vap = 0, n = 0;
     for (std::uint32_t w = 0; w < ex.workers; ++w) {
       r.staleness += ws[w]->staleness();
       r.worker_staleness.push_back(ws[w]->staleness().mean());
       accumulate(r.wsum, ws[w]->stats());
       r.wait.push_back(ws[w]->stats().wait_seconds);
       r.compute.push_back(ws[w]->stats().compute_seconds);
+      r.clocks.push_back(ws[w]->stats().clocks);
+      r.vap_magnitude += models[w].vap_magnitude;
       l2 += models[w].l2_sum;
       inf += models[w].inf_sum;
+      vap += models[w].vap_sum;
       n += static_cast<double>(models[w].n);
     }
     r.update_l2 = n > 0 ? rs.lr * l2 / n : 0;
     r.update_inf = n > 0 ? rs.lr * inf / n : 0;
+    r.update_vap = n > 0 ? vap / n : 0;
     for (const auto& s : servers) accumulate(r.ssum, s->stats());
     r.net = net.stats();
   }
@@ -443,6 +529,8 @@ std::string to_json(const experiment& ex, const run_spec& rs, const run_result& 
       {"batch_percent", rs.batch_percent},
       {"seed", rs.seed},
       {"clocks", rs.clocks},
+      {"total_clocks", ex.workers * rs.clocks},
+      {"worker_clocks", r.clocks},
       {"lr", num(rs.lr)},
       {"vap_threshold", num(rs.vap_threshold)},
       {"vap_shrink", rs.vap_shrink},
@@ -458,6 +546,8 @@ std::string to_json(const experiment& ex, const run_spec& rs, const run_result& 
       {"init_scale", num(ex.init_scale)},
       {"us_per_rating", num(ex.us_per_rating)},
       {"link_bytes_per_second", num(ex.link_bytes_per_second)},
+      {"latency_us", ex.latency.count()},
+      {"latency_jitter_us", ex.latency_jitter.count()},
       {"staleness", r.staleness.counts},
       {"staleness_mean", num(r.staleness.mean())},
       {"staleness_per_worker", numbers(r.worker_staleness, same)},
@@ -487,6 +577,11 @@ std::string to_json(const experiment& ex, const run_spec& rs, const run_result& 
       {"diverged", !std::isfinite(r.final_train)},
       {"update_l2", num(r.update_l2)},
       {"update_inf", num(r.update_inf)},
+      {"update_vap", num(r.update_vap)},
+      {"vap_magnitude_hist",
+       {{"lo", magnitude_histogram::lo},
+        {"per_decade", magnitude_histogram::per_decade},
+        {"counts", r.vap_magnitude.counts}}},
       {"wall_seconds", num(r.wall_seconds)},
       {"errors", r.errors}};
   return j.dump();
@@ -554,13 +649,14 @@ std::vector<std::string> split_list(std::string_view s) {
 [[noreturn]] void usage() {
   std::fprintf(
       stderr,
-      "usage: asyncps_consistency_experiment --out FILE [--quick] [--seeds N] "
+      "usage: asyncps_consistency_experiment --out FILE [--quick | --vap-sweep] [--seeds N] "
       "[--seed0 N]\n"
       "    [--profiles mixed,uniform,noisy] [--batches 1,10] [--policies bsp,ssp3,...,vap]\n"
       "    [--clocks1 N] [--clocks10 N] [--lr1 X] [--lr10 X] [--vap1 V[s],..] [--vap10 V[s],..]\n"
       "    [--evals N] [--users N] [--items N] [--count N] [--rank N] [--lambda X]\n"
       "    [--us-per-rating X] [--user-exponent X] [--item-exponent X] "
-      "[--init-scale X]\n");
+      "[--init-scale X]\n"
+      "    [--link-gbit X] [--latency-us N] [--jitter-us N]\n");
   std::exit(2);
 }
 
@@ -590,6 +686,12 @@ experiment parse(int argc, char** argv) {
       ex.servers = 2;
       ex.evals = 10;
       ex.profiles = {"mixed"};
+    } else if (a == "--vap-sweep") {
+      ex.us_per_rating = 1.5;
+      ex.batches = {1};
+      ex.profiles = {"uniform", "mixed"};
+      ex.policies = {"bsp", "ssp1", "ssp3", "essp3", "asp", "vap"};
+      ex.vap1 = {{0.5f}, {1.0f}, {2.0f}, {4.0f}, {8.0f}, {16.0f}, {8.0f, true}};
     } else if (a == "--seeds") {
       ex.seeds = static_cast<std::uint32_t>(uint());
     } else if (a == "--seed0") {
@@ -635,6 +737,12 @@ experiment parse(int argc, char** argv) {
       ex.lambda = static_cast<float>(real());
     } else if (a == "--us-per-rating") {
       ex.us_per_rating = real();
+    } else if (a == "--link-gbit") {
+      ex.link_bytes_per_second = real() * 1e9 / 8;
+    } else if (a == "--latency-us") {
+      ex.latency = std::chrono::microseconds(uint());
+    } else if (a == "--jitter-us") {
+      ex.latency_jitter = std::chrono::microseconds(uint());
     } else {
       usage();
     }

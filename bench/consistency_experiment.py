@@ -7,13 +7,22 @@ writes, into the output folder:
   * staleness_<profile>.png    observed-staleness histograms, SSP(s) next to ESSP(s) for each
                                s, at 1% and 10% minibatches (reads of all workers and seeds);
                                ASP and VAP in the last row;
+  * staleness_cdf_<profile>.png  the same reads as cumulative distributions, one panel per
+                               family (SSP, ESSP, ASP and VAP) and minibatch, side by side;
+  * vap_<profile>_<b>pct.png   when the runs hold VAP bounds: per policy, value waits and the
+                               blocked fraction against the bound, the distribution of the
+                               per-clock update magnitude VAP counts, and the loss against
+                               simulated seconds (tight bounds dark, loose light);
   * loss_<profile>_<b>pct.png  training RMSE of the servers' model against the mean worker
                                clock (top) and against simulated seconds (bottom), one column
                                per policy family (SSP, ESSP, ASP and VAP), BSP in each; mean
                                over seeds;
   * table.md                   per profile and minibatch: final train/test RMSE (mean +- std
                                over seeds), simulated seconds and mean clock to reach a target
-                               RMSE, mean staleness, messages, bytes, fraction of time blocked.
+                               RMSE, mean staleness and its distribution (share of reads at
+                               0-1 clocks, at s, median, 90th percentile), messages, bytes,
+                               fraction of time blocked, the clocks each worker computed
+                               (fastest, slowest), and VAP's value waits.
 
 Output goes to build/experiments/consistency unless --out says otherwise; the committed
 results (docs/results/consistency) are replaced only with --overwrite.
@@ -102,11 +111,22 @@ def histogram(runs: list[dict]) -> list[float]:
     return [c / n if n else 0.0 for c in total]
 
 
+def quantile(h: list[float], q: float) -> int:
+    """The smallest bucket at which the cumulative fraction of `h` reaches q."""
+    acc = 0.0
+    for i, f in enumerate(h):
+        acc += f
+        if acc >= q - 1e-12:
+            return i
+    return len(h) - 1
+
+
 def mean_curve(runs: list[dict], axis: str, points: int = 200):
     """Mean RMSE over seeds against `axis` (clock: shared sample points; time: a common grid
     up to the shortest run). Diverged samples (null) end a seed's curve."""
     if axis == "clock":
-        xs = runs[0]["series"]["clock"]
+        n = min(len(r["series"]["clock"]) for r in runs)
+        xs = runs[0]["series"]["clock"][:n]
         ys = []
         for i in range(len(xs)):
             vals = [r["series"]["rmse"][i] for r in runs if i < len(r["series"]["rmse"])]
@@ -167,6 +187,150 @@ def plot_staleness(groups: dict, profile: str, batches: list[int], out: Path) ->
     plt.close(fig)
 
 
+def plot_staleness_cdf(groups: dict, profile: str, batches: list[int], out: Path) -> None:
+    """staleness_cdf_<profile>.png: cumulative staleness per family, side by side."""
+    fams = ["SSP", "ESSP", "ASP, VAP"]
+    fig, axes = plt.subplots(len(batches), len(fams), figsize=(5 * len(fams), 3.4 * len(batches)),
+                             squeeze=False, sharey=True)
+    for r, b in enumerate(batches):
+        labels = sorted({k[2] for k in groups if k[0] == profile and k[1] == b}, key=order_key)
+        for c, fam in enumerate(fams):
+            ax = axes[r][c]
+            pick = [l for l in labels if l.split("(")[0] in fam.split(", ")]
+            for label in ["BSP"] + pick:
+                runs = groups.get((profile, b, label))
+                if not runs:
+                    continue
+                h = histogram(runs)
+                cdf, acc = [], 0.0
+                for f in h:
+                    acc += f
+                    cdf.append(acc)
+                style = {"color": "black", "linestyle": "--"} if label == "BSP" else {}
+                ax.step(range(32), cdf, where="post", linewidth=1.2,
+                        label=f"{label} (mean {statistics.fmean(x['staleness_mean'] for x in runs):.2f})",
+                        **style)
+            ax.set_xlim(-0.5, 31.5)
+            ax.set_title(f"{fam}: {profile}, {b}% minibatch", fontsize=9)
+            ax.set_xlabel("observed staleness (clocks; 31 = 31 or more)")
+            if c == 0:
+                ax.set_ylabel("fraction of reads <= x")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / f"staleness_cdf_{profile}.png", dpi=90)
+    plt.close(fig)
+
+
+def vap_bound(label: str) -> float | None:
+    """v of 'VAP(v)' (None for other labels and the shrinking bound)."""
+    m = re.match(r"VAP\(([0-9.e+-]+)\)$", label)
+    return float(m.group(1)) if m else None
+
+
+def plot_vap(groups: dict, profile: str, b: int, out: Path) -> None:
+    """vap_<profile>_<b>pct.png: what the VAP bound does, tight to loose."""
+    labels = sorted({k[2] for k in groups if k[0] == profile and k[1] == b}, key=order_key)
+    vaps = [l for l in labels if l.startswith("VAP")]
+    if not vaps:
+        return
+    fixed = [l for l in vaps if vap_bound(l) is not None]
+    others = [l for l in labels if not l.startswith("VAP")]
+    fig, axes = plt.subplots(2, 3, figsize=(17, 9))
+    # (0,0): value waits per clock and blocked fraction against the bound
+    ax = axes[0][0]
+    xs = [vap_bound(l) for l in fixed]
+    waits = [statistics.fmean(r["value_waits"] / max(1, r["total_clocks"]) for r in groups[(profile, b, l)])
+             for l in fixed]
+    blocked = [statistics.fmean(r["wait_fraction"] for r in groups[(profile, b, l)]) for l in fixed]
+    ax.plot(xs, waits, "o-", label="clocks that waited for visibility (fraction)")
+    ax.plot(xs, blocked, "s-", label="blocked fraction of run time")
+    for l, ls in (("BSP", "--"), ("ASP", ":")):
+        if (profile, b, l) in groups:
+            ax.axhline(statistics.fmean(r["wait_fraction"] for r in groups[(profile, b, l)]),
+                       color="gray", linestyle=ls, label=f"{l}: blocked fraction")
+    ax.set_xscale("log")
+    ax.set_xlabel("VAP bound v (parameter units)")
+    ax.set_title(f"VAP waits: {profile}, {b}% minibatch", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    # (0,1): per-clock update magnitude distribution (VAP's measure), with the bounds marked
+    ax = axes[0][1]
+    for l in vaps + [x for x in others if x in ("BSP", "ASP")]:
+        runs = groups[(profile, b, l)]
+        hh = runs[0]["vap_magnitude_hist"]
+        counts = [sum(r["vap_magnitude_hist"]["counts"][i] for r in runs) for i in range(len(hh["counts"]))]
+        n = sum(counts)
+        edges = [hh["lo"] * 10 ** (i / hh["per_decade"]) for i in range(len(counts) + 1)]
+        acc, cdf = 0, []
+        for c in counts:
+            acc += c
+            cdf.append(acc / n if n else 0)
+        style = {"color": "black", "linestyle": "--"} if l == "BSP" else {}
+        ax.step(edges[1:], cdf, where="post", label=l, linewidth=1.0, **style)
+    for v in xs:
+        ax.axvline(v, color="gray", alpha=0.3)
+    ax.set_xscale("log")
+    ax.set_xlabel("per-clock update magnitude (sum over servers of lr * |slice|_2)")
+    ax.set_ylabel("fraction of clocks <= x")
+    ax.set_title("update magnitudes (gray: the bounds)", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    # (0,2): staleness cdf per bound, BSP and ASP
+    ax = axes[0][2]
+    for l in ["BSP"] + [x for x in others if x != "BSP"] + vaps:
+        runs = groups.get((profile, b, l))
+        if not runs:
+            continue
+        h = histogram(runs)
+        acc, cdf = 0.0, []
+        for f in h:
+            acc += f
+            cdf.append(acc)
+        style = {"color": "black", "linestyle": "--"} if l == "BSP" else {}
+        ax.step(range(32), cdf, where="post", linewidth=1.0,
+                label=f"{l} (mean {statistics.fmean(x['staleness_mean'] for x in runs):.2f})", **style)
+    ax.set_xlabel("observed staleness (clocks; 31 = 31 or more)")
+    ax.set_ylabel("fraction of reads <= x")
+    ax.set_title("staleness", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=6, loc="lower right")
+    # (1,*): loss against time and clock; final RMSE against the bound
+    for c, axis in enumerate(["time", "clock"]):
+        ax = axes[1][c]
+        for l in others + vaps:
+            runs = groups[(profile, b, l)]
+            cx, cy = mean_curve(runs, axis)
+            style = {"color": "black", "linestyle": "--"} if l == "BSP" else (
+                {"color": "gray", "linestyle": ":"} if l == "ASP" else {})
+            ax.plot(cx, cy, label=l, linewidth=1.1, **style)
+        ax.set_yscale("log")
+        ax.set_xlabel("simulated seconds" if axis == "time" else "mean worker clock")
+        ax.set_ylabel("training RMSE (servers' model)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    ax = axes[1][2]
+    fin = [statistics.fmean(finite(r["final_train_rmse"] for r in groups[(profile, b, l)]) or [float("nan")])
+           for l in fixed]
+    sim = [statistics.fmean(r["sim_seconds"] for r in groups[(profile, b, l)]) for l in fixed]
+    ax.plot(xs, fin, "o-", label="final train RMSE")
+    for l, ls in (("BSP", "--"), ("ASP", ":")):
+        if (profile, b, l) in groups:
+            ax.axhline(statistics.fmean(finite(r["final_train_rmse"] for r in groups[(profile, b, l)])),
+                       color="gray", linestyle=ls, label=f"{l}")
+    ax.set_xscale("log")
+    ax.set_xlabel("VAP bound v")
+    ax.set_ylabel("final train RMSE")
+    ax2 = ax.twinx()
+    ax2.plot(xs, sim, "s-", color="tab:red", label="run length (sim s)")
+    ax2.set_ylabel("run length (simulated s)", color="tab:red")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / f"vap_{profile}_{b}pct.png", dpi=90)
+    plt.close(fig)
+
+
 def plot_loss(groups: dict, profile: str, b: int, out: Path) -> None:
     """loss_<profile>_<b>pct.png: RMSE vs clock and vs simulated seconds per family."""
     labels = sorted({k[2] for k in groups if k[0] == profile and k[1] == b}, key=order_key)
@@ -217,9 +381,10 @@ def table(groups: dict, profiles: list[str], batches: list[int], target: float) 
             n = len(groups[(p, b, labels[0])])
             lines += [f"### {p} profile, {b}% minibatch ({n} seed{'s' if n > 1 else ''})", "",
                       "| policy | final train RMSE | final test RMSE | sim s to target "
-                      "| mean clock to target | sim s (run) | mean staleness | messages "
-                      "| GB | blocked |",
-                      "|---|---|---|---|---|---|---|---|---|---|"]
+                      "| mean clock to target | sim s (run) | mean staleness "
+                      "| reads at 0-1 / at s | median / p90 | messages | GB | blocked "
+                      "| worker clocks min-max | value waits |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for label in labels:
                 runs = groups[(p, b, label)]
                 def reach(axis):
@@ -233,11 +398,19 @@ def table(groups: dict, profiles: list[str], batches: list[int], target: float) 
                 msgs = statistics.fmean(r["messages"] for r in runs)
                 gb = statistics.fmean(r["bytes"] for r in runs) / 1e9
                 blocked = statistics.fmean(r["wait_fraction"] for r in runs)
+                h = histogram(runs)
+                s_ = runs[0]["s"]
+                at_s = f"{h[min(s_, 31)]:.1%}" if s_ > 0 else "-"
+                wc = [c for r in runs for c in r.get("worker_clocks", [])]
+                wcs = f"{min(wc)}-{max(wc)}" if wc else "-"
+                vw = (f"{statistics.fmean(r['value_waits'] for r in runs):,.0f}"
+                      if runs[0]["family"] == "vap" else "-")
                 lines.append(
                     f"| {label} | {mean_std([r['final_train_rmse'] for r in runs])} "
                     f"| {mean_std([r['final_test_rmse'] for r in runs])} | {reach('time')} "
-                    f"| {reach('clock')} | {sim:.2f} | {stale:.2f} | {msgs:,.0f} | {gb:.2f} "
-                    f"| {blocked:.1%} |")
+                    f"| {reach('clock')} | {sim:.2f} | {stale:.2f} "
+                    f"| {h[0] + h[1]:.1%} / {at_s} | {quantile(h, 0.5)} / {quantile(h, 0.9)} "
+                    f"| {msgs:,.0f} | {gb:.2f} | {blocked:.1%} | {wcs} | {vw} |")
             lines.append("")
     return "\n".join(lines)
 
@@ -266,8 +439,10 @@ def main() -> None:
     if not args.no_plot:
         for p in profiles:
             plot_staleness(groups, p, batches, args.out)
+            plot_staleness_cdf(groups, p, batches, args.out)
             for b in batches:
                 plot_loss(groups, p, b, args.out)
+                plot_vap(groups, p, b, args.out)
     md = table(groups, profiles, batches, args.target)
     (args.out / "table.md").write_text(md + "\n")
     print(md)

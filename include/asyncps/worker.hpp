@@ -478,10 +478,12 @@ class basic_worker {
   // Per shard: when its server was last heard from (any message), for silence_timeout.
   std::vector<typename clock_type::time_point> heard_;
   std::vector<rejoin_message> rejoin_out_;  // scratch of join_links
-  // Recovery parts that take server messages (`on_server_message`) reply from the read loops:
-  // per shard, whether a send is in progress and what waits for it.
+  // Recovery parts that take server messages (`on_server_message`) and VAP readers (their
+  // visibility acks) reply from the read loops: per shard, whether a send is in progress and
+  // what waits for it.
   static constexpr bool replies =
-      detail::worker_hooks::takes_server_messages<typename Recovery::worker_part>;
+      detail::worker_hooks::takes_server_messages<typename Recovery::worker_part> ||
+      is_value_bounded_v<Consistency>;
   std::vector<char> sending_;
   std::vector<detail::ring<message>> send_queue_;
   bool stopping_ = false;

@@ -1166,3 +1166,96 @@ TEST_CASE("elastic membership: a message ahead of the worker's clock here catche
     }
   }
 }
+
+TEST_CASE("server_protocol: VAP acknowledges a writer's clock once every reader has acknowledged "
+          "its rows; a reader that leaves is no longer waited for") {
+  using vap_proto = detail::server_protocol<consistency::vap, recovery::none, optimizer::sgd,
+                                            test_session, test_time, test_io>;
+  server_options o = proto_options();
+  o.num_workers = 3;
+  test_io io;
+  vap_proto proto{io, o, optimizer::sgd{1.0f}, {}};
+  const auto drain = [&](test_session& s) {
+    std::swap(s.outbox, s.sending);
+    for (auto& m : s.sending) {
+      proto.send_started(s);
+      proto.sent(s, m.payload.size());
+    }
+    s.sending.clear();
+  };
+  const auto fingerprint = policy_fingerprint<consistency::vap, recovery::none>();
+  const auto worker = [&](std::uint32_t w) -> test_session& {
+    auto& s = proto.add_session(static_cast<int>(w));
+    auto h = hello_from(w, 0, 2, fingerprint);
+    REQUIRE(proto.receive(s, h));
+    drain(s);
+    return s;
+  };
+  auto& w0 = worker(0);
+  auto& w1 = worker(1);
+  auto& w2 = worker(2);
+  for (auto* r : {&w1, &w2}) {  // the readers subscribe to the shard's rows
+    auto p = pull(r == &w1 ? 1 : 2, 0, 0, 4);
+    REQUIRE(proto.receive(*r, p));
+    drain(*r);
+  }
+  const auto push_clock = [&](clock_value c, std::uint64_t seq) {
+    auto p = range_push(0, c, 0, 1, 0.5f);
+    p.header.flags |= frame_flags::end_of_clock | frame_flags::want_ack;
+    p.header.seq = seq;
+    REQUIRE(proto.receive(w0, p));
+  };
+  const auto ack_from = [&](test_session& s, std::uint32_t w, std::uint64_t count) {
+    message a;
+    a.header.type = message_type::ack;
+    a.header.sender = w;
+    a.header.seq = count;
+    return proto.receive(s, a);
+  };
+  const auto acks_to_writer = [&] {
+    std::vector<std::uint64_t> seqs;
+    for (const auto& m : w0.outbox)
+      if (m.header.type == message_type::ack) seqs.push_back(m.header.seq);
+    return seqs;
+  };
+
+  push_clock(0, 1);
+  for (auto* r : {&w1, &w2}) {  // the changed row goes to each reader, asking for an ack
+    REQUIRE(r->outbox.size() == 1);
+    CHECK(r->outbox[0].header.type == message_type::rows);
+    CHECK(r->outbox[0].header.has(frame_flags::eager));
+    CHECK(r->outbox[0].header.has(frame_flags::want_ack));
+    drain(*r);
+  }
+  CHECK(acks_to_writer().empty());  // applied, but not visible yet
+  CHECK(ack_from(w1, 1, 1));
+  CHECK(acks_to_writer().empty());  // w2 has not answered
+  CHECK(ack_from(w2, 2, 1));
+  CHECK(acks_to_writer() == std::vector<std::uint64_t>{1});
+  drain(w0);
+
+  // Two clocks in flight: each reader's cumulative count releases them in order.
+  push_clock(1, 2);
+  push_clock(2, 3);
+  drain(w1);
+  drain(w2);
+  CHECK(ack_from(w2, 2, 3));
+  CHECK(acks_to_writer().empty());
+  CHECK(ack_from(w1, 1, 2));
+  CHECK(acks_to_writer() == std::vector<std::uint64_t>{2});
+  CHECK(ack_from(w1, 1, 3));
+  CHECK(acks_to_writer() == std::vector<std::uint64_t>{2, 3});
+  drain(w0);
+
+  // A reader that leaves is no longer waited for.
+  push_clock(3, 4);
+  CHECK(ack_from(w1, 1, 4));
+  CHECK(acks_to_writer().empty());
+  proto.session_finished(w2);
+  CHECK(acks_to_writer() == std::vector<std::uint64_t>{4});
+  drain(w0);
+
+  // A count past the messages sent is refused.
+  CHECK(!ack_from(w1, 1, 9));
+  CHECK(error_code_of(w1) == errc::unexpected_message);
+}

@@ -441,8 +441,10 @@ TEST_CASE("simulation: ESSP's observed staleness is lower than SSP's on the same
 TEST_CASE("simulation: VAP bounds the updates a read lacks; ASP on the same schedules does not") {
   // Counter model: each update is -1 on the worker's row of width 4 (L2 norm 2, lr 1). With
   // magnitude 2.5 a worker pushes only when nothing of its own is in transit, so a read lacks
-  // at most: the writer's unacknowledged update, the one it is computing, and one whose rows
-  // were sent before the writer's ack but are still on the wire to the reader: 3.
+  // at most: the writer's update not yet visible and the one it has computed since: 2. An
+  // update is visible (acknowledged to its writer) only once every reader sent its rows has
+  // acknowledged them, so none can still be on the wire to the reader (with the server's send
+  // as visibility, rows still in flight made it 3).
   std::int64_t vap_worst = 0;
   std::int64_t asp_worst = 0;
   std::uint64_t vap_rows = 0;
@@ -456,7 +458,7 @@ TEST_CASE("simulation: VAP bounds the updates a read lacks; ASP on the same sche
     CHECK(v.all_served);
     for (const auto& ec : v.errors) CHECK_MESSAGE(!ec, ec.message());
     CHECK(v.own_write_violations == 0);
-    CHECK(v.max_missing <= 3);
+    CHECK(v.max_missing <= 2);
     for (std::uint32_t s = 0; s < cfg.shards; ++s) {
       const auto range = shard_range(cfg.workers, s, cfg.shards);
       for (row_id row = range.begin; row < range.end; ++row)
@@ -474,7 +476,7 @@ TEST_CASE("simulation: VAP bounds the updates a read lacks; ASP on the same sche
   MESSAGE("60 schedules: most updates a read lacked: VAP " << vap_worst << ", ASP " << asp_worst
                                                            << "; VAP rows pushed " << vap_rows
                                                            << ", clocks that waited " << vap_waits);
-  CHECK(asp_worst > 3);  // the bound is not met by accident
+  CHECK(asp_worst > 2);  // the bound is not met by accident
   CHECK(vap_waits > 0);
   CHECK(vap_rows > 0);
 }

@@ -113,13 +113,16 @@ struct asp {
 /// is that of the parameter change; `in_transit` sums the magnitudes of the worker's
 /// unacknowledged clocks per server (a bound on the norm of their sum).
 ///
-/// Visibility is tracked by the server: after applying a writer's last push of a clock it sends
-/// the rows it changed to every reader of them (their subscriptions), then acknowledges that
-/// clock to the writer. Connections are FIFO, so by the ack every reader has those rows queued
-/// ahead of anything the server sends it later. Message cost per writer clock and shard: one
-/// ack, plus one rows message per reader and table (readers x tables, each a whole shard for a
-/// dense model) — W² rows messages per round of W clocks, against W for ESSP. Configure at run
-/// time through `basic_worker::consistency()`.
+/// Visibility means the readers have the update: after applying a writer's last push of a
+/// clock the server sends every reader its subscribed rows that changed (one eager rows message
+/// per reader and table); each message that holds rows, to a reader other than the writer,
+/// asks for an acknowledgement (`frame_flags::want_ack`), which the reader sends (an `ack`
+/// carrying how many such messages it has installed) as soon as it has installed the rows. The
+/// server acknowledges the writer's clock once every one of those readers has answered (a
+/// reader whose connection closed no longer counts), at once when no other reader was sent
+/// rows. Message cost per writer clock and shard: one ack to the writer, plus one rows message
+/// per reader and table and one ack per reader sent rows — W² rows messages per round of W
+/// clocks, against W for ESSP. Configure at run time through `basic_worker::consistency()`.
 struct vap {
   static constexpr std::string_view name = "vap";
   static constexpr bool eager = false;  // rows go out after every writer clock instead

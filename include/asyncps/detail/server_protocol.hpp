@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <list>
 #include <new>
@@ -137,6 +138,7 @@ class server_protocol {
       part_.on_session_closed(io_->ctx(), s);
     }
     core_.drop(&s);
+    if constexpr (is_value_bounded_v<Consistency>) forget_visibility(s);
     bounds_.on_finished(s);
     sessions_.erase(s.self);
     settle();  // e.g. the last connection ended: the sweeper's timer is disarmed
@@ -450,6 +452,10 @@ class server_protocol {
         close_after_flush(s);
         return {};
       case message_type::error: return on_error_frame(s, m, detail);
+      case message_type::ack:  // VAP: the reader has the eager rows up to `seq`
+        if constexpr (is_value_bounded_v<Consistency>) return on_visibility_ack(s, m, detail);
+        detail = " (ack from a worker; only a VAP server asks readers for them)";
+        return errc::unexpected_message;
       default:
         detail = " (type " + std::to_string(static_cast<int>(h.type)) + " from a worker)";
         return errc::unexpected_message;
@@ -858,19 +864,80 @@ class server_protocol {
     if constexpr (has_on_applied<part_type, ctx_t<Io>>) {
       if (s != nullptr) part_acks = part_.on_applied(io_->ctx(), *s, m);
     }
-    // VAP: the writer's clock is acknowledged once its rows are on their way to every
-    // reader (below), not when applied.
+    // VAP: the writer's clock is acknowledged once it is visible, i.e. once every reader that
+    // the rows below were sent to has acknowledged them (on_visibility_ack), not when applied.
     const bool visibility_ack = is_value_bounded_v<Consistency> && !part_acks &&
                                 h.has(frame_flags::want_ack) && h.has(frame_flags::end_of_clock);
     if (!part_acks && h.has(frame_flags::want_ack) && !visibility_ack) send_ack(*s, h.seq);
     if (h.has(frame_flags::end_of_clock)) {
       advance(w, h.clock + 1);
-      if constexpr (is_value_bounded_v<Consistency>) {
-        push_subscribed();
-        if (visibility_ack) send_ack(*s, h.seq);
-      }
+      if constexpr (is_value_bounded_v<Consistency>)
+        push_subscribed(visibility_ack ? s : nullptr, h.seq);
     }
     return {};
+  }
+
+  // VAP: reader session `s` acknowledges the eager rows messages that asked for it, up to
+  // its `seq`-th (cumulative; connections are FIFO, so it has installed all of them). Errors:
+  // `errc::bad_sender`; `errc::unexpected_message` for a count that goes back or past the
+  // messages sent to it.
+  std::error_code on_visibility_ack(Session& s, const message& m, std::string& detail) {
+    const auto& h = m.header;
+    if (h.sender != s.worker) return errc::bad_sender;
+    if (h.seq < s.visibility_acked || h.seq > s.visibility_sent) {
+      detail = " (visibility ack " + std::to_string(h.seq) + ", " +
+               std::to_string(s.visibility_sent) + " rows messages asked for one, " +
+               std::to_string(s.visibility_acked) + " acknowledged)";
+      return errc::unexpected_message;
+    }
+    s.visibility_acked = h.seq;
+    while (!s.visibility_owed.empty() && s.visibility_owed.front().first <= h.seq) {
+      const std::uint64_t id = s.visibility_owed.front().second;
+      s.visibility_owed.pop_front();
+      reader_done(id);
+    }
+    return {};
+  }
+
+  // VAP: one reader of writer clock `id` has its rows (or is gone); the last one makes the
+  // clock visible, and the writer's visible clocks are acknowledged oldest first.
+  void reader_done(std::uint64_t id) {
+    auto& p = visibility_[id - visibility_base_];
+    if (--p.readers > 0) return;
+    if (p.writer == nullptr) {  // the writer's session ended: nobody to tell
+      p.done = true;
+    } else {
+      auto& order = p.writer->visibility_clocks;
+      while (!order.empty() && visibility_[order.front() - visibility_base_].readers == 0) {
+        auto& q = visibility_[order.front() - visibility_base_];
+        send_ack(*q.writer, q.seq);
+        q.done = true;
+        order.pop_front();
+      }
+    }
+    while (!visibility_.empty() && visibility_.front().done) {
+      visibility_.pop_front();
+      ++visibility_base_;
+    }
+  }
+
+  // VAP: session `s` ends: it is no longer waited for as a reader nor acknowledged as a writer.
+  void forget_visibility(Session& s) {
+    for (const std::uint64_t id : s.visibility_clocks) {
+      auto& p = visibility_[id - visibility_base_];
+      p.writer = nullptr;
+      if (p.readers == 0) p.done = true;  // visible, waiting behind an older clock: dropped
+    }
+    s.visibility_clocks.clear();
+    while (!s.visibility_owed.empty()) {
+      const std::uint64_t id = s.visibility_owed.front().second;
+      s.visibility_owed.pop_front();
+      reader_done(id);
+    }
+    while (!visibility_.empty() && visibility_.front().done) {
+      visibility_.pop_front();
+      ++visibility_base_;
+    }
   }
 
   std::error_code on_pull(Session& s, message& m, std::string& detail) {
@@ -928,11 +995,12 @@ class server_protocol {
   }
 
   void send_rows(Session& s, table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
-                 bool eager, buffer payload) {
+                 bool eager, buffer payload, bool want_ack = false) {
     message r;
     r.header.type = message_type::rows;
     r.header.flags = static_cast<std::uint8_t>((ranged ? frame_flags::range : 0) |
-                                               (eager ? frame_flags::eager : 0));
+                                               (eager ? frame_flags::eager : 0) |
+                                               (want_ack ? frame_flags::want_ack : 0));
     r.header.sender = opts_.shard;
     r.header.table = tid;
     r.header.clock = core_.clock();
@@ -950,7 +1018,13 @@ class server_protocol {
   // other subscribed row is unchanged as of the message's clock (the worker re-stamps them).
   // When every row of the shard changed and is subscribed (dense models), the whole shard is
   // sent as a range, snapshot once per table and the buffer shared.
-  void push_subscribed() {
+  // VAP, after writer session `writer`'s clock whose push had sequence number `seq` (null: no
+  // writer waits): every message that holds rows, to a reader other than the writer, asks for
+  // the reader's acknowledgement, and the writer's clock is acknowledged once all of them are
+  // (at once when there are none: no other reader reads what changed).
+  void push_subscribed(Session* writer = nullptr, std::uint64_t seq = 0) {
+    const std::uint64_t id = visibility_base_ + visibility_.size();  // this writer clock's
+    std::uint32_t readers = 0;
     for (table_id t = 0; t < core_.num_tables(); ++t) {
       buffer whole;  // the whole shard, when sent as a range: snapshot once, shared
       for (auto& s : sessions_) {
@@ -958,9 +1032,34 @@ class server_protocol {
         auto& sub = s.subs[t];
         if (!sub.ranged && sub.keys.empty()) continue;
         auto e = core_.eager_rows_for(t, sub, whole, alloc());
-        send_rows(s, t, e.ranged, e.ranged ? e.range.begin : 0, e.count, true,
-                  std::move(e.payload));
+        const bool want_ack =
+            is_value_bounded_v<Consistency> && writer != nullptr && &s != writer && e.count > 0;
+        send_rows(s, t, e.ranged, e.ranged ? e.range.begin : 0, e.count, true, std::move(e.payload),
+                  want_ack);
         ++stats_.eager_messages;
+        if (want_ack && s.open) {  // (enqueue closes a session over its queue limits)
+          ++s.visibility_sent;
+          // One entry per reader and writer clock: a later table's message raises its count.
+          if (!s.visibility_owed.empty() && s.visibility_owed.back().second == id) {
+            s.visibility_owed.back().first = s.visibility_sent;
+          } else {
+            s.visibility_owed.emplace_back(s.visibility_sent, id);
+            ++readers;
+          }
+        }
+      }
+    }
+    if constexpr (is_value_bounded_v<Consistency>) {
+      if (writer == nullptr) return;
+      if (readers == 0 && writer->visibility_clocks.empty()) {
+        send_ack(*writer, seq);  // no other reader was sent rows, nothing older waits
+        return;
+      }
+      visibility_.push_back(pending_visibility{writer, seq, readers, false});
+      writer->visibility_clocks.push_back(id);
+      if (readers == 0) {  // visible already, but acknowledged after the older ones
+        ++visibility_.back().readers;
+        reader_done(id);
       }
     }
   }
@@ -978,6 +1077,19 @@ class server_protocol {
   std::list<Session> sessions_;
   server_bounds<Session, TimePoint> bounds_;  // queue budget, hello and send deadlines
   membership<TimePoint> membership_;          // elastic: when absent members leave
+  // VAP: a writer clock not yet acknowledged: its writer's session (null once that ended),
+  // its push's sequence number, the readers that have not acknowledged its rows yet, and
+  // whether it is settled (acknowledged or dropped). Ids count up from 0; `visibility_`
+  // holds ids visibility_base_ .. visibility_base_ + size() - 1 (settled ones leave from the
+  // front).
+  struct pending_visibility {
+    Session* writer = nullptr;
+    std::uint64_t seq = 0;
+    std::uint32_t readers = 0;
+    bool done = false;
+  };
+  std::deque<pending_visibility> visibility_;
+  std::uint64_t visibility_base_ = 0;
 };
 
 }  // namespace asyncps::detail

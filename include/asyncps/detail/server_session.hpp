@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <string>
 #include <utility>
@@ -38,8 +39,18 @@ struct server_session_state : session_base {
   std::vector<message> sending;     ///< taken by the write loop, being sent
   std::vector<subscription> subs;   ///< worker sessions: per table, rows for eager pushes
   std::uint32_t pending_pulls = 0;  ///< pulls of this session waiting in the shard core
-  std::uint64_t queued_bytes = 0;   ///< payload bytes in outbox + sending
-  int running = 2;                  ///< loops still running (read_loop + write_loop)
+  /// VAP: the eager rows messages sent to this reader that ask for its acknowledgement
+  /// (`frame_flags::want_ack`), and how many of them it has acknowledged (cumulative counts;
+  /// a writer's clock is visible once every reader it was sent to has acknowledged it).
+  std::uint64_t visibility_sent = 0;
+  std::uint64_t visibility_acked = 0;  ///< see `visibility_sent`
+  /// VAP, as a reader: (the `visibility_sent` count to reach, the writer clock's id) per
+  /// writer clock still waiting for this reader, oldest first.
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> visibility_owed;
+  /// VAP, as a writer: the ids of this session's clocks not yet visible, oldest first.
+  std::deque<std::uint64_t> visibility_clocks;
+  std::uint64_t queued_bytes = 0;  ///< payload bytes in outbox + sending
+  int running = 2;                 ///< loops still running (read_loop + write_loop)
   bool cut = false;  ///< closed at once (`server_protocol::close`): its queue no longer counts
   /// When the session started (`server_options::hello_timeout` counts from here).
   TimePoint opened{};

@@ -197,6 +197,9 @@ class worker_protocol {
     /// magnitude of the clock being pushed now.
     detail::ring<in_transit_update> in_transit;
     float magnitude = 0;
+    /// VAP: the eager rows messages received on this connection that asked for an
+    /// acknowledgement (each is acknowledged with this count, see `on_message`).
+    std::uint64_t visibility_rows = 0;
     bool refused = false;  ///< `failure` is the code of the server's refusal (reported as is)
     /// The server's last heartbeat report: its clock; the slowest worker's id, clock, state.
     bool reported = false;
@@ -377,6 +380,7 @@ class worker_protocol {
     // VAP: what the lost server had not acknowledged is lost with it or travels through the
     // recovery policy; it no longer counts as in transit.
     while (!l.in_transit.empty()) l.in_transit.pop_front();
+    l.visibility_rows = 0;  // a new connection counts from 0 (so does its server session)
     return true;
   }
 
@@ -396,6 +400,17 @@ class worker_protocol {
         ++stats_.rows_messages;
         if (h.has(frame_flags::eager)) ++stats_.eager_messages;
         if (auto err = cache_.install(s, m)) return {err, false};
+        if constexpr (value_bounded) {
+          // VAP: rows that make another worker's clock visible once this reader has them; the
+          // server acknowledges that clock to its writer when every such reader has answered.
+          if (h.has(frame_flags::eager) && h.has(frame_flags::want_ack)) {
+            message a;
+            a.header.type = message_type::ack;
+            a.header.sender = opts_.id;
+            a.header.seq = ++l.visibility_rows;
+            replies_[s].push_back(std::move(a));
+          }
+        }
         return {{}, true};
       }
       case message_type::ack: {
