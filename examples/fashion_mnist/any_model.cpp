@@ -24,8 +24,10 @@ struct any_model::impl {
                      c.l2, c.hidden);
     }
     if (c.model == "cnn") {
-      return variant(std::in_place_type<fashion::cnn_model>, train, shard, shards, c.batch, c.seed,
-                     c.l2);
+      variant v(std::in_place_type<fashion::cnn_model>, train, shard, shards, c.batch, c.seed,
+                c.l2);
+      std::get<fashion::cnn_model>(v).set_augmentation({c.flip, c.max_shift});
+      return v;
     }
     return variant(std::in_place_type<fashion::softmax_model>, train, shard, shards, c.batch,
                    c.seed, c.l2);

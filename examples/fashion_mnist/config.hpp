@@ -42,6 +42,8 @@ struct config {
   float lr = 0;
   float l2 = 0;
   std::uint32_t hidden = 128;
+  bool flip = false;            // --model cnn: mirror training images at random
+  std::uint32_t max_shift = 0;  // --model cnn: move training images by up to this many pixels
   std::uint64_t seed = 1;
   std::string data = "/usr/share/datasets/fashion-mnist";  // = default_data_dir() (dataset.hpp)
   std::string metrics = "fashion_mnist_metrics.jsonl";

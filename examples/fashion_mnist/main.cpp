@@ -324,6 +324,12 @@ int main(int argc, char** argv) {
   app.add_option("--batch", c.batch, "minibatch size per worker")->check(CLI::Range(1, 60000));
   app.add_option("--lr", c.lr, "learning rate")->check(CLI::PositiveNumber);
   app.add_option("--l2", c.l2, "weight decay")->check(CLI::NonNegativeNumber);
+  app.add_flag("--flip", c.flip,
+               "--model cnn: mirror each training image left-right with probability 1/2");
+  app.add_option("--shift", c.max_shift,
+                 "--model cnn: move each training image by up to this many pixels in x and y "
+                 "(uniform, zero fill)")
+      ->check(CLI::Range(0, 27));
   app.add_option("--decay-at", c.decay_at, "epoch after which the learning rate is scaled")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--decay-factor", c.decay_factor, "learning-rate scale after --decay-at")
@@ -428,6 +434,10 @@ int main(int argc, char** argv) {
   }
   fashion::apply_defaults(c);
 
+  if (c.model != "cnn" && (c.flip || c.max_shift != 0)) {
+    std::cerr << "fashion_mnist: --flip and --shift need --model cnn\n";
+    return 2;
+  }
   const bool vap = c.consistency == "vap";
   if (!vap && (app.count("--vap-magnitude") > 0 || c.vap_shrink)) {
     std::cerr << "fashion_mnist: --vap-magnitude and --vap-shrink need --consistency vap\n";

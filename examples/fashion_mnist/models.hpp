@@ -467,6 +467,31 @@ class mlp_model {
   asyncps::row_matrix logits_;        // batch x 10; then d(loss)/d(logits)
 };
 
+/// Random changes to each training image, drawn per example (the test set is never changed).
+struct augmentation {
+  bool flip = false;            ///< mirror left-right with probability 1/2
+  std::uint32_t max_shift = 0;  ///< move by dx, dy uniform in [-max_shift, max_shift] pixels,
+                                ///< filling with 0 (background); at most 27
+};
+
+namespace detail {
+
+/// Writes into `out` the 28 x 28 image `in` (row-major), mirrored left-right if `flip`, then
+/// moved by (`dx`, `dy`) pixels (right and down positive) with the uncovered pixels 0.
+/// Preconditions: `in` and `out` hold 784 floats and do not overlap.
+inline void flip_shift(const float* in, bool flip, int dx, int dy, float* out) noexcept {
+  for (int y = 0; y < 28; ++y) {
+    const int sy = y - dy;
+    for (int x = 0; x < 28; ++x) {
+      const int sx0 = x - dx;
+      const int sx = flip ? 27 - sx0 : sx0;
+      out[y * 28 + x] = (sy < 0 || sy > 27 || sx0 < 0 || sx0 > 27) ? 0.0f : in[sy * 28 + sx];
+    }
+  }
+}
+
+}  // namespace detail
+
 /// A small convolutional network: conv 5x5 (1 -> C1) -> ReLU -> max pool 2x2 -> conv 5x5
 /// (C1 -> C2) -> ReLU -> max pool 2x2 -> dense (16 C2 -> 10) -> softmax. Spatial sizes:
 /// 28 -> 24 -> 12 -> 8 -> 4 ("valid" convolutions, stride 1; pools of stride 2).
@@ -513,17 +538,32 @@ class cnn_model {
       : tables_(make_tables(channels1, channels2)),
         sampler_(train, shard, num_shards, batch_size, seed), l2_(l2),
         x_(batch_size, static_cast<Eigen::Index>(image_pixels)), labels_(batch_size),
-        work_(batch_size, channels1, channels2) {}
+        work_(batch_size, channels1, channels2),
+        augment_rng_(seed ^
+                     (0xA5A5A5A5A5A5A5A5ull + std::uint64_t{shard} * 0x9E3779B97F4A7C15ull)) {}
 
   /// The parameter layout (see the class comment). Valid while the model lives.
   std::span<const asyncps::table_spec> tables() const noexcept { return tables_; }
 
-  /// Draws the next minibatch and writes into every value of `g` the gradient, at `p`, of the
-  /// minibatch's mean cross-entropy plus (l2 / 2) * (squared weights); returns that loss (nats).
+  /// Changes every later training minibatch by `a` (none by default); the draws are
+  /// deterministic from the constructor's seed and shard.
+  /// Errors: `std::invalid_argument` if `a.max_shift > 27`.
+  void set_augmentation(augmentation a) {
+    if (a.max_shift > 27)
+      throw std::invalid_argument("fashion::cnn_model: augmentation shift must be <= 27 pixels");
+    augment_ = a;
+  }
+  /// The augmentation in use.
+  augmentation get_augmentation() const noexcept { return augment_; }
+
+  /// Draws the next minibatch (augmented, see `set_augmentation`) and writes into every value
+  /// of `g` the gradient, at `p`, of the minibatch's mean cross-entropy plus (l2 / 2) * (squared
+  /// weights); returns that loss (nats).
   /// Preconditions: `p` and `g` have the layout `tables()`.
   /// Allocation: none. Complexity: O(batch_size * 3 * (forward multiply-adds, class comment)).
   float compute_gradient(const asyncps::parameter_view& p, asyncps::gradient_view& g) noexcept {
     sampler_.next(x_, labels_);
+    if (augment_.flip || augment_.max_shift != 0) augment_batch();
     workspace& w = work_;
     const Eigen::Index m = x_.rows();
     const Eigen::Index c1 = w.c1;
@@ -660,12 +700,28 @@ class cnn_model {
     asyncps::row_matrix logits;       // m x 10; then d(loss)/d(logits)
   };
 
+  /// Applies `augment_` to every image of `x_`, one draw per image.
+  void augment_batch() noexcept {
+    const int shift = static_cast<int>(augment_.max_shift);
+    std::uniform_int_distribution<int> offset(-shift, shift);
+    for (Eigen::Index i = 0; i < x_.rows(); ++i) {
+      const bool flip = augment_.flip && (augment_rng_() & 1u) != 0;
+      const int dx = offset(augment_rng_);
+      const int dy = offset(augment_rng_);
+      detail::flip_shift(x_.row(i).data(), flip, dx, dy, image_.data());
+      std::copy(image_.begin(), image_.end(), x_.row(i).data());
+    }
+  }
+
   std::array<asyncps::table_spec, 3> tables_;
   detail::minibatch_sampler sampler_;
   float l2_;
   asyncps::row_matrix x_;             // batch x 784
   std::vector<std::uint8_t> labels_;  // batch
   workspace work_;
+  augmentation augment_{};
+  std::mt19937_64 augment_rng_;
+  std::array<float, image_pixels> image_{};  // one augmented image
 };
 
 static_assert(asyncps::model<softmax_model>);

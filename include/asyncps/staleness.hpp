@@ -9,17 +9,21 @@
 
 namespace asyncps {
 
-/// Histogram of observed staleness: for each read of a cache part, `worker clock - server
-/// clock of the rows read` (clocks). Bucket i counts staleness i for i < 31; bucket 31 counts
-/// staleness >= 31. Staleness 0 means the rows reflect every update from all earlier clocks.
+/// Histogram of observed staleness in clocks. A worker's histogram (`basic_worker::staleness`)
+/// has one sample per row read per clock: `worker clock - server clock of that row` (a row's
+/// server clock m means it holds every update of clocks <= m - 1 of every worker; Bösen's
+/// definition). A group link's (`basic_group_link::staleness`) has one sample per central push.
+/// Bucket i counts staleness i for i < 31; bucket 31 counts staleness >= 31. Staleness 0 means
+/// the row reflects every update from all earlier clocks.
 struct staleness_histogram {
   static constexpr std::size_t buckets = 32;
   std::array<std::uint64_t, buckets> counts{};
 
-  void record(clock_value staleness) noexcept {
+  /// Adds `n` samples of `staleness` clocks (negative counts as 0).
+  void record(clock_value staleness, std::uint64_t n = 1) noexcept {
     const auto s = staleness < 0 ? 0 : staleness;
-    ++counts[s >= static_cast<clock_value>(buckets - 1) ? buckets - 1
-                                                        : static_cast<std::size_t>(s)];
+    counts[s >= static_cast<clock_value>(buckets - 1) ? buckets - 1
+                                                      : static_cast<std::size_t>(s)] += n;
   }
   std::uint64_t total() const noexcept {
     std::uint64_t n = 0;

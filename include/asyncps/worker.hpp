@@ -167,7 +167,8 @@ class basic_worker {
   /// `consistency::vap::magnitude`). Set it before `async_run`; on the worker's executor.
   Consistency& consistency() noexcept { return core_.consistency(); }
   const Consistency& consistency() const noexcept { return core_.consistency(); }
-  /// Observed staleness of every read so far (one sample per cached part per clock).
+  /// Observed staleness of every read so far: one sample per row read per clock (`clock -` the
+  /// row's server clock; see `staleness_histogram`).
   const staleness_histogram& staleness() const noexcept { return core_.staleness(); }
   const worker_stats& stats() const noexcept { return core_.stats(); }
   /// The recovery policy's worker part (its options; its counters, e.g. `recovery().stats()`

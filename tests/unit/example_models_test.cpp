@@ -406,11 +406,58 @@ TEST_CASE("compute_gradient does not allocate after construction") {
     // The CNN at batch 256 takes minutes unoptimised (the clang-asan stage): batch 32 there.
     if (batch > 32 && !asyncps::test::optimized_build) continue;
     fashion::cnn_model cnn(data, 0, 3, batch, 1, 1e-4f);  // the default channels
+    cnn.set_augmentation({true, 2});
     CHECK(steps_without_malloc(cnn) > 1.0);
   }
 #else
   MESSAGE("skipped: needs EIGEN_RUNTIME_NO_MALLOC (the asyncps test targets define it)");
 #endif
+}
+
+TEST_CASE("CNN augmentation: flip_shift mirrors and moves with zero fill; bad shifts rejected") {
+  std::vector<float> in(784);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i + 1);  // no zeros
+  std::vector<float> out(784, -1.0f);
+  const auto at = [](const std::vector<float>& v, int y, int x) {
+    return v[static_cast<std::size_t>(y * 28 + x)];
+  };
+  fashion::detail::flip_shift(in.data(), false, 0, 0, out.data());
+  CHECK(out == in);
+  fashion::detail::flip_shift(in.data(), true, 0, 0, out.data());
+  CHECK(at(out, 0, 0) == at(in, 0, 27));
+  CHECK(at(out, 5, 3) == at(in, 5, 24));
+  fashion::detail::flip_shift(in.data(), false, 2, -1, out.data());  // right 2, up 1
+  CHECK(at(out, 0, 0) == 0.0f);                                      // uncovered columns
+  CHECK(at(out, 27, 5) == 0.0f);                                     // uncovered bottom row
+  CHECK(at(out, 0, 2) == at(in, 1, 0));
+  CHECK(at(out, 26, 27) == at(in, 27, 25));
+  fashion::detail::flip_shift(in.data(), true, 1, 0, out.data());  // mirror, then right 1
+  CHECK(at(out, 3, 0) == 0.0f);
+  CHECK(at(out, 3, 1) == at(in, 3, 27));
+  CHECK(at(out, 3, 27) == at(in, 3, 1));
+  std::size_t zeros = 0;
+  for (float v : out) zeros += v == 0.0f ? 1 : 0;
+  CHECK(zeros == 28);  // one column
+
+  const auto data = synthetic_dataset(8, 3);
+  fashion::cnn_model cnn(data, 0, 1, 4, 1, 0.0f, 2, 2);
+  CHECK_THROWS_AS(cnn.set_augmentation({false, 28}), std::invalid_argument);
+  CHECK(!cnn.get_augmentation().flip);
+  cnn.set_augmentation({true, 27});
+  CHECK(cnn.get_augmentation().max_shift == 27);
+  // Augmented minibatches change the gradient, deterministically from the seed.
+  const auto gradient = [&](fashion::augmentation a, std::uint64_t seed) {
+    fashion::cnn_model m(data, 0, 1, 4, seed, 0.0f, 2, 2);
+    m.set_augmentation(a);
+    const auto params = random_parameters(m.tables(), 17, 0.05f);
+    std::vector<float> grad(params.size());
+    const asyncps::parameter_view p(m.tables(), params.data());
+    asyncps::gradient_view g(m.tables(), grad.data());
+    static_cast<void>(m.compute_gradient(p, g));
+    return grad;
+  };
+  CHECK(gradient({true, 2}, 5) == gradient({true, 2}, 5));
+  CHECK(gradient({true, 2}, 5) != gradient({}, 5));
 }
 
 TEST_CASE("load_idx reads a well-formed pair of files") {

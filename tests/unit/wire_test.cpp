@@ -232,6 +232,10 @@ TEST_CASE("staleness histogram") {
   CHECK(h.max() == 31);
   CHECK(h.mean() == doctest::Approx((0 + 2 + 2 + 31) / 4.0));
   CHECK(h.to_string() == "0:1 2:2 31+:1");
+  h.record(1, 3);  // three rows read at staleness 1
+  h.record(-2);    // a negative staleness counts as 0
+  CHECK(h.total() == 8);
+  CHECK(h.to_string() == "0:2 1:3 2:2 31+:1");
 }
 
 TEST_CASE("state transfer encoding round-trips and rejects every truncation") {

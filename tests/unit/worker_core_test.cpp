@@ -178,9 +178,11 @@ TEST_CASE("worker_cache: read decisions under ssp<1> and the pulls they send") {
   CHECK(!cache.ready(1, 2, false, false));
   CHECK(cache.ready(1, 3, false, true));
   staleness_histogram h;
-  cache.record_staleness(0, 3, h);
-  CHECK(h.total() == 2);
-  CHECK(h.counts[1] == 2);
+  cache.record_staleness(0, 3, h);  // one sample per row read: every row of shard 0's parts
+  const std::uint64_t rows0 = cache.parts(0)[0].range.size() + cache.parts(0)[1].range.size();
+  REQUIRE(rows0 > 2);
+  CHECK(h.total() == rows0);
+  CHECK(h.counts[1] == rows0);
   cache.forget(0);
   CHECK(!cache.parts(0)[0].have);
 }
@@ -210,6 +212,14 @@ TEST_CASE("worker_cache: sparse reads track each row's clock and pull only stale
   REQUIRE(!cache.install(0, keyed_rows(pool, 0, {40}, 4, 6, 2.0f)));
   CHECK(cache.read_state(p) == std::pair<bool, clock_value>{true, 5});
   CHECK(cache.values()[40 * 4] == 2.0f);
+  // Staleness per row read, each row with its own clock: rows 3 and 10 (clock 5) and row 40
+  // (clock 6) read at clock 7; the other 61 rows of the part are not read and not counted.
+  staleness_histogram h;
+  cache.record_staleness(0, 7, h);
+  CHECK(h.total() == 3);
+  CHECK(h.counts[2] == 2);
+  CHECK(h.counts[1] == 1);
+  CHECK(p.clock == 5);
   // Eager rows re-stamp every cached row.
   message e = keyed_rows(pool, 0, {}, 4, 8, 0.0f);
   e.header.flags = frame_flags::eager;

@@ -298,16 +298,25 @@ class worker_cache {
     return false;
   }
 
-  /// Records the staleness of shard `s`'s reads at clock `c` (one sample per part read);
-  /// sparse reads: stamps each part with the clock its read reflects.
+  /// Records the staleness of shard `s`'s reads at clock `c`: one sample per row read, `c -`
+  /// the row's server clock (every row of a part, or, sparse reads, the rows the model reads
+  /// at this clock, each with its own clock). Sparse reads: also stamps each part with the
+  /// oldest clock its read reflects.
   void record_staleness(std::uint32_t s, clock_value c, staleness_histogram& h) noexcept {
     for (auto& p : parts_[s]) {
       if (p.range.empty()) continue;
       if constexpr (SparseReads) {
         if (p.want.empty()) continue;
-        p.clock = read_state(p).second;  // the clock this read's gradient is computed on
+        clock_value oldest = std::numeric_limits<clock_value>::max();
+        for (const row_id k : p.want) {
+          const clock_value rc = p.row_clock[k - p.range.begin];
+          h.record(c - rc);
+          oldest = std::min(oldest, rc);
+        }
+        p.clock = oldest;  // the oldest clock this read's gradient is computed on
+      } else {
+        h.record(c - p.clock, p.range.size());
       }
-      h.record(c - p.clock);
     }
   }
 
