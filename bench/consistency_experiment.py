@@ -412,6 +412,36 @@ def table(groups: dict, profiles: list[str], batches: list[int], target: float) 
                     f"| {h[0] + h[1]:.1%} / {at_s} | {quantile(h, 0.5)} / {quantile(h, 0.9)} "
                     f"| {msgs:,.0f} | {gb:.2f} | {blocked:.1%} | {wcs} | {vw} |")
             lines.append("")
+            vaps = [l for l in labels if l.startswith("VAP")]
+            if not vaps:
+                continue
+            lines += [f"VAP's bound, {p} profile, {b}% minibatch: clocks whose push waited for "
+                      "earlier updates to become visible (share of all clocks), seconds waited "
+                      "per worker, and the per-clock update magnitude VAP counts (sum over "
+                      "servers of lr * |slice|_2; 10th, 50th, 90th percentile, from a "
+                      "histogram with 10 bins per decade: bin lower edges). BSP and ASP for "
+                      "comparison.", "",
+                      "| policy | value waits | s waited per worker | magnitude p10 / p50 / p90 "
+                      "| mean staleness | final train RMSE | sim s (run) | messages |",
+                      "|---|---|---|---|---|---|---|---|"]
+            for label in [l for l in labels if l in ("BSP", "ASP")] + vaps:
+                runs = groups[(p, b, label)]
+                waits = statistics.fmean(r["value_waits"] / r["total_clocks"] for r in runs)
+                secs = statistics.fmean(r["value_wait_seconds"] / r["workers"] for r in runs)
+                hh = runs[0]["vap_magnitude_hist"]
+                counts = [sum(r["vap_magnitude_hist"]["counts"][i] for r in runs)
+                          for i in range(len(hh["counts"]))]
+                n = sum(counts)
+                frac = [c / n for c in counts] if n else counts
+                edge = lambda i: hh["lo"] * 10 ** (i / hh["per_decade"])
+                mags = " / ".join(f"{edge(quantile(frac, q)):.2f}" for q in (0.1, 0.5, 0.9))
+                lines.append(
+                    f"| {label} | {waits:.1%} | {secs:.3f} | {mags} "
+                    f"| {statistics.fmean(r['staleness_mean'] for r in runs):.2f} "
+                    f"| {mean_std([r['final_train_rmse'] for r in runs])} "
+                    f"| {statistics.fmean(r['sim_seconds'] for r in runs):.3f} "
+                    f"| {statistics.fmean(r['messages'] for r in runs):,.0f} |")
+            lines.append("")
     return "\n".join(lines)
 
 
