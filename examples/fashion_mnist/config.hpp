@@ -84,6 +84,11 @@ struct config {
   std::string group_by = "id";   // id | speed (the --slow-factor of each worker)
   std::uint32_t push_every = 1;  // group clocks per central push
   bool scale_staleness = false;  // scale each central push by 1 / staleness
+  // Group servers as separate processes (train_groups.cpp): --role group-server serves group
+  // `group`; --central lists the central shards (group servers, and worker 0 for the final
+  // read); a worker's --connect is its group server. -1: --group not given.
+  int group = -1;
+  std::vector<std::string> central;
   // Straggler injection: worker `slow_worker` sleeps (slow_factor - 1) x its compute time
   // after each gradient; slow_factor 1: off.
   std::uint32_t slow_worker = 0;

@@ -16,6 +16,10 @@
 //   fashion_mnist --consistency vap --vap-magnitude 0.2 --vap-shrink  # value-bounded (VAP)
 //   fashion_mnist --groups 2 --slow-worker 3 --slow-factor 4          # group servers (BSP
 //                                                                     # inside, ASP between)
+//   fashion_mnist --groups 2 --role server --shard 0 --listen 127.0.0.1:7000 ...  # each part
+//   fashion_mnist --groups 2 --role group-server --group 0 --central 127.0.0.1:7000,... ...
+//   fashion_mnist --groups 2 --role worker --worker-id 0 --connect GROUP0 --central ...
+//                                                     # its own process (docs/deploy.md)
 //
 // The consistency model, the recovery policy and the server optimizer are compile-time
 // policies; the command line picks one of the instantiations compiled in train_*.cpp. The
@@ -259,9 +263,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Train Fashion-MNIST with asyncps parameter servers and workers over TCP"};
   app.add_option("--role", c.role,
                  "all: servers and workers in this process; master: the chain master "
-                 "(--recovery chain); scheduler: only the rendezvous (--rendezvous). Default: "
-                 "from the launcher's environment (--launcher), else all")
-      ->check(CLI::IsMember({"all", "server", "worker", "master", "scheduler"}));
+                 "(--recovery chain); scheduler: only the rendezvous (--rendezvous); "
+                 "group-server: group --group's server (--groups). Default: from the launcher's "
+                 "environment (--launcher), else all")
+      ->check(CLI::IsMember({"all", "server", "worker", "master", "scheduler", "group-server"}));
   app.add_option("--launcher", c.launcher,
                  "auto: without --role, take the role, rank and counts from the environment of "
                  "Slurm (srun), Open MPI (mpirun), torchrun or DMLC (ps-lite/BytePS): ranks < "
@@ -399,6 +404,14 @@ int main(int argc, char** argv) {
   app.add_flag("--scale-staleness", c.scale_staleness,
                "--groups: scale each central push by 1 / its staleness (other groups' pushes "
                "it did not see)");
+  app.add_option("--group", c.group,
+                 "--groups, --role group-server: the group it serves; --role worker: the group it "
+                 "trains in (checked against --group-by's plan)")
+      ->check(CLI::Range(0, 255));
+  app.add_option("--central", c.central,
+                 "--groups, --role group-server (and worker 0, which reports the central "
+                 "model): host:port of every central shard, in order")
+      ->delimiter(',');
   app.add_option("--slow-worker", c.slow_worker, "straggler: which worker --slow-factor slows");
   app.add_option("--slow-factor", c.slow_factor,
                  "straggler: --slow-worker sleeps (F - 1) x its compute time after each "
@@ -426,7 +439,8 @@ int main(int argc, char** argv) {
   }
   const bool chain = c.recovery.rfind("chain", 0) == 0;
   const std::uint32_t per_shard = chain ? c.replicas : 1;
-  if (c.role == "worker" && c.rendezvous.empty() && c.connect.size() != c.servers * per_shard) {
+  if (c.role == "worker" && c.rendezvous.empty() && c.groups < 2 &&
+      c.connect.size() != c.servers * per_shard) {
     std::cerr << "fashion_mnist: --connect needs "
               << (chain ? "every server of every shard" : "one host:port per shard") << " ("
               << c.servers * per_shard << " host:port)\n";
@@ -458,8 +472,29 @@ int main(int argc, char** argv) {
     const char* bad = nullptr;
     if (c.groups > c.workers)
       bad = "--groups must be <= --workers";
-    else if (c.role != "all")
-      bad = "--groups needs --role all";
+    else if (c.role != "all" && c.role != "server" && c.role != "group-server" &&
+             c.role != "worker")
+      bad = "--groups needs --role all, server (a central shard), group-server or worker";
+    else if (!c.rendezvous.empty())
+      bad = "--groups takes the addresses by flags (--listen, --central, --connect), not from a "
+            "rendezvous or a launcher's environment: give --role";
+    else if ((c.role == "all" || c.role == "server") && (c.group >= 0 || !c.central.empty()))
+      bad = "--group and --central are for --role group-server and worker";
+    else if (c.role == "group-server" &&
+             (c.group < 0 || static_cast<std::uint32_t>(c.group) >= c.groups))
+      bad = "--role group-server needs --group g < --groups";
+    else if (c.role == "worker" && c.group >= 0 && static_cast<std::uint32_t>(c.group) >= c.groups)
+      bad = "--group must be < --groups";
+    else if (c.role == "group-server" && c.central.size() != c.servers)
+      bad = "--role group-server needs --central with one host:port per central shard "
+            "(--servers)";
+    else if (c.role == "worker" && c.connect.size() != 1)
+      bad = "--groups, --role worker: --connect takes one host:port, its group server's";
+    else if (c.role == "worker" && c.worker_id == 0 && c.central.empty())
+      bad = "--groups, --role worker: worker 0 reports the central model's accuracy and needs "
+            "--central (one host:port per central shard)";
+    else if (c.role == "worker" && !c.central.empty() && c.central.size() != c.servers)
+      bad = "--central needs one host:port per central shard (--servers)";
     else if (c.recovery != "none")
       bad = "--groups needs --recovery none";
     else if (!c.kill_at.empty())
@@ -471,9 +506,10 @@ int main(int argc, char** argv) {
       std::cerr << "fashion_mnist: " << bad << '\n';
       return 2;
     }
-  } else if (app.count("--group-by") > 0 || app.count("--push-every") > 0 || c.scale_staleness) {
-    std::cerr << "fashion_mnist: --group-by, --push-every and --scale-staleness need --groups "
-                 ">= 2\n";
+  } else if (app.count("--group-by") > 0 || app.count("--push-every") > 0 || c.scale_staleness ||
+             c.group >= 0 || !c.central.empty() || c.role == "group-server") {
+    std::cerr << "fashion_mnist: --group-by, --push-every, --scale-staleness, --group, --central "
+                 "and --role group-server need --groups >= 2\n";
     return 2;
   }
 

@@ -1,5 +1,7 @@
 // fashion_mnist — group servers against stragglers (--groups G >= 2; asyncps/group.hpp,
-// docs/concepts/groups.md), everything in this process over loopback TCP.
+// docs/concepts/groups.md): everything in this process over loopback TCP (--role all), or
+// each part a process of its own (--role server: a central shard; --role group-server --group
+// g: group g's server; --role worker: a worker of its group; docs/deploy.md).
 //
 //   workers --BSP--> G group servers (basic_group_server, the trainer's optimizer and lr)
 //           --ASP--> --servers central shards (basic_server<asp>, SGD with learning rate 1,
@@ -14,6 +16,11 @@
 // instantiates them once per optimizer and everything else once.
 #include "trainer.hpp"
 
+#include <asio/this_coro.hpp>
+
+#include <numeric>
+#include <sstream>
+
 #include "asyncps/group.hpp"
 
 namespace fashion {
@@ -24,6 +31,13 @@ using central_server = asyncps::basic_server<asyncps::tcp_transport, asyncps::co
                                              asyncps::recovery::none, asyncps::optimizer::sgd>;
 using group_worker = asyncps::basic_worker<any_model, asyncps::tcp_transport,
                                            asyncps::consistency::bsp, asyncps::recovery::none>;
+
+/// "127.0.0.1:7000".
+std::string endpoint_text(const endpoint& ep) {
+  std::ostringstream out;
+  out << ep;
+  return out.str();
+}
 
 /// What one group server did, read after the run.
 struct group_report {
@@ -49,8 +63,9 @@ class group_tier {
   virtual void stop(std::uint32_t g) = 0;
 };
 
-/// `group_tier` for one optimizer type: listens on free loopback ports and runs each group
-/// server on its own strand of `io`, calling `done(g, ec)` there when group `g`'s run ends.
+/// `group_tier` for one optimizer type: runs the servers of the groups in `hosted` (each
+/// listening on `listen`; port 0: a free port), each on its own strand of `io`, calling
+/// `done(g, ec)` there when group `g`'s run ends.
 template <class Optimizer>
 class group_tier_of final : public group_tier {
  public:
@@ -61,15 +76,18 @@ class group_tier_of final : public group_tier {
   group_tier_of(const config& c, Optimizer opt, const asyncps::group_plan& plan,
                 std::span<const asyncps::table_spec> layout, std::vector<endpoint> central,
                 std::uint64_t clocks, asio::io_context& io,
-                std::function<void(std::uint32_t, std::error_code)> done)
-      : opt_(opt), done_(std::move(done)) {
-    const auto loopback = asyncps::parse_tcp_endpoint("127.0.0.1:0").value();
-    for (std::uint32_t g = 0; g < plan.groups; ++g) {
-      auto& t = transports_.emplace_back(
-          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c)));
-      auto acc = t->listen(loopback);
-      if (!acc) throw std::runtime_error("group server cannot listen: " + acc.error().message());
-      addresses_.push_back(acc.value().local_endpoint());
+                std::function<void(std::uint32_t, std::error_code)> done,
+                const std::vector<std::uint32_t>& hosted, const endpoint& listen)
+      : opt_(opt), done_(std::move(done)), transports_(plan.groups), addresses_(plan.groups),
+        groups_(plan.groups) {
+    for (const std::uint32_t g : hosted) {
+      auto& t = transports_[g] =
+          std::make_unique<asyncps::tcp_transport>(asio::make_strand(io), tcp_opts(c));
+      auto acc = t->listen(listen);
+      if (!acc)
+        throw std::runtime_error("group server cannot listen on " + endpoint_text(listen) + ": " +
+                                 acc.error().message());
+      addresses_[g] = acc.value().local_endpoint();
       asyncps::server_options go;
       go.num_workers = static_cast<std::uint32_t>(plan.members(g).size());
       go.tables.assign(layout.begin(), layout.end());
@@ -83,7 +101,7 @@ class group_tier_of final : public group_tier {
       gl.push_every = c.push_every;
       gl.group_clocks = clocks;
       gl.scale_by_staleness = c.scale_staleness;
-      auto& srv = groups_.emplace_back(std::make_unique<group_server>(*t, go, lo, gl, opt));
+      auto& srv = groups_[g] = std::make_unique<group_server>(*t, go, lo, gl, opt);
       asio::co_spawn(
           t->get_executor(),
           [this, g, p = srv.get(), a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
@@ -113,22 +131,28 @@ class group_tier_of final : public group_tier {
   std::vector<std::unique_ptr<group_server>> groups_;
 };
 
-/// The group servers with the optimizer --optimizer names (the same choices as
-/// `with_optimizer`). Arguments as for `group_tier_of`.
+/// Calls `f` with the optimizer --optimizer names (the same choices as `with_optimizer`) and
+/// returns its result.
+template <class F>
+auto with_group_optimizer(const config& c, F&& f) {
+  namespace opt = asyncps::optimizer;
+  if (c.optimizer == "momentum") return f(opt::momentum{c.lr, 0.9f});
+  if (c.optimizer == "adagrad") return f(opt::adagrad{c.lr});
+  if (c.optimizer == "adam") return f(opt::adam{c.lr});
+  return f(opt::sgd{c.lr});
+}
+
+/// The group servers with the optimizer --optimizer names. Arguments as for `group_tier_of`.
 std::unique_ptr<group_tier>
 make_group_tier(const config& c, const asyncps::group_plan& plan,
                 std::span<const asyncps::table_spec> layout, std::vector<endpoint> central,
                 std::uint64_t clocks, asio::io_context& io,
-                std::function<void(std::uint32_t, std::error_code)> done) {
-  namespace opt = asyncps::optimizer;
-  const auto make = [&](auto o) -> std::unique_ptr<group_tier> {
-    return std::make_unique<group_tier_of<decltype(o)>>(c, o, plan, layout, std::move(central),
-                                                        clocks, io, std::move(done));
-  };
-  if (c.optimizer == "momentum") return make(opt::momentum{c.lr, 0.9f});
-  if (c.optimizer == "adagrad") return make(opt::adagrad{c.lr});
-  if (c.optimizer == "adam") return make(opt::adam{c.lr});
-  return make(opt::sgd{c.lr});
+                std::function<void(std::uint32_t, std::error_code)> done,
+                const std::vector<std::uint32_t>& hosted, const endpoint& listen) {
+  return with_group_optimizer(c, [&](auto o) -> std::unique_ptr<group_tier> {
+    return std::make_unique<group_tier_of<decltype(o)>>(
+        c, o, plan, layout, std::move(central), clocks, io, std::move(done), hosted, listen);
+  });
 }
 
 /// Which group each worker trains in: by id, or by speed, the speeds being the slowdown factors
@@ -153,9 +177,336 @@ std::string member_list(const std::vector<std::uint32_t>& ws) {
   return s;
 }
 
+// ---- Group servers as separate processes ------------------------------------------------
+
+/// How long a central server keeps serving, after every group server has come and gone, for a
+/// reader of the final model (worker 0's process) before it stops without one.
+constexpr std::chrono::seconds central_linger{60};
+/// How long worker 0's process waits, after its own run, for every group's last push to reach
+/// the central servers (a straggler's group may end long after its own).
+constexpr std::chrono::hours final_read_timeout{1};
+
+/// Parses `texts` (host:port) into `out`; false after printing which is bad.
+bool parse_endpoints(const std::vector<std::string>& texts, const char* flag,
+                     std::vector<endpoint>& out) {
+  for (const auto& text : texts) {
+    auto ep = asyncps::parse_tcp_endpoint(text);
+    if (!ep) {
+      std::cerr << "fashion_mnist: " << flag << ": expected host:port, got '" << text << "'\n";
+      return false;
+    }
+    out.push_back(ep.value());
+  }
+  return true;
+}
+
+/// The clocks each worker runs: --epochs passes over its part of the `examples` training
+/// examples (the same figure in every process of the run).
+std::uint64_t worker_clocks(const config& c, std::size_t examples) {
+  return static_cast<std::uint64_t>(c.epochs * static_cast<double>(examples / c.workers) /
+                                    static_cast<double>(c.batch));
+}
+
+/// The central pushes each group makes: one per --push-every group clocks, the last after the
+/// group's last clock (`group_link::pushes`); the central servers' final clock.
+std::uint64_t central_pushes(const config& c, std::uint64_t clocks) {
+  return (clocks + c.push_every - 1) / c.push_every;
+}
+
+/// The number of training examples, from the images file's header (a group server loads no
+/// data); nothing after printing why.
+std::optional<std::size_t> training_examples(const config& c) {
+  const std::filesystem::path file = std::filesystem::path(c.data) / "train-images-idx3-ubyte.gz";
+  detail::gz_reader in(file);
+  auto header = detail::read_header(in, file, 4, 2051);
+  if (!header) {
+    std::cerr << "fashion_mnist: " << header.error().message << '\n';
+    return std::nullopt;
+  }
+  return header.value()[1];
+}
+
+/// Serves central shard `s` until every one of `groups` group servers has connected and left
+/// and then a reader has read the final model: a reader session greeted after the server
+/// clock reached its last value (`*readers_at_clock`, the readers greeted until then, kept by
+/// the server's `on_clock`) that has ended. Stops without one after `central_linger`. `rc`
+/// becomes 1 when serving fails.
+asio::awaitable<void> serve_central(central_server& s, asyncps::tcp_transport::acceptor acceptor,
+                                    std::uint32_t groups, const std::uint64_t* readers_at_clock,
+                                    int& rc) {
+  auto ex = co_await asio::this_coro::executor;
+  asio::steady_timer poll(ex);
+  asio::co_spawn(
+      ex,
+      [&s, &poll, groups, readers_at_clock]() -> asio::awaitable<void> {
+        std::optional<clock_type::time_point> groups_left;
+        const auto shard = s.options().shard;
+        for (;;) {
+          poll.expires_after(std::chrono::milliseconds(50));
+          auto [ec] = co_await poll.async_wait(asyncps::detail::use_tuple);
+          if (ec) co_return;  // serving ended
+          if (!groups_left && s.workers_seen() >= groups && s.workers_connected() == 0) {
+            groups_left = clock_type::now();
+            std::cerr << "server " << shard << ": all " << groups
+                      << " group servers have connected and left (server clock " << s.clock()
+                      << "); serving the final model to a reader\n";
+          }
+          if (!groups_left) continue;
+          if (s.stats().readers > *readers_at_clock && s.connections() == 0) {
+            std::cerr << "server " << shard << ": a reader read the final model; stopping\n";
+            s.stop();
+            co_return;
+          }
+          if (clock_type::now() - *groups_left > central_linger) {
+            std::cerr << "server " << shard << ": no reader read the final model within "
+                      << central_linger.count() << " s; stopping\n";
+            s.stop();
+            co_return;
+          }
+        }
+      },
+      asio::detached);
+  if (auto ec = co_await s.async_serve(std::move(acceptor))) {
+    std::cerr << "server " << s.options().shard << ": " << ec.message() << '\n';
+    rc = 1;
+  }
+  poll.cancel();
+}
+
+/// --role server --groups G: central shard --shard of --servers (ASP, SGD with learning rate
+/// 1, the central layout), the G group servers its workers.
+int run_central_server(const config& c) {
+  fashion::dataset train, test;
+  std::vector<asyncps::table_spec> layout;
+  if (!load_data(c, train, test, layout)) return 2;  // the layout only: a server loads no data
+  std::vector<endpoint> at;
+  if (!parse_endpoints({c.listen}, "--listen", at)) return 2;
+  asio::io_context io(1);
+  asyncps::tcp_transport t(io.get_executor(), tcp_opts(c));
+  auto acc = t.listen(at[0]);
+  if (!acc) {
+    std::cerr << "fashion_mnist: cannot listen on " << c.listen << ": " << acc.error().message()
+              << '\n';
+    return 2;
+  }
+  asyncps::server_options o;
+  o.shard = c.shard;
+  o.num_shards = c.servers;
+  o.num_workers = c.groups;
+  o.tables = asyncps::central_layout(layout, c.groups);
+  o.seed = c.seed;
+  // Readers greeted until the server clock last advanced: after the last group's last push,
+  // a reader greeted later reads the final model.
+  std::uint64_t readers_at_clock = 0;
+  const central_server* self = nullptr;
+  o.on_clock = [&](asyncps::clock_value) { readers_at_clock = self->stats().readers; };
+  central_server s(t, o, asyncps::optimizer::sgd{1.0f});
+  self = &s;
+  std::cout << "server " << c.shard << " of " << c.servers << " listening on "
+            << acc.value().local_endpoint() << " (central: asp, sgd lr 1, " << c.groups
+            << " group servers)" << std::endl;
+  int rc = 0;
+  asio::co_spawn(io, serve_central(s, std::move(acc).value(), c.groups, &readers_at_clock, rc),
+                 asio::detached);
+  io.run();
+  return rc;
+}
+
+/// --role group-server --group g: group g's server (BSP for its workers, the trainer's
+/// optimizer), pushing to the --central shards (ASP); ends after its last central push.
+int run_group_server(const config& c) {
+  // The model's layout (no data), and the clocks from the training file's header.
+  config layout_only = c;
+  layout_only.role = "server";
+  fashion::dataset train, test;
+  std::vector<asyncps::table_spec> layout;
+  if (!load_data(layout_only, train, test, layout)) return 2;
+  const auto examples = training_examples(c);
+  if (!examples) return 2;
+  std::vector<endpoint> central, at;
+  if (!parse_endpoints(c.central, "--central", central) ||
+      !parse_endpoints({c.listen}, "--listen", at))
+    return 2;
+  const asyncps::group_plan plan = make_plan(c);
+  const auto g = static_cast<std::uint32_t>(c.group);
+  const auto clocks = worker_clocks(c, *examples);
+  if (clocks == 0) {
+    std::cerr << "fashion_mnist: --epochs " << c.epochs << " gives each worker no clock\n";
+    return 2;
+  }
+
+  asio::io_context io(1);
+  const auto start = clock_type::now();
+  std::error_code result;
+  double done_at = 0;
+  std::unique_ptr<group_tier> tier;
+  try {
+    tier = make_group_tier(
+        c, plan, layout, central, clocks, io,
+        [&](std::uint32_t, std::error_code ec) {
+          done_at = std::chrono::duration<double>(clock_type::now() - start).count();
+          result = ec;
+        },
+        {g}, at[0]);
+  } catch (const std::runtime_error& e) {
+    std::cerr << "fashion_mnist: " << e.what() << '\n';
+    return 2;
+  }
+  const auto members = plan.members(g);
+  std::cout << "group server " << g << " of " << c.groups << " listening on " << tier->address(g)
+            << " (workers " << member_list(members) << " by " << c.group_by
+            << ", bsp; pushes every " << c.push_every << " of " << clocks << " group clocks to "
+            << central.size() << " central servers, asp)" << std::endl;
+  io.run();
+
+  const auto r = tier->report(g);
+  if (result) std::cerr << "group server " << g << ": " << result.message() << '\n';
+  std::printf("group %u %s: %lld group clocks, finished at %.1f s; %llu central pushes, push "
+              "staleness mean %.2f max %d\n",
+              g, member_list(members).c_str(), static_cast<long long>(r.clock), done_at,
+              static_cast<unsigned long long>(r.pushes), r.push_staleness.mean(),
+              r.push_staleness.max());
+  std::ofstream metrics(c.metrics);
+  metrics << nlohmann::json{{"summary", true},
+                            {"group", g},
+                            {"workers", members},
+                            {"group_clocks", r.clock},
+                            {"finished_s", done_at},
+                            {"pushes", r.pushes},
+                            {"push_staleness_mean", r.push_staleness.mean()},
+                            {"push_staleness_max", r.push_staleness.max()},
+                            {"failed", static_cast<bool>(result)}}
+                 .dump()
+          << '\n';
+  return result ? 1 : 0;
+}
+
+/// --role worker --groups G: worker --worker-id, BSP on its group's server (--connect). With
+/// --central (worker 0 must have it) it then waits until every group's last push has reached
+/// the central shards, reads their model and reports its accuracy.
+int run_group_worker(const config& c) {
+  fashion::dataset train, test;
+  std::vector<asyncps::table_spec> layout;
+  if (!load_data(c, train, test, layout)) return 2;
+  const asyncps::group_plan plan = make_plan(c);
+  const std::uint32_t w = c.worker_id;
+  const std::uint32_t g = plan.group_of[w];
+  if (c.group >= 0 && static_cast<std::uint32_t>(c.group) != g) {
+    std::cerr << "fashion_mnist: --group " << c.group << ": worker " << w << " trains in group "
+              << g << " (--group-by " << c.group_by << " puts workers "
+              << member_list(plan.members(g)) << " there)\n";
+    return 2;
+  }
+  std::vector<endpoint> group_server, central;
+  if (!parse_endpoints(c.connect, "--connect", group_server) ||
+      !parse_endpoints(c.central, "--central", central))
+    return 2;
+  const auto clocks = worker_clocks(c, train.file_size());
+  if (clocks == 0) {
+    std::cerr << "fashion_mnist: --epochs " << c.epochs << " gives each worker no clock\n";
+    return 2;
+  }
+
+  asio::io_context io(1);
+  asio::thread_pool compute(c.compute_threads != 0 ? c.compute_threads : 2);
+  asio::thread_pool slow_compute(1);  // the straggler's own thread (--slow-worker)
+  monitor mon(c, test);
+  if (!mon.metrics) {
+    std::cerr << "fashion_mnist: --metrics: cannot write " << c.metrics << '\n';
+    return 2;
+  }
+  asyncps::tcp_transport t(io.get_executor(), tcp_opts(c));
+  any_model model(c, train, w, c.workers);
+  std::unique_ptr<group_worker> worker;
+  group_worker::options_type o;
+  o.id = plan.local_id(w);
+  o.servers = group_server;
+  o.local_step = with_group_optimizer(c, [](auto opt) { return opt.local_step(); });
+  o.connect_timeout = std::chrono::seconds(30);
+  o.on_clock = [&](const asyncps::clock_report& r) {
+    mon.samples += std::uint64_t{c.batch} * c.workers;  // assumes every worker's speed
+    mon.on_clock(r, model, worker->staleness());
+  };
+  worker = std::make_unique<group_worker>(
+      t, model, o, any_model::is_slow(c, w) ? slow_compute.get_executor() : compute.get_executor());
+  std::cout << "fashion_mnist: " << c.model << ", worker " << w << " of " << c.workers
+            << " in group " << g << " of " << c.groups << " " << member_list(plan.members(g))
+            << " (id " << o.id << " on its group server " << group_server[0] << ", bsp)";
+  if (any_model::is_slow(c, w)) std::cout << ", slowed x" << c.slow_factor;
+  std::cout << ", " << c.epochs << " epochs (" << clocks << " clocks of " << c.batch
+            << "), role worker" << std::endl;
+  std::error_code ec;
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { ec = co_await worker->async_run(clocks); },
+      asio::detached);
+  io.run();
+  compute.join();
+  slow_compute.join();
+  if (mon.tty && !c.quiet) std::cout << '\n';
+  const auto& st = worker->stats();
+  std::printf("worker %u (group %u): %llu of %llu clocks, %.2f s computing, %.2f s waiting\n", w, g,
+              static_cast<unsigned long long>(st.clocks), static_cast<unsigned long long>(clocks),
+              st.compute_seconds, st.wait_seconds);
+  if (ec) {
+    std::cerr << "worker " << w << ": " << ec.message() << '\n';
+    return 1;
+  }
+  if (central.empty()) return 0;
+
+  // The final model: the central shards' once each has every group's last push (its server
+  // clock reached the pushes each group makes), read as a reader.
+  const auto central_tables = asyncps::central_layout(layout, c.groups);
+  const auto pushes = central_pushes(c, clocks);
+  std::cout << "worker " << w << ": waiting for every group's " << pushes
+            << " central pushes to reach the central servers" << std::endl;
+  std::vector<float> params(asyncps::layout_size(central_tables));
+  std::error_code read_ec;
+  std::string why;
+  {
+    asio::io_context rio(1);
+    asyncps::tcp_transport rt(rio.get_executor(), tcp_opts(c));
+    asio::co_spawn(
+        rio,
+        [&]() -> asio::awaitable<void> {
+          read_ec = co_await asyncps::async_read_model(
+              rt, std::span<const endpoint>(central),
+              std::span<const asyncps::table_spec>(central_tables), std::span<float>(params),
+              std::chrono::duration_cast<std::chrono::milliseconds>(final_read_timeout),
+              [&why](std::string_view l) { why = l; }, static_cast<asyncps::clock_value>(pushes));
+        },
+        asio::detached);
+    rio.run();
+  }
+  if (read_ec) {
+    std::cerr << "fashion_mnist: the central model was not read: "
+              << (why.empty() ? read_ec.message() : why) << '\n';
+    return 1;
+  }
+  const std::size_t counter_at = asyncps::layout_size(layout);  // the counter table follows
+  const asyncps::parameter_view final_view(layout, params.data());
+  const auto e = model.evaluate(final_view, test);
+  const double secs = mon.elapsed();
+  std::printf("central push counters by group:");
+  for (std::uint32_t k = 0; k < c.groups; ++k)
+    std::printf(" %.0f", static_cast<double>(params[counter_at + k]));
+  std::printf("\n");
+  mon.metrics << nlohmann::json{{"time_s", secs},      {"clock", clocks},
+                                {"final", true},       {"test_accuracy", e.accuracy},
+                                {"test_loss", e.loss}, {"eval_source", "central servers"}}
+                     .dump()
+              << '\n';
+  std::printf("final test accuracy %.4f (loss %.4f) of the central model after %.1f s; metrics "
+              "in %s\n",
+              e.accuracy, e.loss, secs, c.metrics.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int train_groups(const config& c) {
+  if (c.role == "server") return run_central_server(c);
+  if (c.role == "group-server") return run_group_server(c);
+  if (c.role == "worker") return run_group_worker(c);
   fashion::dataset train, test;
   std::vector<asyncps::table_spec> layout;
   if (!load_data(c, train, test, layout)) return 2;
@@ -216,13 +567,16 @@ int train_groups(const config& c) {
   const auto shard_size = train.size() / c.workers;
   const auto clocks = static_cast<std::uint64_t>(c.epochs * static_cast<double>(shard_size) /
                                                  static_cast<double>(c.batch));
-  tier = make_group_tier(c, plan, layout, central_eps, clocks, io,
-                         [&](std::uint32_t g, std::error_code ec) {
-                           group_done_at[g] = mon.elapsed();
-                           if (ec)
-                             std::cerr << "\ngroup server " << g << ": " << ec.message() << '\n';
-                           one_done(static_cast<bool>(ec));
-                         });
+  std::vector<std::uint32_t> all_groups(c.groups);
+  std::iota(all_groups.begin(), all_groups.end(), 0u);
+  tier = make_group_tier(
+      c, plan, layout, central_eps, clocks, io,
+      [&](std::uint32_t g, std::error_code ec) {
+        group_done_at[g] = mon.elapsed();
+        if (ec) std::cerr << "\ngroup server " << g << ": " << ec.message() << '\n';
+        one_done(static_cast<bool>(ec));
+      },
+      all_groups, loopback);
 
   // Workers: BSP on their group's server, with their id within the group.
   std::vector<std::unique_ptr<asyncps::tcp_transport>> worker_transports;

@@ -3,6 +3,7 @@
 // monitoring the servers' model while workers train (docs/wire-format.md, "Readers").
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -32,11 +33,14 @@ namespace detail {
 // Reads shard `shard`'s part of every table of `layout` from the server at `ep` into `out`
 // (the whole model, tables in order): hello as a reader, welcome, one ranged pull per table,
 // bye. `conn` is the caller's, so that a deadline can close it. `what` is set to what failed.
+// `at` is set to the server clock its welcome gave; when that is below `min_clock`, nothing is
+// pulled (bye, and success: the caller asks again later).
 template <class Transport>
 asio::awaitable<std::error_code>
 read_shard(Transport& t, typename Transport::endpoint_type ep, std::uint32_t shard,
            std::uint32_t num_shards, std::span<const table_spec> layout, std::span<float> out,
-           typename Transport::connection_type& conn, std::string& what) {
+           clock_value min_clock, clock_value& at, typename Transport::connection_type& conn,
+           std::string& what) {
   auto [cec, c] = co_await t.async_connect(ep);
   if (cec) {
     what = "connect";
@@ -75,6 +79,15 @@ read_shard(Transport& t, typename Transport::endpoint_type ep, std::uint32_t sha
     what = "it serves shard " + std::to_string(w.shard) + " of " + std::to_string(w.num_shards) +
            ", expected shard " + std::to_string(shard) + " of " + std::to_string(num_shards);
     co_return make_error_code(errc::unexpected_message);
+  }
+  at = w.server_clock;
+  if (at < min_clock) {  // not there yet: the caller asks again
+    message bye;
+    bye.header.type = message_type::bye;
+    bye.header.sender = protocol::reader_id;
+    (void)co_await conn.async_send(std::move(bye));
+    conn.close();
+    co_return std::error_code{};
   }
   std::size_t offset = 0;  // of the table in `out`
   for (std::size_t i = 0; i < layout.size(); ++i) {
@@ -123,6 +136,10 @@ read_shard(Transport& t, typename Transport::endpoint_type ep, std::uint32_t sha
 
 }  // namespace detail
 
+/// How often `async_read_model` asks a shard again while its server clock is below the
+/// `min_clock` it waits for.
+inline constexpr std::chrono::milliseconds read_model_poll{50};
+
 /// Reads the parameters the server shards hold now into `out`: the whole model of `layout`
 /// (`layout_size(layout)` floats: tables in order, rows in order, as `parameter_view` lays
 /// them out). Shard `i` of `servers.size()` is served at `servers[i]`; the shards are read one
@@ -139,14 +156,23 @@ read_shard(Transport& t, typename Transport::endpoint_type ep, std::uint32_t sha
 /// serves another shard than its position says. On failure `out` is partly written. Each
 /// failure is logged on `log` (empty: stderr) naming the server and what failed.
 ///
+/// `min_clock` > 0 waits for a point in training: each shard is read only once its server
+/// clock (the minimum over its workers' clocks) has reached `min_clock`, so the rows hold every
+/// worker's updates of clocks `< min_clock` to that shard. A shard that answers with an earlier
+/// clock is asked again, in a new reader session every `read_model_poll` (each counted in
+/// `server_stats::readers`), until the deadline: then `errc::timeout`, logged with the clock
+/// the shard had reached. E.g. once every worker has run `min_clock` clocks and stopped
+/// pushing, the result is the final model.
+///
 /// Thread safety: runs on `t`'s executor; `t`, `servers`, `layout` and `out` outlive the
-/// operation. Cost: one connection and one pull per table per shard; the rows are copied once,
-/// into `out`.
+/// operation. Cost: one connection and one pull per table per shard (plus one connection per
+/// poll while a shard is below `min_clock`); the rows are copied once, into `out`.
 template <transport Transport>
 asio::awaitable<std::error_code>
 async_read_model(Transport& t, std::span<const typename Transport::endpoint_type> servers,
                  std::span<const table_spec> layout, std::span<float> out,
-                 std::chrono::milliseconds timeout, const log_function& log = {}) {
+                 std::chrono::milliseconds timeout, const log_function& log = {},
+                 clock_value min_clock = 0) {
   using namespace asio::experimental::awaitable_operators;
   if (servers.empty() || out.size() != layout_size(layout) || timeout.count() <= 0 ||
       servers.size() >= protocol::no_worker_id) {
@@ -156,23 +182,45 @@ async_read_model(Transport& t, std::span<const typename Transport::endpoint_type
                           std::to_string(timeout.count()) + " ms)");
     co_return make_error_code(errc::invalid_argument);
   }
+  using clock_type = detail::transport_clock_t<Transport>;
   const auto n = static_cast<std::uint32_t>(servers.size());
+  const auto deadline = clock_type::now() + timeout;
   detail::transport_timer_t<Transport> timer(t.get_executor());
-  timer.expires_at(detail::transport_clock_t<Transport>::now() + timeout);
+  timer.expires_at(deadline);
+  detail::transport_timer_t<Transport> poll(t.get_executor());  // min_clock: between tries
   for (std::uint32_t i = 0; i < n; ++i) {
-    typename Transport::connection_type conn;
-    std::string what;
-    auto r = co_await (detail::read_shard(t, servers[i], i, n, layout, out, conn, what) ||
-                       detail::close_at_deadline(timer, conn));
-    conn.close();
-    std::error_code ec = r.index() == 1 ? make_error_code(errc::timeout) : std::get<0>(r);
-    if (ec) {
-      detail::emit(log, "asyncps: read model: server " + std::to_string(i) + " at " +
-                            detail::endpoint_string(servers[i]) + ": " +
-                            (r.index() == 1
-                                 ? "no answer within " + std::to_string(timeout.count()) + " ms"
-                                 : what + ": " + ec.message()));
-      co_return ec;
+    for (;;) {
+      typename Transport::connection_type conn;
+      std::string what;
+      clock_value at = 0;
+      auto r = co_await (
+          detail::read_shard(t, servers[i], i, n, layout, out, min_clock, at, conn, what) ||
+          detail::close_at_deadline(timer, conn));
+      conn.close();
+      std::error_code ec = r.index() == 1 ? make_error_code(errc::timeout) : std::get<0>(r);
+      if (ec) {
+        detail::emit(log, "asyncps: read model: server " + std::to_string(i) + " at " +
+                              detail::endpoint_string(servers[i]) + ": " +
+                              (r.index() == 1
+                                   ? "no answer within " + std::to_string(timeout.count()) + " ms"
+                                   : what + ": " + ec.message()));
+        co_return ec;
+      }
+      if (at >= min_clock) break;
+      // Below min_clock: ask again after a poll interval, within the deadline.
+      const auto now = clock_type::now();
+      if (now < deadline) {
+        poll.expires_at(std::min(deadline, now + read_model_poll));
+        co_await poll.async_wait(detail::use_tuple);
+      }
+      if (clock_type::now() >= deadline) {
+        detail::emit(log, "asyncps: read model: server " + std::to_string(i) + " at " +
+                              detail::endpoint_string(servers[i]) + ": its server clock " +
+                              std::to_string(at) + " did not reach min_clock " +
+                              std::to_string(min_clock) + " within " +
+                              std::to_string(timeout.count()) + " ms");
+        co_return make_error_code(errc::timeout);
+      }
     }
   }
   co_return std::error_code{};

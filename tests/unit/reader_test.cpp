@@ -165,6 +165,75 @@ TEST_CASE("reader: async_read_model reads the shards' values while BSP workers t
   CHECK(reader_log.empty());
 }
 
+TEST_CASE("reader: with min_clock each shard is read once its server clock has reached it, "
+          "else the read times out naming the clock") {
+  two_shards c;
+  using worker_t = basic_worker<test::counter_model, in_process_transport, consistency::bsp>;
+  std::vector<std::unique_ptr<in_process_transport>> ts;
+  std::vector<test::counter_model> models;
+  std::vector<std::unique_ptr<worker_t>> ws;
+  for (std::uint32_t w = 0; w < workers; ++w) models.emplace_back(w, workers, 0, width);
+  for (std::uint32_t w = 0; w < workers; ++w) {
+    worker_options<std::string> o;
+    o.id = w;
+    o.servers = c.names;
+    o.wait_timeout = 10s;
+    ts.push_back(std::make_unique<in_process_transport>(c.io.get_executor(), c.net));
+    ws.push_back(std::make_unique<worker_t>(*ts.back(), models[w], o));
+  }
+  constexpr std::uint64_t clocks = 50;
+  std::size_t done = 0;
+  std::vector<std::error_code> errors(workers);
+  in_process_transport rt(c.io.get_executor(), c.net);
+  std::vector<float> model(layout_size(layout), -1.0f);
+  std::vector<float> early(layout_size(layout), -1.0f);
+  std::error_code read_ec, early_ec;
+  bool read_done = false;
+  lines reader_log, early_log;
+  test::run_coro(c.io, [&]() -> asio::awaitable<void> {
+    // Asked before any worker has started: it waits (polling) for server clock `clocks`.
+    asio::co_spawn(
+        c.io,
+        [&]() -> asio::awaitable<void> {
+          read_ec = co_await async_read_model(
+              rt, std::span<const std::string>(c.names), std::span<const table_spec>(layout), model,
+              20s, [&](std::string_view l) { reader_log.emplace_back(l); }, clocks);
+          read_done = true;
+        },
+        asio::detached);
+    for (std::uint32_t w = 0; w < workers; ++w)
+      asio::co_spawn(
+          c.io,
+          [&, w]() -> asio::awaitable<void> {
+            errors[w] = co_await ws[w]->async_run(clocks);
+            ++done;
+          },
+          asio::detached);
+    asio::steady_timer pause(c.io);
+    while (done < workers || !read_done) {
+      pause.expires_after(1ms);
+      co_await pause.async_wait(detail::use_tuple);
+    }
+    // A clock the shards never reach: the read gives up at its deadline.
+    early_ec = co_await async_read_model(
+        rt, std::span<const std::string>(c.names), std::span<const table_spec>(layout), early,
+        200ms, [&](std::string_view l) { early_log.emplace_back(l); }, clocks + 1);
+    c.stop();
+  });
+  for (const auto& e : errors) CHECK_MESSAGE(!e, e.message());
+  CHECK_MESSAGE(!read_ec, read_ec.message() << "\n" << joined(reader_log));
+  // Read at server clock `clocks` on each shard: every row holds all `clocks` pushes.
+  CHECK(std::all_of(model.begin(), model.end(), [](float v) { return v == float{clocks}; }));
+  CHECK(same_bits(model, servers_model(c.s0, c.s1)));
+  CHECK(early_ec == errc::timeout);
+  INFO(joined(early_log));
+  CHECK(any_line_has(early_log, "server 0 at shard0: its server clock 50 did not reach "
+                                "min_clock 51 within 200 ms"));
+  // The shards were asked more than once while below min_clock; one pull per table per read.
+  CHECK(c.s0.stats().readers > 1);
+  CHECK(c.s0.stats().reader_pulls == 1);
+}
+
 TEST_CASE("reader: a reader's pull is answered at once, whatever clock it names; its push is "
           "refused and changes nothing") {
   two_shards c;
