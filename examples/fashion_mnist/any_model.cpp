@@ -24,8 +24,9 @@ struct any_model::impl {
                      c.l2, c.hidden);
     }
     if (c.model == "cnn") {
-      variant v(std::in_place_type<fashion::cnn_model>, train, shard, shards, c.batch, c.seed,
-                c.l2);
+      variant v(std::in_place_type<fashion::cnn_model>, train, shard, shards, c.batch, c.seed, c.l2,
+                fashion::cnn_model::default_channels1, fashion::cnn_model::default_channels2,
+                c.hidden);
       std::get<fashion::cnn_model>(v).set_augmentation({c.flip, c.max_shift});
       return v;
     }

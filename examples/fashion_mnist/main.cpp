@@ -339,7 +339,10 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--decay-factor", c.decay_factor, "learning-rate scale after --decay-at")
       ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--hidden", c.hidden, "MLP hidden width")->check(CLI::Range(1, 4096));
+  app.add_option("--hidden", c.hidden,
+                 "hidden width: the MLP's (default 128), or a dense ReLU layer between the CNN's "
+                 "pooled features and its output (default none)")
+      ->check(CLI::Range(1, 4096));
   app.add_option("--seed", c.seed);
   app.add_option("--data", c.data, "directory with the four Fashion-MNIST .gz files");
   app.add_option("--metrics", c.metrics, "JSON-lines metrics file");

@@ -493,24 +493,29 @@ inline void flip_shift(const float* in, bool flip, int dx, int dy, float* out) n
 }  // namespace detail
 
 /// A small convolutional network: conv 5x5 (1 -> C1) -> ReLU -> max pool 2x2 -> conv 5x5
-/// (C1 -> C2) -> ReLU -> max pool 2x2 -> dense (16 C2 -> 10) -> softmax. Spatial sizes:
-/// 28 -> 24 -> 12 -> 8 -> 4 ("valid" convolutions, stride 1; pools of stride 2).
+/// (C1 -> C2) -> ReLU -> max pool 2x2 -> [dense (16 C2 -> H) -> ReLU, when H > 0] -> dense
+/// (-> 10) -> softmax. Spatial sizes: 28 -> 24 -> 12 -> 8 -> 4 ("valid" convolutions, stride
+/// 1; pools of stride 2).
 ///
 /// Layout (each row is one output unit's weights followed by its bias, as the MLP's [W | b]):
 /// * table 0, conv 1: C1 rows x 26; row f = [w_f(ky, kx) at column ky * 5 + kx | b_f].
 ///   He-uniform scale sqrt(6 / 25).
 /// * table 1, conv 2: C2 rows x (25 C1 + 1); row f = [w_f(ky, kx, c) at column
 ///   (ky * 5 + kx) * C1 + c | b_f]. He-uniform scale sqrt(6 / (25 C1)).
-/// * table 2, dense: 10 rows x (16 C2 + 1); row k = [w_k(y, x, c) at column (y * 4 + x) * C2 + c
-///   | b_k], over the 4 x 4 x C2 pooled features. Glorot-uniform scale sqrt(6 / (16 C2 + 10)).
+/// * table 2, output: 10 rows x (F + 1), F = H if H > 0, else 16 C2; without the hidden layer,
+///   row k = [w_k(y, x, c) at column (y * 4 + x) * C2 + c | b_k], over the 4 x 4 x C2 pooled
+///   features. Glorot-uniform scale sqrt(6 / (F + 10)).
+/// * table 3, hidden dense layer (only when H > 0): H rows x (16 C2 + 1), columns as table 2's
+///   without it. He-uniform scale sqrt(6 / (16 C2)).
 /// (Biases start uniform too: the layout has one scale per table.)
 /// Loss per minibatch: mean cross-entropy + (l2 / 2) * (sum of squared weights, biases excluded).
 ///
 /// Each convolution is one GEMM over the whole batch: the inputs are unrolled (im2col, with a
 /// column of ones that multiplies the bias column) into (batch * positions) x (25 C_in + 1)
 /// rows, times the table transposed. Activations are NHWC (channel fastest). Per example, the
-/// forward pass is 576 * 26 * C1 + 64 * (25 C1 + 1) * C2 + 10 * (16 C2 + 1) multiply-adds
-/// (about 1.07 M for the default C1 = 16, C2 = 32), the gradient about 3 times that.
+/// forward pass is 576 * 26 * C1 + 64 * (25 C1 + 1) * C2 + (H > 0 ? H (16 C2 + 1) + 10 (H + 1)
+/// : 10 (16 C2 + 1)) multiply-adds (about 1.07 M for the default C1 = 16, C2 = 32, H = 0; the
+/// hidden layer adds 66 K for H = 128), the gradient about 3 times that.
 /// Object lifetimes: the training set passed to the constructor must outlive the model.
 /// Thread safety: distinct objects are independent; one object is used by one thread at a time.
 class cnn_model {
@@ -521,29 +526,34 @@ class cnn_model {
   static constexpr asyncps::table_id conv2_table = 1;
   /// Dense output layer [W3 | b3].
   static constexpr asyncps::table_id output_table = 2;
+  /// Hidden dense layer [Wh | bh] (present when the hidden width H > 0).
+  static constexpr asyncps::table_id hidden_table = 3;
   /// The default channel counts C1 and C2.
   static constexpr std::uint32_t default_channels1 = 16;
   static constexpr std::uint32_t default_channels2 = 32;
 
   /// A worker's model; arguments as `softmax_model`'s, plus the channel counts `channels1` and
-  /// `channels2` (both > 0) of the two convolutions.
+  /// `channels2` (both > 0) of the two convolutions and the width `hidden` of a hidden dense
+  /// layer before the output (0: none, the output layer reads the pooled features).
   /// Errors: as `softmax_model`'s constructor, and `std::invalid_argument` if a channel count is
-  /// 0 or above 4096.
+  /// 0 or above 4096, or `hidden` is above 4096.
   /// Complexity: O(shard size + batch_size * (576 * (C1 + 26) + 64 * (25 C1 + C2))) time and
   /// memory (about 230 KB per example of the batch for the default channels).
   cnn_model(const dataset& train, std::uint32_t shard, std::uint32_t num_shards,
             std::uint32_t batch_size, std::uint64_t seed, float l2 = 0.0f,
             std::uint32_t channels1 = default_channels1,
-            std::uint32_t channels2 = default_channels2)
-      : tables_(make_tables(channels1, channels2)),
+            std::uint32_t channels2 = default_channels2, std::uint32_t hidden = 0)
+      : tables_(make_tables(channels1, channels2, hidden)), table_count_(hidden > 0 ? 4 : 3),
         sampler_(train, shard, num_shards, batch_size, seed), l2_(l2),
         x_(batch_size, static_cast<Eigen::Index>(image_pixels)), labels_(batch_size),
-        work_(batch_size, channels1, channels2),
+        work_(batch_size, channels1, channels2, hidden),
         augment_rng_(seed ^
                      (0xA5A5A5A5A5A5A5A5ull + std::uint64_t{shard} * 0x9E3779B97F4A7C15ull)) {}
 
   /// The parameter layout (see the class comment). Valid while the model lives.
-  std::span<const asyncps::table_spec> tables() const noexcept { return tables_; }
+  std::span<const asyncps::table_spec> tables() const noexcept {
+    return std::span<const asyncps::table_spec>(tables_).first(table_count_);
+  }
 
   /// Changes every later training minibatch by `a` (none by default); the draws are
   /// deterministic from the constructor's seed and shard.
@@ -571,15 +581,27 @@ class cnn_model {
     const auto theta1 = p.table(conv1_table);
     const auto theta2 = p.table(conv2_table);
     const auto theta3 = p.table(output_table);
-    w.forward(theta1, theta2, theta3, x_.data(), m);
+    const auto thetah = p.table(table_count_ > 3 ? hidden_table : output_table);
+    w.forward(theta1, theta2, theta3, thetah, x_.data(), m);
     const auto batch = static_cast<float>(m);
     double loss = detail::softmax_cross_entropy(w.logits, labels_.data(), 1.0f / batch) / batch;
 
-    // Dense layer: d(loss)/d[W3 | b3] = d_logits^T [features | 1].
     const Eigen::Index features = 16 * c2;
     auto grad3 = g.table(output_table);
-    detail::product_into(grad3, w.logits.transpose(), w.pooled2);
-    detail::product_into(w.d_pooled2.leftCols(features), w.logits, theta3.leftCols(features));
+    if (w.h > 0) {
+      // Output layer: d[W3 | b3] = d_logits^T [hidden | 1]; then through the hidden ReLU:
+      // d[Wh | bh] = d_hidden^T [features | 1], d_features = d_hidden Wh.
+      detail::product_into(grad3, w.logits.transpose(), w.hidden);
+      detail::product_into(w.d_hidden, w.logits, theta3.leftCols(w.h));
+      w.d_hidden.array() *= (w.hidden.leftCols(w.h).array() > 0.0f).cast<float>();
+      auto gradh = g.table(hidden_table);
+      detail::product_into(gradh, w.d_hidden.transpose(), w.pooled2);
+      detail::product_into(w.d_pooled2.leftCols(features), w.d_hidden, thetah.leftCols(features));
+    } else {
+      // Output layer: d(loss)/d[W3 | b3] = d_logits^T [features | 1].
+      detail::product_into(grad3, w.logits.transpose(), w.pooled2);
+      detail::product_into(w.d_pooled2.leftCols(features), w.logits, theta3.leftCols(features));
+    }
     // Pool 2 and ReLU, into the conv 2 pre-activations' storage.
     detail::relu_max_pool_backward(w.pooled2.data(), w.d_pooled2.data(), m, 8, c2, features + 1,
                                    w.arg2.data(), w.act2.data());
@@ -603,7 +625,11 @@ class cnn_model {
       };
       decay(grad1, theta1, 25);
       decay(grad2, theta2, 25 * c1);
-      decay(grad3, theta3, features);
+      decay(grad3, theta3, w.h > 0 ? w.h : features);
+      if (w.h > 0) {
+        auto gradh = g.table(hidden_table);
+        decay(gradh, thetah, features);
+      }
       loss += 0.5 * static_cast<double>(l2_) * squares;
     }
     return static_cast<float>(loss);
@@ -616,9 +642,13 @@ class cnn_model {
   /// The channel counts C1 and C2.
   std::uint32_t channels1() const noexcept { return tables_[conv1_table].rows; }
   std::uint32_t channels2() const noexcept { return tables_[conv2_table].rows; }
+  /// The hidden dense layer's width H (0: none).
+  std::uint32_t hidden() const noexcept {
+    return table_count_ > 3 ? tables_[hidden_table].rows : 0;
+  }
 
   /// Accuracy and mean cross-entropy of parameters `p` on `test`, in chunks of `chunk_rows`
-  /// rows, each run as forward passes of at most 100 images. C1 and C2 are read from
+  /// rows, each run as forward passes of at most 100 images. C1, C2 and H are read from
   /// `p.tables()`. Preconditions: `p` has a `cnn_model` layout; `test` is n x 784 with n
   /// labels, all < 10. Allocates O(chunk_rows * 10) floats and the activations of 100 examples
   /// (about 23 MB for the default channels). Thread safety: reentrant.
@@ -627,53 +657,65 @@ class cnn_model {
     const auto theta1 = p.table(conv1_table);
     const auto theta2 = p.table(conv2_table);
     const auto theta3 = p.table(output_table);
+    const bool has_hidden = p.tables().size() > hidden_table;
+    const auto thetah = p.table(has_hidden ? hidden_table : output_table);
     constexpr Eigen::Index block = 100;
     workspace w(block, static_cast<std::uint32_t>(theta1.rows()),
-                static_cast<std::uint32_t>(theta2.rows()));
+                static_cast<std::uint32_t>(theta2.rows()),
+                has_hidden ? static_cast<std::uint32_t>(thetah.rows()) : 0);
     return detail::evaluate_chunks(test, chunk_rows, [&](const auto& x, auto& z) {
       for (Eigen::Index r = 0; r < x.rows(); r += block) {
         const Eigen::Index m = std::min(block, x.rows() - r);
-        w.forward(theta1, theta2, theta3, x.row(r).data(), m);
+        w.forward(theta1, theta2, theta3, thetah, x.row(r).data(), m);
         z.middleRows(r, m) = w.logits.topRows(m);
       }
     });
   }
 
  private:
-  /// The layout for channel counts (c1, c2); throws `std::invalid_argument` if one is 0 or
-  /// above 4096.
-  static std::array<asyncps::table_spec, 3> make_tables(std::uint32_t c1, std::uint32_t c2) {
+  /// The layout for channel counts (c1, c2) and hidden width h (the fourth entry is used only
+  /// when h > 0); throws `std::invalid_argument` if a channel count is 0 or above 4096, or h
+  /// is above 4096.
+  static std::array<asyncps::table_spec, 4> make_tables(std::uint32_t c1, std::uint32_t c2,
+                                                        std::uint32_t h) {
     if (c1 == 0 || c2 == 0 || c1 > 4096 || c2 > 4096)
       throw std::invalid_argument("fashion::cnn_model: channel counts must be in [1, 4096]");
+    if (h > 4096)
+      throw std::invalid_argument("fashion::cnn_model: the hidden width must be in [0, 4096]");
     const auto he = [](std::uint32_t fan_in) {
       return std::sqrt(6.0f / static_cast<float>(fan_in));
     };
+    const std::uint32_t out_in = h > 0 ? h : 16 * c2;
     return {{{conv1_table, c1, 26, he(25)},
              {conv2_table, c2, 25 * c1 + 1, he(25 * c1)},
-             {output_table, static_cast<std::uint32_t>(num_classes), 16 * c2 + 1,
-              std::sqrt(6.0f / static_cast<float>(16 * c2 + num_classes))}}};
+             {output_table, static_cast<std::uint32_t>(num_classes), out_in + 1,
+              std::sqrt(6.0f / static_cast<float>(out_in + num_classes))},
+             {hidden_table, h, 16 * c2 + 1, he(16 * c2)}}};
   }
 
   /// The activations of up to `capacity` examples, and the gradients flowing back through them.
   struct workspace {
-    workspace(Eigen::Index capacity, std::uint32_t channels1, std::uint32_t channels2)
-        : c1(channels1), c2(channels2), cols1(capacity * 576, 26), act1(capacity * 576, c1),
-          pooled1(capacity * 144, c1), d_pooled1(capacity * 144, c1),
+    workspace(Eigen::Index capacity, std::uint32_t channels1, std::uint32_t channels2,
+              std::uint32_t hidden_width)
+        : c1(channels1), c2(channels2), h(hidden_width), cols1(capacity * 576, 26),
+          act1(capacity * 576, c1), pooled1(capacity * 144, c1), d_pooled1(capacity * 144, c1),
           arg1(static_cast<std::size_t>(capacity * 144 * c1)), cols2(capacity * 64, 25 * c1 + 1),
           act2(capacity * 64, c2), pooled2(capacity, 16 * c2 + 1), d_pooled2(capacity, 16 * c2 + 1),
-          arg2(static_cast<std::size_t>(capacity * 16 * c2)),
-          logits(capacity, static_cast<Eigen::Index>(num_classes)) {
+          arg2(static_cast<std::size_t>(capacity * 16 * c2)), hidden(capacity, h + 1),
+          d_hidden(capacity, h), logits(capacity, static_cast<Eigen::Index>(num_classes)) {
       // The ones that multiply the bias columns; no pass overwrites them.
       cols1.col(25).setOnes();
       cols2.col(25 * c1).setOnes();
       pooled2.col(16 * c2).setOnes();
+      hidden.col(h).setOnes();
     }
 
     /// Fills the top m rows of `logits` with the logits of the m <= capacity images at `x`
     /// (m x 784, row-major, contiguous), keeping every activation for the backward pass.
+    /// `thetah`: the hidden layer's table (read only when h > 0).
     template <class Theta>
-    void forward(const Theta& theta1, const Theta& theta2, const Theta& theta3, const float* x,
-                 Eigen::Index m) noexcept {
+    void forward(const Theta& theta1, const Theta& theta2, const Theta& theta3, const Theta& thetah,
+                 const float* x, Eigen::Index m) noexcept {
       detail::im2col5(x, m, 28, 1, cols1.data(), cols1.cols());
       auto a1 = act1.topRows(m * 576);
       detail::product_into(a1, cols1.topRows(m * 576), theta1.transpose());
@@ -683,10 +725,17 @@ class cnn_model {
       detail::product_into(a2, cols2.topRows(m * 64), theta2.transpose());
       detail::relu_max_pool(act2.data(), m, 8, c2, pooled2.data(), pooled2.cols(), arg2.data());
       auto z = logits.topRows(m);
-      detail::product_into(z, pooled2.topRows(m), theta3.transpose());
+      if (h > 0) {
+        auto a = hidden.topRows(m).leftCols(h);
+        detail::product_into(a, pooled2.topRows(m), thetah.transpose());
+        a = a.cwiseMax(0.0f);
+        detail::product_into(z, hidden.topRows(m), theta3.transpose());
+      } else {
+        detail::product_into(z, pooled2.topRows(m), theta3.transpose());
+      }
     }
 
-    Eigen::Index c1, c2;
+    Eigen::Index c1, c2, h;
     asyncps::row_matrix cols1;        // (m * 576) x 26: conv 1 input patches | 1
     asyncps::row_matrix act1;         // (m * 576) x C1: conv 1 pre-activations; then gradient
     asyncps::row_matrix pooled1;      // (m * 144) x C1: relu(pool(act1)), NHWC
@@ -697,6 +746,8 @@ class cnn_model {
     asyncps::row_matrix pooled2;      // m x (16 C2 + 1): relu(pool(act2)), NHWC | 1
     asyncps::row_matrix d_pooled2;    // m x (16 C2 + 1): d(loss)/d(pooled2) (last col unused)
     std::vector<std::uint32_t> arg2;  // m * 16 * C2: index into act2 of each pool maximum
+    asyncps::row_matrix hidden;       // m x (H + 1): relu(pooled2 [Wh | bh]^T) | 1 (H > 0)
+    asyncps::row_matrix d_hidden;     // m x H: d(loss)/d(hidden pre-activation)
     asyncps::row_matrix logits;       // m x 10; then d(loss)/d(logits)
   };
 
@@ -713,7 +764,8 @@ class cnn_model {
     }
   }
 
-  std::array<asyncps::table_spec, 3> tables_;
+  std::array<asyncps::table_spec, 4> tables_;
+  std::size_t table_count_;  // 3, or 4 with the hidden layer
   detail::minibatch_sampler sampler_;
   float l2_;
   asyncps::row_matrix x_;             // batch x 784

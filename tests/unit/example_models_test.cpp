@@ -256,6 +256,16 @@ TEST_CASE("fashion models satisfy asyncps::model and have the documented layouts
   const fashion::cnn_model default_cnn(data, 0, 1, 4, 1);
   CHECK(default_cnn.channels1() == fashion::cnn_model::default_channels1);
   CHECK(default_cnn.channels2() == fashion::cnn_model::default_channels2);
+  CHECK(default_cnn.hidden() == 0);
+  const fashion::cnn_model hidden_cnn(data, 0, 1, 4, 1, 0.0f, 3, 5, 7);
+  CHECK(hidden_cnn.hidden() == 7);
+  REQUIRE(hidden_cnn.tables().size() == 4);
+  CHECK(hidden_cnn.tables()[2].width == 8);  // output reads the 7 hidden units | bias
+  CHECK(hidden_cnn.tables()[2].init_scale == doctest::Approx(std::sqrt(6.0 / (7 + 10))));
+  CHECK(hidden_cnn.tables()[3].id == 3);
+  CHECK(hidden_cnn.tables()[3].rows == 7);
+  CHECK(hidden_cnn.tables()[3].width == 81);  // 4 x 4 x 5 pooled features | bias
+  CHECK(hidden_cnn.tables()[3].init_scale == doctest::Approx(std::sqrt(6.0 / 80)));
   CHECK(asyncps::layout_size(default_cnn.tables()) == 16 * 26 + 32 * 401 + 10 * 513);
 }
 
@@ -269,6 +279,7 @@ TEST_CASE("fashion model constructors reject impossible arguments") {
   CHECK_THROWS_AS(fashion::cnn_model(data, 0, 1, 4, 0, 0.0f, 0, 4), std::invalid_argument);
   CHECK_THROWS_AS(fashion::cnn_model(data, 0, 1, 4, 0, 0.0f, 4, 0), std::invalid_argument);
   CHECK_THROWS_AS(fashion::cnn_model(data, 0, 1, 4, 0, 0.0f, 4097, 4), std::invalid_argument);
+  CHECK_THROWS_AS(fashion::cnn_model(data, 0, 1, 4, 0, 0.0f, 4, 4, 4097), std::invalid_argument);
   CHECK_THROWS_AS(fashion::cnn_model(data, 1, 1, 4, 0), std::invalid_argument);
   CHECK_THROWS_AS(fashion::cnn_model(data, 0, 1, 0, 0), std::invalid_argument);
   auto bad_label = data;
@@ -319,6 +330,20 @@ TEST_CASE("cnn_model gradient matches central differences") {
       CHECK(r.live_biases[t] >= 3);
     }
   }
+  // With a hidden dense layer of 6 units (table 3) between the pooled features and the output.
+  for (const float l2 : {0.0f, 0.05f}) {
+    CAPTURE(l2);
+    fashion::cnn_model model(data, 0, 1, 5, 7, l2, 4, 4, 6);
+    REQUIRE(model.tables().size() == 4);
+    const auto params = random_parameters(model.tables(), 29, 0.0f);
+    const auto r = check_gradient(model, params, {{5e-4f, 1e-2f, 1e-2f, 1e-2f}, 40, 10, true}, 9);
+    CHECK(r.checked >= 180);  // of 4 x (up to 40 + 10); table 2 has 7 columns
+    for (std::size_t t = 0; t < 4; ++t) {
+      CAPTURE(t);
+      CHECK(r.live_weights[t] >= 5);
+      CHECK(r.live_biases[t] >= 3);
+    }
+  }
 }
 
 TEST_CASE("evaluate agrees with the loss of a full-batch step") {
@@ -352,6 +377,15 @@ TEST_CASE("evaluate agrees with the loss of a full-batch step") {
     CHECK(e.accuracy >= 0.0);
     CHECK(e.accuracy <= 1.0);
   }
+  // With the hidden layer: evaluate reads H from the layout.
+  fashion::cnn_model hcnn(more, 0, 1, 250, 1, 0.0f, 4, 6, 9);
+  const auto h_params = random_parameters(hcnn.tables(), 31, 0.0f);
+  std::vector<float> h_grad(h_params.size());
+  asyncps::gradient_view hg(hcnn.tables(), h_grad.data());
+  const asyncps::parameter_view hp(hcnn.tables(), h_params.data());
+  const float h_loss = hcnn.compute_gradient(hp, hg);
+  CHECK(fashion::evaluate<fashion::cnn_model>(hp, more, 7).loss ==
+        doctest::Approx(h_loss).epsilon(1e-5));
 
   // All-zero softmax parameters: uniform prediction, loss log(10); arg-max is class 0.
   const fashion::softmax_model softmax(data, 0, 1, 30, 1);
@@ -408,6 +442,8 @@ TEST_CASE("compute_gradient does not allocate after construction") {
     fashion::cnn_model cnn(data, 0, 3, batch, 1, 1e-4f);  // the default channels
     cnn.set_augmentation({true, 2});
     CHECK(steps_without_malloc(cnn) > 1.0);
+    fashion::cnn_model hidden_cnn(data, 0, 3, batch, 1, 1e-4f, 16, 32, 128);
+    CHECK(steps_without_malloc(hidden_cnn) > 1.0);
   }
 #else
   MESSAGE("skipped: needs EIGEN_RUNTIME_NO_MALLOC (the asyncps test targets define it)");
