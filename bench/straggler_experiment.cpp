@@ -1,25 +1,44 @@
 // asyncps_straggler_experiment — paper C ("Balancing stragglers against staleness", HiPC 2018)
-// in the deterministic simulation: 8 workers, one of them slowed by 300% (4x compute time) or
-// none, trained as BSP (one BSP server), ASP (one ASP server), and 2 or 4 speed-aware groups
-// (include/asyncps/group.hpp: BSP inside a group, groups push to a central ASP server), on a
-// Fashion-MNIST MLP and on synthetic matrix factorization; plus a regrouping demo in which a
-// second worker becomes slow halfway. Results: docs/results/stragglers.md; plots:
-// bench/straggler_experiment.py.
+// in the deterministic simulation: 8 workers, one of them (worker 7) slowed by a factor f in
+// {1, 2, 3, 4, 5, 9} (+0% ... +800% compute time), trained as BSP (one BSP server), ASP (one
+// ASP server), and 2 or 4 groups (include/asyncps/group.hpp: BSP inside a group, groups push to
+// a central ASP server) formed from speeds measured during the run, on a Fashion-MNIST MLP and on
+// synthetic matrix factorization; plus a regrouping demo in which a second worker becomes slow
+// halfway. Results: docs/results/stragglers.md; tables and plots: bench/straggler_experiment.py.
 //
 //   asyncps_straggler_experiment --out FILE.jsonl [--quick] [--models mlp,mf] [--seeds N]
-//       [--seed0 N] [--epochs X] [--hidden N] [--mlp-lr X] [--mf-lr X] [--mf-gradients N]
-//       [--evals N] [--no-sweep] [--no-regroup] [--data DIR]
+//       [--seed0 N] [--delays 1,2,...] [--configs BSP,ASP,...] [--epochs X] [--hidden N]
+//       [--mlp-lr X] [--mf-lr X] [--mf-gradients N] [--drop-at X] [--drop-factor X]
+//       [--measure X] [--slow-threshold X] [--evals N] [--no-sweep] [--no-regroup]
+//       [--demo-models mf,mlp] [--data DIR]
 //
-// Work budget. Every configuration computes the same total number of gradients N (MLP:
-// `epochs` passes over the 60,000 training images in minibatches of 32; MF: `mf-gradients`
-// minibatches of 1% of a worker's shard), split by throughput so that no one waits for work
-// that a slower part would not finish: BSP gives every worker N/8 clocks; ASP gives worker w a
-// share proportional to its speed 1/f_w; a group g gets a share proportional to |g| x (its
-// slowest member's speed), i.e. group_clocks = share / |g|. Speeds come from the profile (the
-// simulation's compute time is exactly base x f_w x (1 + jitter u)); the regrouping demo
-// measures them instead (worker_stats::compute_seconds / clocks).
+// Stop condition: equal total work. Every run of a model computes the same total number N of
+// gradients, counted over all workers as they complete (MLP: `epochs` passes over the 60,000
+// training images in minibatches of 32; MF: `mf-gradients` minibatches of 1% of a worker's
+// shard). Nobody is given a share of N in advance: every worker (or group) runs as fast as it
+// can, and the run is cut the instant the N-th gradient is counted (gradients still being
+// computed then are discarded). So a fast worker does more of the work than a slow one exactly
+// as far as the protocol lets it, and the simulated time to N, or to an accuracy target on the
+// way, is an outcome of the protocol, not of a budget split.
 //
-// One JSON object per run goes to --out (see `to_json`); a summary line per run to stderr.
+// Schedule: the same for every configuration, by work: learning rate `lr` per gradient until
+// `drop-at` x N gradients, then `lr x drop-factor`. Each rate change is a phase boundary: the
+// phase is cut as above and the next phase starts fresh servers (and group servers) from the
+// central model; the workers keep their models (minibatch order). Phase times add up.
+//
+// Grouping from measured speeds: a grouped run starts with `groups_by_id` (no knowledge of the
+// speeds) for a measuring window of `measure` x N gradients; at that boundary and at every later
+// one, each worker's seconds per gradient is measured as worker_stats::compute_seconds / clocks
+// over the phase that just ended (a worker with no completed clock counts as taking the whole
+// phase), and the next phase's groups come from those numbers: "by speed" (`groups_by_speed`:
+// equal sizes, the slowest share the last group) or "isolating" (workers measured slower than
+// `slow-threshold` x the median form the last group alone; the others are split by speed over
+// the remaining groups; with none or too many slow workers the same as "by speed").
+//
+// Samples: the central model (BSP/ASP: the server's values; groups: the central server's model
+// tables) every N / `evals` gradients on the first 2,000 test images (MLP) or the test ratings
+// (MF), at that instant of simulated time; at every phase end and at the end on the whole test
+// set. One JSON object per run goes to --out (see `to_json`); a summary line per run to stderr.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -28,7 +47,6 @@
 #include <cstdlib>
 #include <exception>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <span>
@@ -63,15 +81,22 @@ namespace mf = asyncps::examples::mf;
 /// Everything fixed for a sweep.
 struct experiment {
   std::uint32_t workers = 8;
-  std::uint32_t straggler = 7;    // the slowed worker
-  double straggler_factor = 4.0;  // +300% compute time
-  std::uint32_t second = 2;       // the worker that also slows down halfway (regrouping demo)
-  double jitter = 0.1;            // compute time x (1 + U[0, jitter))
+  std::uint32_t straggler = 7;                               // the slowed worker
+  std::vector<double> delays{1.0, 2.0, 3.0, 4.0, 5.0, 9.0};  // its compute-time factors
+  std::uint32_t second = 2;     // the worker that also slows down halfway (regrouping demo)
+  double demo_factor = 4.0;     // both slow workers' factor in the regrouping demo
+  double demo_change_at = 0.5;  // when (fraction of N) the second worker slows down
+  double jitter = 0.1;          // compute time x (1 + U[0, jitter))
   double link_bytes_per_second = 1.25e9;  // 10 Gbit/s per node, shared egress
   std::chrono::microseconds latency{100};
   std::chrono::microseconds latency_jitter{50};
+  // Schedule and grouping (fractions of N).
+  double drop_at = 0.75;  // learning rate x drop_factor from here on
+  double drop_factor = 0.1;
+  double measure = 0.02;        // the measuring window of a grouped run
+  double slow_threshold = 1.5;  // "isolating": slower than this x the median is slow
   // MLP (Fashion-MNIST).
-  double epochs = 2.0;  // passes over the training set, all workers together
+  double epochs = 5.0;  // passes over the training set, all workers together
   std::uint32_t batch = 32;
   std::uint32_t hidden = 128;
   float mlp_lr = 0.05f;
@@ -83,30 +108,60 @@ struct experiment {
   std::uint32_t items = 2000;
   std::uint32_t rank = 10;
   std::size_t count = 120000;
-  std::uint64_t mf_gradients = 8000;  // 1000 clocks per worker under BSP (10 passes)
+  std::uint64_t mf_gradients = 24000;  // 3000 clocks per worker under BSP (30 passes)
   float mf_lr = 4.0f;
   float lambda = 0.001f;
   double us_per_rating = 15.0;
   // Sweep.
-  std::uint32_t evals = 25;
+  std::uint32_t evals = 80;
   std::uint64_t seed0 = 1;
-  std::uint32_t seeds = 1;
+  std::uint32_t seeds = 5;
   std::vector<std::string> models{"mlp", "mf"};
+  std::vector<std::string> configs{
+      "BSP", "ASP", "2 groups", "4 groups", "2 groups isolating", "4 groups isolating"};
   bool sweep = true;
   bool regroup = true;
+  std::vector<std::string> demo_models{"mf"};  // the models the regrouping demo runs for
   std::string out = "stragglers.jsonl";
 };
 
 /// How the workers are organised in one phase.
 enum class mode { bsp, asp, groups };
 
-/// One phase of training: organisation, per-worker clocks, speeds, starting point.
+/// How a grouped run forms its groups from measured speeds (see the file comment).
+enum class policy { by_speed, isolating };
+
+/// One configuration of the sweep.
+struct config {
+  std::string name;  // "BSP", "ASP", "2 groups", "4 groups isolating", ...
+  mode m = mode::bsp;
+  std::uint32_t groups = 0;  // groups: 2 or 4; BSP 1, ASP 0 (for the JSON)
+  policy pol = policy::by_speed;
+};
+
+/// The configuration called `name`; throws `std::invalid_argument` for an unknown one.
+config config_named(const std::string& name) {
+  if (name == "BSP") return {name, mode::bsp, 1, policy::by_speed};
+  if (name == "ASP") return {name, mode::asp, 0, policy::by_speed};
+  for (std::uint32_t g : {2u, 4u}) {
+    if (name == std::to_string(g) + " groups") return {name, mode::groups, g, policy::by_speed};
+    if (name == std::to_string(g) + " groups isolating")
+      return {name, mode::groups, g, policy::isolating};
+  }
+  throw std::invalid_argument("unknown config '" + name +
+                              "' (BSP, ASP, 2 groups, 4 groups, 2 groups isolating, "
+                              "4 groups isolating)");
+}
+
+/// One phase of training: organisation, per-worker clock limits, speeds, starting point.
 struct phase_spec {
   mode m = mode::bsp;
   group_plan plan{};                  // groups: who trains where
-  std::vector<std::uint64_t> clocks;  // per worker (a group's members run the same)
+  std::vector<std::uint64_t> clocks;  // per worker: an upper bound (the phase is cut first)
   std::vector<double> speed;          // per-worker slowdown factors
   std::uint64_t seed = 1;
+  float lr = 0;                // learning rate per gradient in this phase
+  std::uint64_t budget = 0;    // gradients (all workers) after which the phase is cut
   std::vector<float> start{};  // model values (table-major) to start from; empty: from seed
 };
 
@@ -128,13 +183,14 @@ struct trace {
 
 /// What one phase produced.
 struct phase_result {
-  std::vector<float> values;  // final central model, table-major
-  double seconds = 0;         // phase duration: the last worker's or group's completion
-  staleness_histogram push_staleness{};
-  std::vector<double> done;               // per worker, phase-relative seconds
-  std::vector<double> seconds_per_clock;  // per worker: compute_seconds / clocks
-  std::vector<std::uint64_t> clocks;      // per worker
-  int errors = 0;
+  std::vector<float> values;  // central model at the cut (or at the end), table-major
+  double seconds = 0;         // phase duration: until the cut (or the last worker's end)
+  bool cut = false;           // cut at `budget` gradients (else every worker ran out first)
+  staleness_histogram push_staleness{};   // groups: central pushes up to the cut
+  std::vector<double> seconds_per_clock;  // per worker: compute_seconds / clocks at the cut
+  std::vector<std::uint64_t> clocks;      // per worker: clocks completed by the cut
+  double full_metric = 0;                 // the central model on the whole test set
+  int errors = 0;                         // runs that failed before the cut
 };
 
 /// Seconds since the start of the simulation.
@@ -189,19 +245,20 @@ struct worker_set {
 };
 
 /// Starts every worker of `ps` on `net`: worker w has id `id_of(w)` on server `server_of(w)`,
-/// runs `ps.clocks[w]` clocks, and calls `on_clock` after each.
+/// runs up to `ps.clocks[w]` clocks, and calls `on_clock` after each. A run that fails before
+/// the phase is cut counts in `r.errors` (after the cut the servers are stopped on purpose).
 template <class Policy, class Model, class IdOf, class ServerOf>
 void spawn_workers(simulated_network& net, std::vector<Model>& models, const phase_spec& ps,
-                   float lr, IdOf id_of, ServerOf server_of, const std::function<void()>& on_clock,
-                   phase_result& r, worker_set<Model, Policy>& set) {
+                   IdOf id_of, ServerOf server_of, const std::function<void()>& on_clock,
+                   phase_result& r, std::vector<double>& done, worker_set<Model, Policy>& set) {
   const auto n = static_cast<std::uint32_t>(models.size());
-  r.done.assign(n, 0.0);
+  done.assign(n, 0.0);
   for (std::uint32_t w = 0; w < n; ++w) {
     set.ts.push_back(std::make_unique<simulated_transport>(net, "worker" + std::to_string(w)));
     worker_options<std::string> o;
     o.id = id_of(w);
     o.servers = {server_of(w)};
-    o.local_step = lr;
+    o.local_step = ps.lr;
     o.log = [](std::string_view) {};
     o.on_clock = [&on_clock](const clock_report&) { on_clock(); };
     set.ws.push_back(std::make_unique<typename worker_set<Model, Policy>::worker_t>(
@@ -209,29 +266,36 @@ void spawn_workers(simulated_network& net, std::vector<Model>& models, const pha
     asio::co_spawn(
         net.get_executor(),
         [&, w]() -> asio::awaitable<void> {
-          if (co_await set.ws[w]->async_run(ps.clocks[w])) ++r.errors;
-          r.done[w] = seconds(net.now());
+          const std::error_code ec = co_await set.ws[w]->async_run(ps.clocks[w]);
+          if (ec && !r.cut) ++r.errors;
+          done[w] = seconds(net.now());
         },
         asio::detached);
   }
 }
 
-/// Fills the per-worker counters of `r` from `set`.
+/// Fills the per-worker counters of `r` from `set` (clocks and measured seconds per clock;
+/// a worker without a completed clock counts as taking `elapsed` seconds).
 template <class Model, class Policy>
-void collect(const worker_set<Model, Policy>& set, phase_result& r) {
+void measure(const worker_set<Model, Policy>& set, double elapsed, phase_result& r) {
+  r.clocks.clear();
+  r.seconds_per_clock.clear();
   for (const auto& w : set.ws) {
     const auto& s = w->stats();
     r.clocks.push_back(s.clocks);
     r.seconds_per_clock.push_back(s.clocks > 0 ? s.compute_seconds / static_cast<double>(s.clocks)
-                                               : 0.0);
+                                               : elapsed);
   }
-  r.seconds = *std::max_element(r.done.begin(), r.done.end());
 }
 
-/// Runs one phase on a plain server (BSP or ASP, by `Policy`) with learning rate `lr`.
+/// The server type of the plain configurations.
+template <class Policy>
+using plain_server = basic_server<simulated_transport, Policy>;
+
+/// Runs one phase on a plain server (BSP or ASP, by `Policy`).
 template <class Policy, class Model>
 phase_result run_plain(const experiment& ex, std::vector<Model>& models, const phase_spec& ps,
-                       float lr, std::chrono::nanoseconds compute, trace& tr) {
+                       std::chrono::nanoseconds compute, trace& tr) {
   simulated_network net(net_options(ex, ps, compute));
   const std::span<const table_spec> layout = models[0].tables();
   simulated_transport st(net, "server");
@@ -240,13 +304,15 @@ phase_result run_plain(const experiment& ex, std::vector<Model>& models, const p
   so.tables.assign(layout.begin(), layout.end());
   so.seed = ps.seed;
   so.log = [](std::string_view) {};
-  basic_server<simulated_transport, Policy> server(st, so, optimizer::sgd{lr});
+  plain_server<Policy> server(st, so, optimizer::sgd{ps.lr});
   if (!ps.start.empty()) write_values(server, layout, ps.start);
   auto acc = st.listen("server");
   if (!acc) throw std::runtime_error("listen failed");
   asio::co_spawn(net.get_executor(), server.async_serve(std::move(acc).value()), asio::detached);
 
   phase_result r;
+  worker_set<Model, Policy> set;
+  std::vector<double> done;
   std::vector<float> scratch;
   std::uint64_t total = 0;
   const auto record = [&] {
@@ -256,17 +322,28 @@ phase_result run_plain(const experiment& ex, std::vector<Model>& models, const p
   };
   if (tr.series.empty()) record();  // the initial model
   const std::function<void()> on_clock = [&] {
-    if (++total % tr.every == 0) record();
+    if (r.cut) return;
+    ++total;
+    if ((tr.g0 + total) % tr.every == 0) record();
+    if (total == ps.budget) {  // cut: the central model and the counters as of now
+      r.cut = true;
+      r.seconds = seconds(net.now());
+      read_values(server, layout, r.values);
+      measure(set, r.seconds, r);
+      net.stop();
+    }
   };
-  worker_set<Model, Policy> set;
   spawn_workers<Policy>(
-      net, models, ps, lr, [](std::uint32_t w) { return w; },
-      [](std::uint32_t) { return std::string("server"); }, on_clock, r, set);
+      net, models, ps, [](std::uint32_t w) { return w; },
+      [](std::uint32_t) { return std::string("server"); }, on_clock, r, done, set);
   net.run();
-  collect(set, r);
+  if (!r.cut) {
+    r.seconds = *std::max_element(done.begin(), done.end());
+    read_values(server, layout, r.values);
+    measure(set, r.seconds, r);
+  }
   asio::post(net.get_executor(), [&] { server.stop(); });
-  net.run();
-  read_values(server, layout, r.values);
+  net.run();  // the workers fail and end; nothing of theirs is counted any more
   tr.g0 += total;
   tr.t0 += r.seconds;
   return r;
@@ -275,7 +352,7 @@ phase_result run_plain(const experiment& ex, std::vector<Model>& models, const p
 /// Runs one phase with group servers (`ps.plan`) pushing to one central ASP server.
 template <class Model>
 phase_result run_groups(const experiment& ex, std::vector<Model>& models, const phase_spec& ps,
-                        float lr, std::chrono::nanoseconds compute, trace& tr) {
+                        std::chrono::nanoseconds compute, trace& tr) {
   simulated_network net(net_options(ex, ps, compute));
   const auto quiet = [](std::string_view) {};
   const std::span<const table_spec> layout = models[0].tables();
@@ -310,19 +387,22 @@ phase_result run_groups(const experiment& ex, std::vector<Model>& models, const 
     lo.log = quiet;
     const group_options gl{
         .group = g, .groups = groups, .push_every = 1, .group_clocks = ps.clocks[members.front()]};
-    gs.push_back(std::make_unique<group_t>(*gts.back(), go, lo, gl, optimizer::sgd{lr}));
+    gs.push_back(std::make_unique<group_t>(*gts.back(), go, lo, gl, optimizer::sgd{ps.lr}));
     if (!ps.start.empty()) gs.back()->set_values(ps.start);
     auto acc = gts.back()->listen("group" + std::to_string(g));
     if (!acc) throw std::runtime_error("listen failed");
     asio::co_spawn(
         net.get_executor(),
         [&, g, a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
-          if (co_await gs[g]->async_run(std::move(a))) ++r.errors;
+          const std::error_code ec = co_await gs[g]->async_run(std::move(a));
+          if (ec && !r.cut) ++r.errors;
           group_done[g] = seconds(net.now());
         },
         asio::detached);
   }
 
+  worker_set<Model, consistency::bsp> set;
+  std::vector<double> done;
   std::vector<float> scratch;
   std::uint64_t total = 0;
   const auto record = [&] {
@@ -332,20 +412,34 @@ phase_result run_groups(const experiment& ex, std::vector<Model>& models, const 
   };
   if (tr.series.empty()) record();  // the initial model
   const std::function<void()> on_clock = [&] {
-    if (++total % tr.every == 0) record();
+    if (r.cut) return;
+    ++total;
+    if ((tr.g0 + total) % tr.every == 0) record();
+    if (total == ps.budget) {
+      r.cut = true;
+      r.seconds = seconds(net.now());
+      read_values(central, layout, r.values);
+      measure(set, r.seconds, r);
+      for (const auto& g : gs) r.push_staleness += g->link_model().staleness();
+      net.stop();
+    }
   };
-  worker_set<Model, consistency::bsp> set;
   spawn_workers<consistency::bsp>(
-      net, models, ps, lr, [&](std::uint32_t w) { return ps.plan.local_id(w); },
+      net, models, ps, [&](std::uint32_t w) { return ps.plan.local_id(w); },
       [&](std::uint32_t w) { return "group" + std::to_string(ps.plan.group_of[w]); }, on_clock, r,
-      set);
+      done, set);
   net.run();
-  collect(set, r);
-  r.seconds = std::max(r.seconds, *std::max_element(group_done.begin(), group_done.end()));
+  if (!r.cut) {
+    r.seconds = std::max(*std::max_element(done.begin(), done.end()),
+                         *std::max_element(group_done.begin(), group_done.end()));
+    read_values(central, layout, r.values);
+    measure(set, r.seconds, r);
+    for (const auto& g : gs) r.push_staleness += g->link_model().staleness();
+  }
+  // Stop the central server only: a link whose group server stopped first would push its
+  // remaining (empty) progress once per group clock it has left, without a pause.
   asio::post(net.get_executor(), [&] { central.stop(); });
-  net.run();
-  read_values(central, layout, r.values);
-  for (const auto& g : gs) r.push_staleness += g->link_model().staleness();
+  net.run();  // the links fail, stop their group servers, and the workers end
   tr.g0 += total;
   tr.t0 += r.seconds;
   return r;
@@ -354,48 +448,54 @@ phase_result run_groups(const experiment& ex, std::vector<Model>& models, const 
 /// Runs phase `ps` in its mode.
 template <class Model>
 phase_result run_phase(const experiment& ex, std::vector<Model>& models, const phase_spec& ps,
-                       float lr, std::chrono::nanoseconds compute, trace& tr) {
+                       std::chrono::nanoseconds compute, trace& tr) {
   switch (ps.m) {
-    case mode::bsp: return run_plain<consistency::bsp>(ex, models, ps, lr, compute, tr);
-    case mode::asp: return run_plain<consistency::asp>(ex, models, ps, lr, compute, tr);
+    case mode::bsp: return run_plain<consistency::bsp>(ex, models, ps, compute, tr);
+    case mode::asp: return run_plain<consistency::asp>(ex, models, ps, compute, tr);
     case mode::groups: break;
   }
-  return run_groups(ex, models, ps, lr, compute, tr);
+  return run_groups(ex, models, ps, compute, tr);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Splitting the budget
+// Grouping and clock limits
 // ---------------------------------------------------------------------------------------------
 
-/// Per-worker clocks for `budget` gradients in mode `m` with per-worker seconds per gradient
-/// `cost` (any unit; only ratios matter), as in the file comment. Every worker gets >= 1.
-std::vector<std::uint64_t> split_budget(mode m, const group_plan& plan,
-                                        std::span<const double> cost, std::uint64_t budget) {
-  const std::size_t n = cost.size();
-  std::vector<std::uint64_t> clocks(n, 1);
-  const auto share = [&](double part, double whole, double per) {
-    return std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::llround(
-                                          static_cast<double>(budget) * part / whole / per)));
-  };
-  if (m == mode::bsp) {
-    for (auto& c : clocks) c = share(1.0, static_cast<double>(n), 1.0);
-  } else if (m == mode::asp) {
-    double sum = 0;
-    for (double c : cost) sum += 1.0 / c;
-    for (std::size_t w = 0; w < n; ++w) clocks[w] = share(1.0 / cost[w], sum, 1.0);
-  } else {
-    std::vector<double> thr(plan.groups);
-    for (std::uint32_t g = 0; g < plan.groups; ++g) {
-      double slowest = 0;
-      const auto mem = plan.members(g);
-      for (auto w : mem) slowest = std::max(slowest, cost[w]);
-      thr[g] = static_cast<double>(mem.size()) / slowest;
+/// The groups for measured seconds per gradient `cost` (see the file comment).
+group_plan make_plan(const experiment& ex, const config& c, std::span<const double> cost) {
+  if (c.pol == policy::isolating) {
+    std::vector<double> sorted(cost.begin(), cost.end());
+    std::sort(sorted.begin(), sorted.end());
+    const double median = 0.5 * (sorted[(sorted.size() - 1) / 2] + sorted[sorted.size() / 2]);
+    std::vector<std::uint32_t> fast;
+    std::vector<double> fast_cost;
+    for (std::uint32_t w = 0; w < cost.size(); ++w)
+      if (cost[w] <= ex.slow_threshold * median) {
+        fast.push_back(w);
+        fast_cost.push_back(cost[w]);
+      }
+    if (fast.size() < cost.size() && fast.size() >= c.groups - 1) {
+      const group_plan f = groups_by_speed(fast_cost, c.groups - 1);
+      group_plan p{c.groups, std::vector<std::uint32_t>(cost.size(), c.groups - 1)};
+      for (std::size_t i = 0; i < fast.size(); ++i) p.group_of[fast[i]] = f.group_of[i];
+      return p;
     }
-    const double sum = std::accumulate(thr.begin(), thr.end(), 0.0);
+  }
+  return groups_by_speed(cost, c.groups);
+}
+
+/// Per-worker clock limits for a phase of `budget` gradients: more than any worker can do
+/// before the phase is cut (a BSP worker at most budget / n + 1; a group's members at most
+/// budget / |g| + 1; an ASP worker at most budget).
+std::vector<std::uint64_t> clock_limits(mode m, const group_plan& plan, std::size_t n,
+                                        std::uint64_t budget) {
+  std::vector<std::uint64_t> clocks(n, budget);
+  if (m == mode::bsp) {
+    for (auto& c : clocks) c = budget / n + 2;
+  } else if (m == mode::groups) {
     for (std::uint32_t g = 0; g < plan.groups; ++g) {
       const auto mem = plan.members(g);
-      const auto c = share(thr[g], sum, static_cast<double>(mem.size()));
-      for (auto w : mem) clocks[w] = c;
+      for (auto w : mem) clocks[w] = budget / mem.size() + 2;
     }
   }
   return clocks;
@@ -488,17 +588,27 @@ std::pair<double, double> final_metrics(const data_sets& d, const parameter_view
 }
 
 // ---------------------------------------------------------------------------------------------
-// JSON output
+// Runs
 // ---------------------------------------------------------------------------------------------
 
-/// One run's record (a single phase, or the phases of a regrouping run).
+/// What one run does: its configuration, the speeds before and after a change, and whether it
+/// regroups at every phase boundary or keeps the groups of the first measurement.
+struct run_setup {
+  std::string kind;  // "sweep" or "regroup"
+  config cfg;
+  double delay = 1;            // the straggler's factor (sweep)
+  std::vector<double> before;  // per-worker factors from the start
+  std::vector<double> after;   // from `change_at` x N on
+  double change_at = 2.0;      // > 1: never
+  bool regroup_always = true;  // false: keep the groups of the first measurement
+  std::string variant;         // regroup demo: "static" or "regroup"
+  std::uint64_t seed = 1;
+};
+
+/// One run's record.
 struct run_record {
-  std::string kind;    // "sweep" or "regroup"
-  std::string model;   // "mlp" or "mf"
-  std::string config;  // "BSP", "ASP", "2 groups", "4 groups"; regroup: the variant
-  std::uint32_t groups = 0;
-  bool straggler = false;
-  std::uint64_t seed = 0;
+  run_setup setup;
+  std::string model;
   std::uint64_t budget = 0;
   float lr = 0;
   std::vector<phase_spec> phases;
@@ -508,6 +618,81 @@ struct run_record {
   double final_secondary = 0;
   double wall_seconds = 0;
 };
+
+/// The phase boundaries of a run of `budget` gradients, in gradients, increasing, last = budget.
+std::vector<std::uint64_t> boundaries(const experiment& ex, const run_setup& s,
+                                      std::uint64_t budget) {
+  const auto at = [&](double f) {
+    return static_cast<std::uint64_t>(std::llround(f * static_cast<double>(budget)));
+  };
+  std::vector<std::uint64_t> b{budget, at(ex.drop_at)};
+  if (s.cfg.m == mode::groups) b.push_back(at(ex.measure));
+  if (s.change_at < 1.0) {
+    b.push_back(at(s.change_at));
+    if (s.cfg.m == mode::groups) b.push_back(at(s.change_at + ex.measure));
+  }
+  std::sort(b.begin(), b.end());
+  b.erase(std::unique(b.begin(), b.end()), b.end());
+  b.erase(std::remove_if(b.begin(), b.end(), [&](auto x) { return x == 0 || x > budget; }),
+          b.end());
+  return b;
+}
+
+/// Runs `s` for model family `f` (phases as in the file comment).
+template <class Model>
+run_record run_one(const experiment& ex, const data_sets& d, const family& f, const run_setup& s) {
+  const auto wall0 = std::chrono::steady_clock::now();
+  run_record r;
+  r.setup = s;
+  r.model = f.name;
+  r.budget = f.budget;
+  r.lr = f.lr;
+  auto models = make_models(ex, d, static_cast<const Model*>(nullptr), s.seed);
+  trace tr;
+  tr.every = std::max<std::uint64_t>(1, f.budget / ex.evals);
+  tr.metric = quick_metric(d, static_cast<const Model*>(nullptr));
+  const auto bounds = boundaries(ex, s, f.budget);
+  const auto change =
+      static_cast<std::uint64_t>(std::llround(s.change_at * static_cast<double>(f.budget)));
+  const auto drop =
+      static_cast<std::uint64_t>(std::llround(ex.drop_at * static_cast<double>(f.budget)));
+  std::uint64_t from = 0;
+  for (std::size_t i = 0; i < bounds.size(); ++i) {
+    phase_spec ps;
+    ps.m = s.cfg.m;
+    ps.speed = s.change_at < 1.0 && from >= change ? s.after : s.before;
+    ps.seed = s.seed + 100 * i;
+    ps.lr = from >= drop ? f.lr * static_cast<float>(ex.drop_factor) : f.lr;
+    ps.budget = bounds[i] - from;
+    if (ps.m == mode::groups) {
+      if (i == 0)
+        ps.plan = groups_by_id(ex.workers, s.cfg.groups);
+      else if (i == 1 || s.regroup_always)
+        ps.plan = make_plan(ex, s.cfg, r.results.back().seconds_per_clock);
+      else
+        ps.plan = r.phases.back().plan;
+    }
+    ps.clocks = clock_limits(ps.m, ps.plan, ex.workers, ps.budget);
+    if (i > 0) ps.start = r.results.back().values;
+    auto res = run_phase(ex, models, ps, f.compute, tr);
+    const parameter_view view(models[0].tables(), res.values.data());
+    res.full_metric = final_metrics(d, view, static_cast<const Model*>(nullptr)).first;
+    r.phases.push_back(std::move(ps));
+    r.results.push_back(std::move(res));
+    from = bounds[i];
+  }
+  const parameter_view view(models[0].tables(), r.results.back().values.data());
+  std::tie(r.final_metric, r.final_secondary) =
+      final_metrics(d, view, static_cast<const Model*>(nullptr));
+  if (tr.series.empty() || tr.series.back().gradients != static_cast<double>(tr.g0))
+    tr.series.push_back(sample{static_cast<double>(tr.g0), tr.t0, tr.metric(view)});
+  r.series = std::move(tr.series);
+  r.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+  return r;
+}
+
+/// Mode name for the JSON.
+const char* mode_name(mode m) { return m == mode::bsp ? "bsp" : m == mode::asp ? "asp" : "groups"; }
 
 /// The JSON line of `r`.
 std::string to_json(const experiment& ex, const family& f, const run_record& r) {
@@ -524,28 +709,39 @@ std::string to_json(const experiment& ex, const family& f, const run_record& r) 
     const auto& ps = r.phases[i];
     const auto& pr = r.results[i];
     phases.push_back(
-        {{"mode", ps.m == mode::bsp   ? "bsp"
-                  : ps.m == mode::asp ? "asp"
-                                      : "groups"},
+        {{"mode", mode_name(ps.m)},
          {"group_of", ps.plan.group_of},
          {"speed", numbers(ps.speed, [](double x) { return x; })},
-         {"clocks", ps.clocks},
+         {"lr", num(ps.lr)},
+         {"budget", ps.budget},
+         {"cut", pr.cut},
          {"seconds", num(pr.seconds)},
-         {"done", numbers(pr.done, [](double x) { return x; })},
+         {"clocks", pr.clocks},
          {"seconds_per_clock", numbers(pr.seconds_per_clock, [](double x) { return x; })},
+         {"full_metric", num(pr.full_metric)},
          {"push_staleness", pr.push_staleness.counts},
          {"errors", pr.errors}});
   }
+  const auto& s = r.setup;
   const nlohmann::json j = {
-      {"kind", r.kind},
+      {"kind", s.kind},
       {"model", r.model},
-      {"config", r.config},
-      {"groups", r.groups},
-      {"straggler", r.straggler},
-      {"seed", r.seed},
+      {"config", s.cfg.name},
+      {"mode", mode_name(s.cfg.m)},
+      {"groups", s.cfg.groups},
+      {"policy", s.cfg.pol == policy::isolating ? "isolating" : "by_speed"},
+      {"delay", num(s.delay)},
+      {"straggler", ex.straggler},
+      {"variant", s.variant},
+      {"change_at", num(s.change_at)},
+      {"seed", s.seed},
       {"workers", ex.workers},
       {"budget", r.budget},
       {"lr", num(r.lr)},
+      {"drop_at", num(ex.drop_at)},
+      {"drop_factor", num(ex.drop_factor)},
+      {"measure", num(ex.measure)},
+      {"slow_threshold", num(ex.slow_threshold)},
       {"compute_ms", num(static_cast<double>(f.compute.count()) / 1e6)},
       {"jitter", num(ex.jitter)},
       {"metric", f.metric_name},
@@ -564,10 +760,6 @@ std::string to_json(const experiment& ex, const family& f, const run_record& r) 
   return j.dump();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Runs
-// ---------------------------------------------------------------------------------------------
-
 /// Writes `r` to `out` and a summary line to stderr; returns whether it had no errors.
 bool emit(std::FILE* out, const experiment& ex, const family& f, const run_record& r) {
   const std::string line = to_json(ex, f, r);
@@ -575,154 +767,71 @@ bool emit(std::FILE* out, const experiment& ex, const family& f, const run_recor
   std::fflush(out);
   double total = 0;
   int errors = 0;
-  staleness_histogram st;
   for (const auto& p : r.results) {
     total += p.seconds;
     errors += p.errors;
-    st += p.push_staleness;
   }
+  std::string plan;
+  for (auto g : r.phases.back().plan.group_of) plan += std::to_string(g);
   std::fprintf(stderr,
-               "%-4s %-7s %-22s %-9s seed %llu: %8.2f sim s, %s %.4f, push staleness %s%s"
+               "%-4s %-7s %-19s x%-4g %-9s seed %llu: %8.3f sim s, %s %.4f, groups %s%s"
                " (%.1f s wall)\n",
-               r.model.c_str(), r.kind.c_str(), r.config.c_str(),
-               r.straggler ? "straggler" : "even", static_cast<unsigned long long>(r.seed), total,
-               f.metric_name.c_str(), r.final_metric, st.total() > 0 ? st.to_string().c_str() : "-",
+               r.model.c_str(), r.setup.kind.c_str(), r.setup.cfg.name.c_str(), r.setup.delay,
+               r.setup.variant.c_str(), static_cast<unsigned long long>(r.setup.seed), total,
+               f.metric_name.c_str(), r.final_metric, plan.empty() ? "-" : plan.c_str(),
                errors > 0 ? " ERRORS" : "", r.wall_seconds);
   return errors == 0;
 }
 
-/// Fills the final metrics and the series of `r` from the last phase of `tr`.
-template <class Model>
-void finish(const data_sets& d, const std::vector<Model>& models, trace& tr, run_record& r) {
-  const parameter_view view(models[0].tables(), r.results.back().values.data());
-  std::tie(r.final_metric, r.final_secondary) =
-      final_metrics(d, view, static_cast<const Model*>(nullptr));
-  tr.series.push_back(sample{static_cast<double>(tr.g0), tr.t0,
-                             quick_metric(d, static_cast<const Model*>(nullptr))(view)});
-  r.series = std::move(tr.series);
-}
-
-/// A fresh trace for family `f` sampling every `budget / evals` gradients.
-/// (The first phase records the initial model's metric.)
-template <class Model>
-trace start_trace(const experiment& ex, const family& f, const data_sets& d) {
-  trace tr;
-  tr.every = std::max<std::uint64_t>(1, f.budget / ex.evals);
-  tr.metric = quick_metric(d, static_cast<const Model*>(nullptr));
-  return tr;
-}
-
 /// The per-worker slowdown factors: all 1, `slow` workers at `factor`.
-std::vector<double> profile(const experiment& ex, std::initializer_list<std::uint32_t> slow) {
+std::vector<double> profile(const experiment& ex, std::vector<std::uint32_t> slow, double factor) {
   std::vector<double> s(ex.workers, 1.0);
-  for (auto w : slow) s[w] = ex.straggler_factor;
+  for (auto w : slow) s[w] = factor;
   return s;
 }
 
-/// The main sweep for one model family and seed: {BSP, ASP, 2 groups, 4 groups} x {even,
-/// straggler}. Returns false when a run had errors.
+/// The delay sweep for one model family and seed: every delay x every configuration.
 template <class Model>
 bool sweep(std::FILE* out, const experiment& ex, const data_sets& d, const family& f,
            std::uint64_t seed) {
   bool ok = true;
-  for (bool straggler : {false, true}) {
-    const auto speed = straggler ? profile(ex, {ex.straggler}) : profile(ex, {});
-    for (std::uint32_t groups : {0u, 1u, 2u, 4u}) {  // 0: ASP, 1: BSP
-      const auto wall0 = std::chrono::steady_clock::now();
-      auto models = make_models(ex, d, static_cast<const Model*>(nullptr), seed);
-      phase_spec ps;
-      ps.m = groups == 0 ? mode::asp : groups == 1 ? mode::bsp : mode::groups;
-      if (ps.m == mode::groups) ps.plan = groups_by_speed(speed, groups);
-      ps.speed = speed;
-      ps.seed = seed;
-      ps.clocks = split_budget(ps.m, ps.plan, speed, f.budget);
-      run_record r;
-      r.kind = "sweep";
-      r.model = f.name;
-      r.config = groups == 0 ? "ASP" : groups == 1 ? "BSP" : std::to_string(groups) + " groups";
-      r.groups = groups;
-      r.straggler = straggler;
-      r.seed = seed;
-      r.budget = f.budget;
-      r.lr = f.lr;
-      trace tr = start_trace<Model>(ex, f, d);
-      r.results.push_back(run_phase(ex, models, ps, f.lr, f.compute, tr));
-      r.phases.push_back(ps);
-      finish(d, models, tr, r);
-      r.wall_seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-      ok = emit(out, ex, f, r) && ok;
+  for (double delay : ex.delays) {
+    for (const auto& name : ex.configs) {
+      run_setup s;
+      s.kind = "sweep";
+      s.cfg = config_named(name);
+      s.delay = delay;
+      s.before = profile(ex, {ex.straggler}, delay);
+      s.after = s.before;
+      s.seed = seed;
+      ok = emit(out, ex, f, run_one<Model>(ex, d, f, s)) && ok;
     }
   }
   return ok;
 }
 
-/// The regrouping demo for one family, seed and group count: worker `straggler` is slow from
-/// the start; at 50% of the budget worker `second` becomes slow too. Phase 1 (50%): groups and
-/// shares by the initial speeds. Phase 2 (5%): unchanged (the change is not known yet); the
-/// workers' speeds are measured from worker_stats. Phase 3 (45%), three variants from the same
-/// central model: "static" (old groups, old shares), "rebalance" (old groups, shares by the
-/// measured speeds), "regroup" (groups_by_speed on the measured speeds, shares by them; the
-/// new group servers start from the central model via set_values).
+/// The regrouping demo for one family and seed: worker `straggler` is `demo_factor` slow from
+/// the start; at `demo_change_at` x N worker `second` becomes as slow. "static" keeps the groups
+/// of the first measurement; "regroup" regroups at every boundary from the speeds just measured
+/// (the first after the change is the measuring window that follows it).
 template <class Model>
 bool regroup_demo(std::FILE* out, const experiment& ex, const data_sets& d, const family& f,
-                  std::uint64_t seed, std::uint32_t groups) {
-  const auto wall0 = std::chrono::steady_clock::now();
-  const auto before = profile(ex, {ex.straggler});
-  const auto after = profile(ex, {ex.straggler, ex.second});
-  const std::uint64_t b1 = f.budget / 2;
-  const std::uint64_t b2 = f.budget / 20;
-  const std::uint64_t b3 = f.budget - b1 - b2;
-  auto models = make_models(ex, d, static_cast<const Model*>(nullptr), seed);
-  trace tr = start_trace<Model>(ex, f, d);
-  phase_spec p1;
-  p1.m = mode::groups;
-  p1.plan = groups_by_speed(before, groups);
-  p1.speed = before;
-  p1.seed = seed;
-  p1.clocks = split_budget(p1.m, p1.plan, before, b1);
-  const auto r1 = run_phase(ex, models, p1, f.lr, f.compute, tr);
-  phase_spec p2 = p1;
-  p2.speed = after;
-  p2.seed = seed + 100;
-  p2.clocks = split_budget(p2.m, p2.plan, before, b2);
-  p2.start = r1.values;
-  const auto r2 = run_phase(ex, models, p2, f.lr, f.compute, tr);
-  const std::vector<double>& measured = r2.seconds_per_clock;
-  const double head_wall =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
-
+                  std::uint64_t seed) {
   bool ok = true;
-  for (std::string_view variant : {"static", "rebalance", "regroup"}) {
-    const auto wall1 = std::chrono::steady_clock::now();
-    // Each variant continues from copies of the same worker models (minibatch order).
-    auto vmodels = models;
-    trace vtr = tr;
-    phase_spec p3 = p2;
-    p3.seed = seed + 200;
-    p3.start = r2.values;
-    if (variant == "static") {
-      p3.clocks = split_budget(p3.m, p3.plan, before, b3);
-    } else {
-      if (variant == "regroup") p3.plan = groups_by_speed(measured, groups);
-      p3.clocks = split_budget(p3.m, p3.plan, measured, b3);
+  for (std::uint32_t g : {2u, 4u}) {
+    for (bool always : {false, true}) {
+      run_setup s;
+      s.kind = "regroup";
+      s.cfg = config_named(std::to_string(g) + " groups");
+      s.delay = ex.demo_factor;
+      s.before = profile(ex, {ex.straggler}, ex.demo_factor);
+      s.after = profile(ex, {ex.straggler, ex.second}, ex.demo_factor);
+      s.change_at = ex.demo_change_at;
+      s.regroup_always = always;
+      s.variant = always ? "regroup" : "static";
+      s.seed = seed;
+      ok = emit(out, ex, f, run_one<Model>(ex, d, f, s)) && ok;
     }
-    run_record r;
-    r.kind = "regroup";
-    r.model = f.name;
-    r.config = std::string(variant);
-    r.groups = groups;
-    r.straggler = true;
-    r.seed = seed;
-    r.budget = f.budget;
-    r.lr = f.lr;
-    r.phases = {p1, p2, p3};
-    r.results = {r1, r2};
-    r.results.push_back(run_phase(ex, vmodels, p3, f.lr, f.compute, vtr));
-    finish(d, vmodels, vtr, r);
-    r.wall_seconds =
-        head_wall + std::chrono::duration<double>(std::chrono::steady_clock::now() - wall1).count();
-    ok = emit(out, ex, f, r) && ok;
   }
   return ok;
 }
@@ -734,8 +843,9 @@ bool run_family(std::FILE* out, const experiment& ex, const data_sets& d, const 
   for (std::uint32_t i = 0; i < ex.seeds; ++i) {
     const std::uint64_t seed = ex.seed0 + i;
     if (ex.sweep) ok = sweep<Model>(out, ex, d, f, seed) && ok;
-    if (ex.regroup)
-      for (std::uint32_t g : {2u, 4u}) ok = regroup_demo<Model>(out, ex, d, f, seed, g) && ok;
+    if (ex.regroup &&
+        std::find(ex.demo_models.begin(), ex.demo_models.end(), f.name) != ex.demo_models.end())
+      ok = regroup_demo<Model>(out, ex, d, f, seed) && ok;
   }
   return ok;
 }
@@ -746,10 +856,13 @@ bool run_family(std::FILE* out, const experiment& ex, const data_sets& d, const 
 
 /// Prints the usage line.
 void usage() {
-  std::fprintf(stderr,
-               "usage: asyncps_straggler_experiment --out FILE [--quick] [--models mlp,mf]\n"
-               "    [--seeds N] [--seed0 N] [--epochs X] [--hidden N] [--mlp-lr X] [--mf-lr X]\n"
-               "    [--mf-gradients N] [--evals N] [--no-sweep] [--no-regroup] [--data DIR]\n");
+  std::fprintf(
+      stderr,
+      "usage: asyncps_straggler_experiment --out FILE [--quick] [--models mlp,mf] [--seeds N]\n"
+      "    [--seed0 N] [--delays 1,2,...] [--configs BSP,ASP,...] [--epochs X] [--hidden N]\n"
+      "    [--mlp-lr X] [--mf-lr X] [--mf-gradients N] [--drop-at X] [--drop-factor X]\n"
+      "    [--measure X] [--slow-threshold X] [--evals N] [--no-sweep] [--no-regroup]\n"
+      "    [--demo-models mf,mlp] [--data DIR]\n");
 }
 
 /// Splits "a,b,c".
@@ -783,12 +896,19 @@ experiment parse(int argc, char** argv) {
       ex.mf_gradients = 400;
       ex.mf_lr = 0.5f;  // 14-rating minibatches: lr 4 diverges
       ex.evals = 5;
+      ex.seeds = 1;
+      ex.delays = {1.0, 4.0};
     } else if (a == "--models") {
       ex.models = split_list(value());
     } else if (a == "--seeds") {
       ex.seeds = static_cast<std::uint32_t>(std::stoul(value()));
     } else if (a == "--seed0") {
       ex.seed0 = std::stoull(value());
+    } else if (a == "--delays") {
+      ex.delays.clear();
+      for (const auto& x : split_list(value())) ex.delays.push_back(std::stod(x));
+    } else if (a == "--configs") {
+      ex.configs = split_list(value());
     } else if (a == "--epochs") {
       ex.epochs = std::stod(value());
     } else if (a == "--hidden") {
@@ -799,10 +919,20 @@ experiment parse(int argc, char** argv) {
       ex.mf_lr = std::stof(value());
     } else if (a == "--mf-gradients") {
       ex.mf_gradients = std::stoull(value());
+    } else if (a == "--drop-at") {
+      ex.drop_at = std::stod(value());
+    } else if (a == "--drop-factor") {
+      ex.drop_factor = std::stod(value());
+    } else if (a == "--measure") {
+      ex.measure = std::stod(value());
+    } else if (a == "--slow-threshold") {
+      ex.slow_threshold = std::stod(value());
     } else if (a == "--evals") {
       ex.evals = static_cast<std::uint32_t>(std::stoul(value()));
     } else if (a == "--no-sweep") {
       ex.sweep = false;
+    } else if (a == "--demo-models") {
+      ex.demo_models = split_list(value());
     } else if (a == "--no-regroup") {
       ex.regroup = false;
     } else if (a == "--data") {
@@ -812,6 +942,11 @@ experiment parse(int argc, char** argv) {
     }
   }
   if (ex.evals == 0) throw std::invalid_argument("--evals must be > 0");
+  for (double x : ex.delays)
+    if (!(x > 0)) throw std::invalid_argument("--delays must be > 0");
+  for (const auto& c : ex.configs) (void)config_named(c);
+  if (!(ex.measure > 0 && ex.measure < ex.drop_at && ex.drop_at <= 1))
+    throw std::invalid_argument("need 0 < --measure < --drop-at <= 1");
   return ex;
 }
 
