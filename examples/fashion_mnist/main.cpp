@@ -341,8 +341,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--hidden", c.hidden,
                  "hidden width: the MLP's (default 128), or a dense ReLU layer between the CNN's "
-                 "pooled features and its output (default none)")
-      ->check(CLI::Range(1, 4096));
+                 "pooled features and its output (default 128; 0: none)")
+      ->check(CLI::Range(0, 4096));
   app.add_option("--seed", c.seed);
   app.add_option("--data", c.data, "directory with the four Fashion-MNIST .gz files");
   app.add_option("--metrics", c.metrics, "JSON-lines metrics file");
@@ -451,6 +451,12 @@ int main(int argc, char** argv) {
   }
   fashion::apply_defaults(c);
 
+  c.hidden_given = app.count("--hidden") > 0;
+  if (c.hidden_given && c.hidden == 0 && c.model == "mlp") {
+    std::cerr << "fashion_mnist: --hidden 0 is for --model cnn (no hidden layer); the MLP needs "
+                 ">= 1\n";
+    return 2;
+  }
   if (c.model != "cnn" && (c.flip || c.max_shift != 0)) {
     std::cerr << "fashion_mnist: --flip and --shift need --model cnn\n";
     return 2;
