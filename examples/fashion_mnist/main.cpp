@@ -425,6 +425,7 @@ int main(int argc, char** argv) {
     return "fashion_mnist: " + std::string(e.what()) + " (see --help)\n";
   });
   CLI11_PARSE(app, argc, argv);
+  c.hidden_given = app.count("--hidden") > 0;  // before apply_defaults reads it
 
   // Launched by Slurm, Open MPI, torchrun or DMLC: role, index, counts and the rendezvous.
   if (const int rc =
@@ -451,7 +452,6 @@ int main(int argc, char** argv) {
   }
   fashion::apply_defaults(c);
 
-  c.hidden_given = app.count("--hidden") > 0;
   if (c.hidden_given && c.hidden == 0 && c.model == "mlp") {
     std::cerr << "fashion_mnist: --hidden 0 is for --model cnn (no hidden layer); the MLP needs "
                  ">= 1\n";
