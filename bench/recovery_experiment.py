@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Paper A's kill-the-server experiment ("Training Through Failure") on Fashion-MNIST.
 
-Runs the `fashion_mnist` trainer (2 servers + 4 workers, servers as child processes) under a
-no-kill control and under two SIGKILLs of server shard 0, for each recovery policy, over
-several seeds; then computes, per configuration (mean +- std over seeds):
+Runs the `fashion_mnist` trainer (2 servers + 4 workers, servers as child processes; by default
+the CNN, 3 epochs, SSP(3)) under a no-kill control and under the paper's two schedules, one and
+two SIGKILLs of server shard 0 (at 14% and 37% of the control's run length, each down for 9.3%
+of it: paper A's 30 s and 80 s, 20 s down, of about 215 s), for each recovery policy, SWIFT's
+replica-log included, over 5 seeds. Every accuracy is the servers' model (the trainer's
+`--eval servers`), read as a reader. Then it computes, per schedule and configuration (mean +-
+std over seeds):
 
   * the accuracy drop at each failure (last accuracy before the kill minus the minimum between
     the kill and the end of the post-recovery window),
@@ -22,8 +26,8 @@ the script installs it before running anything, through `bash .ci/deps python3-m
 Not used by CI.
 
     python3 bench/recovery_experiment.py --bin build/release/examples/fashion_mnist/fashion_mnist
-    python3 bench/recovery_experiment.py --analyze-only --out docs/results/recovery --no-plot \
-        --overwrite     # re-analyse the committed JSONL files (rewrites their table.md)
+    python3 bench/recovery_experiment.py --analyze-only --out docs/results/recovery --overwrite
+        # re-analyse the committed JSONL files (rewrites their table.md and plots)
 
 Time bases. The trainer's metrics (`time_s`) start when its monitor is created, after the
 training data is loaded; the supervisor's `[fault]` times start at worker 0's first clock (at
@@ -58,36 +62,44 @@ REPO = common.REPO
 DEFAULT_OUT = common.default_out("recovery")
 DEFAULT_BIN = REPO / "build" / "release" / "examples" / "fashion_mnist" / "fashion_mnist"
 
-# name -> (trainer flags, kills?). Controls schedule a kill far beyond the end of the run, so
-# their servers run as child processes exactly as in the kill runs, but are never killed.
+# name -> (trainer flags, kills?). The control schedules a kill far beyond the end of the run,
+# so its servers run as child processes exactly as in the kill runs, but are never killed.
+# Intervals are about 10% of the default run (paper A checkpoints and replicates every 100
+# updates, about 10% of its run): 100 server clocks = 400 gradients = 400 pushes to a shard.
 CONFIGS = {
-    "control: none (no kill)": (["--recovery", "none"], False),
-    "control: stateless (no kill)": (["--recovery", "stateless", "--merge", "lr-scaled"], False),
-    "none (2 kills)": (["--recovery", "none"], True),
-    "checkpoint/500": (["--recovery", "checkpoint", "--checkpoint-every", "500"], True),
+    "control (no kill)": (["--recovery", "none"], False),
+    "none": (["--recovery", "none"], True),
+    "checkpoint/100": (["--recovery", "checkpoint", "--checkpoint-every", "100"], True),
     "checkpoint/adaptive": (["--recovery", "checkpoint"], True),
     "stateless/sum": (["--recovery", "stateless", "--merge", "sum"], True),
-    "stateless/mean": (["--recovery", "stateless", "--merge", "mean"], True),
     "stateless/lr-scaled": (["--recovery", "stateless", "--merge", "lr-scaled"], True),
+    "stateless/mean": (["--recovery", "stateless", "--merge", "mean"], True),
     "stateless/staleness-aware": (["--recovery", "stateless", "--merge", "staleness-aware"], True),
     "chain/strict": (["--recovery", "chain", "--replicas", "2"], True),
-    "chain-relaxed/500": (
-        ["--recovery", "chain-relaxed", "--replicas", "2", "--replicate-every", "500"], True),
+    "chain-relaxed/400": (
+        ["--recovery", "chain-relaxed", "--replicas", "2", "--replicate-every", "400"], True),
+    "swift (replica-log/10)": (["--recovery", "replica-log", "--replica-interval", "10"], True),
 }
-CONTROL = "control: none (no kill)"
+# What a run without --configs runs (the published table): one of each policy.
+DEFAULT_CONFIGS = ["control (no kill)", "none", "checkpoint/100", "checkpoint/adaptive",
+                   "stateless/sum", "stateless/lr-scaled", "chain/strict", "chain-relaxed/400",
+                   "swift (replica-log/10)"]
+CONTROL = "control (no kill)"
 COLORS = {
-    "control: none (no kill)": "black",
-    "control: stateless (no kill)": "0.55",
-    "none (2 kills)": "saddlebrown",
-    "checkpoint/500": "tab:red",
+    "control (no kill)": "black",
+    "none": "saddlebrown",
+    "checkpoint/100": "tab:red",
     "checkpoint/adaptive": "tab:orange",
     "stateless/sum": "tab:blue",
     "stateless/mean": "tab:cyan",
     "stateless/lr-scaled": "tab:green",
     "stateless/staleness-aware": "tab:purple",
     "chain/strict": "tab:olive",
-    "chain-relaxed/500": "tab:pink",
+    "chain-relaxed/400": "tab:pink",
+    "swift (replica-log/10)": "tab:gray",
 }
+# Tables per model (a gradient is tables x servers pushes).
+TABLES = {"softmax": 1, "mlp": 2, "cnn": 4}
 NEVER_KILL = 100000.0  # seconds: a kill that never fires (servers still run as processes)
 
 
@@ -186,7 +198,8 @@ def run_one(binary, name, flags, kills, seed, args, kill_at, downtime, out_dir, 
                     "checkpoint_bytes": sum(f.stat().st_size for f in (tmp / "ckpt").rglob("*")
                                             if f.is_file())})
     shutil.rmtree(tmp, ignore_errors=True)
-    path = out_dir / f"{slug(name)}-seed{seed}.jsonl"
+    sched = f"-{len(kill_at)}kill" if kills else ""
+    path = out_dir / f"{slug(name)}{sched}-seed{seed}.jsonl"
     with open(path, "w") as f:
         for r in records:
             f.write(json.dumps(r, separators=(",", ":")) + "\n")
@@ -207,7 +220,8 @@ def parse_run(path):
     recs = [json.loads(l) for l in open(path) if l.strip()]
     run = recs[0]
     r = {"config": run["config"], "seed": run["seed"], "cmd": run["cmd"], "path": str(path),
-         "kills_scheduled": run["kills"], "loadavg_before": run["loadavg_before"][0]}
+         "kills_scheduled": run["kills"], "loadavg_before": run["loadavg_before"][0],
+         "schedule": len(run["kill_at_supervisor"])}
     banner = None
     kills, restarts, listens, sup_origin = [], [], [], []
     rejoins, restored, rejoin_clocks = [], [], []
@@ -399,9 +413,24 @@ def ms(values, fmt="{:.3f}", scale=1.0, show_n=None):
 
 
 def analyse(out_dir, args):
+    """Writes table.md (a section per kill schedule, each against the same no-kill controls)
+    and accuracy-<k>kill.png; returns the table's text."""
     runs = [parse_run(p) for p in sorted(out_dir.glob("*.jsonl"))]
     if not runs:
         sys.exit(f"no runs in {out_dir}")
+    schedules = sorted({r["schedule"] for r in runs if r["kills_scheduled"]}) or [0]
+    parts = []
+    for k in schedules:
+        sub = [r for r in runs if not r["kills_scheduled"] or r["schedule"] == k]
+        title = f"{k} kill{'s' if k != 1 else ''}" if k else "no kills"
+        parts.append(f"## {title}\n\n" + analyse_schedule(sub, out_dir, args, k))
+    text = "\n\n".join(parts)
+    print(text)
+    (out_dir / "table.md").write_text(text + "\n")
+    return text
+
+
+def analyse_schedule(runs, out_dir, args, schedule):
     by_cfg = {}
     for r in runs:
         by_cfg.setdefault(r["config"], []).append(r)
@@ -415,7 +444,7 @@ def analyse(out_dir, args):
     curves = {c: mean_curve(by_cfg[c], grid) for c in order}
     control_curve = ([g for g, y in zip(grid, curves.get(CONTROL, [])) if y == y],
                      [y for y in curves.get(CONTROL, []) if y == y])
-    tables = 2 if args.model == "mlp" else 1
+    tables = TABLES[args.model]
     servers = 2
     alive = [r["duration"] for r in runs if not r["died"]]
     t_ref = min(alive) if alive else float("nan")
@@ -504,18 +533,15 @@ def analyse(out_dir, args):
                     col(c, "reserved", "{:.0f}"), col(c, "per_use", "{:.0f}"),
                     col(c, "useful_per_reserved", "{:.1f}"), col(c, "useful_per_use", "{:.0f}")]
         out.append("| " + " | ".join(row) + " |")
-    text = "\n".join(out)
-    print(text)
-    (out_dir / "table.md").write_text(text + "\n")
-    plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds, args)
-    return text
+    plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds, args, schedule)
+    return "\n".join(out)
 
 
 # ------------------------------------------------------------------------------------------
 # Plot
 
 
-def plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds, args):
+def plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds, args, schedule):
     if args.no_plot:
         return
     plt = common.require_matplotlib("bench/recovery_experiment.py")
@@ -533,10 +559,12 @@ def plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds, args):
                            label="server 0 down (mean)" if i == 0 else None)
             if rs and ls:
                 ax.axvspan(statistics.mean(rs), statistics.mean(ls), color="red", alpha=0.05,
-                           label="restarted, loading data" if i == 0 else None)
-        ax.set_title(f"Fashion-MNIST MLP, 2 servers + 4 workers, SSP(3): test accuracy — {title}")
-        ax.set_ylabel("test accuracy (worker 0's view)")
-        ax.set_ylim(0.65, 0.83)
+                           label="restarted, not listening yet" if i == 0 else None)
+        ax.set_title(f"Fashion-MNIST {args.model.upper()}, 2 servers + 4 workers, "
+                     f"SSP({args.staleness}), {nkills} kill{'s' if nkills != 1 else ''}: "
+                     f"test accuracy — {title}")
+        ax.set_ylabel("test accuracy (the servers' model)")
+        ax.set_ylim(0.5, 0.92)
         ax.grid(alpha=0.3)
     for c in order:
         style = dict(color=COLORS.get(c, None), lw=1.4,
@@ -553,7 +581,7 @@ def plot(out_dir, order, by_cfg, grid, curves, kill_runs, nkills, seeds, args):
     axes[1].set_xlabel("seconds since training start (metrics time base)")
     axes[0].legend(loc="lower right", fontsize=8, ncol=2)
     fig.tight_layout()
-    path = out_dir / "accuracy.png"
+    path = out_dir / f"accuracy-{schedule}kill.png"
     fig.savefig(path, dpi=110)
     print(f"plot: {path}", file=sys.stderr)
 
@@ -570,23 +598,28 @@ def main():
     ap.add_argument("--overwrite", action="store_true",
                     help=common.overwrite_help() + " (a run deletes the folder's *.jsonl first)")
     ap.add_argument("--no-plot", action="store_true", help="no accuracy.png (no matplotlib)")
-    ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--configs", default=",".join(CONFIGS),
+    ap.add_argument("--seeds", default="1,2,3,4,5")
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                     help="comma-separated subset of: " + "; ".join(CONFIGS))
-    ap.add_argument("--model", default="mlp", choices=["mlp", "softmax"])
-    ap.add_argument("--epochs", type=float, default=25)
-    ap.add_argument("--lr", type=float, default=0.001)
+    ap.add_argument("--model", default="cnn", choices=["cnn", "mlp", "softmax"])
+    ap.add_argument("--epochs", type=float, default=3)
+    ap.add_argument("--lr", type=float, default=0.05, help="held constant (--decay-factor 1)")
     ap.add_argument("--staleness", type=int, default=3)
     ap.add_argument("--eval-every", type=float, default=0.25)
-    ap.add_argument("--kill-fractions", default="0.3,0.6",
-                    help="kill times as fractions of the control's run length")
-    ap.add_argument("--downtime-fraction", type=float, default=0.15)
+    ap.add_argument("--kill-fractions", default="0.14,0.37",
+                    help="kill times as fractions of the control's run length (paper A: 30 s "
+                         "and 80 s of about 215 s)")
+    ap.add_argument("--kills", default="1,2",
+                    help="schedules: how many of --kill-fractions' kills each run has "
+                         "(paper A ran 1 and 2)")
+    ap.add_argument("--downtime-fraction", type=float, default=0.093,
+                    help="downtime as a fraction of the run length (paper A: 20 s of 215 s)")
     ap.add_argument("--kill-at", default=None,
                     help="explicit supervisor kill times (s); default: from the control runs")
     ap.add_argument("--downtime", type=float, default=None, help="explicit downtime (s)")
     ap.add_argument("--post-window", type=float, default=0.2,
                     help="post-recovery window as a fraction of the run length")
-    ap.add_argument("--thresholds", default="0.7,0.75,0.8")
+    ap.add_argument("--thresholds", default="0.75,0.8,0.85")
     ap.add_argument("--rate", type=float, default=1.0, help="cost units per node-second")
     ap.add_argument("--timeout", type=float, default=240, help="seconds per run")
     ap.add_argument("--analyze-only", action="store_true")
@@ -625,23 +658,27 @@ def main():
     # schedule (supervisor time) is derived, unless --kill-at is given.
     kill_at = [float(x) for x in args.kill_at.split(",")] if args.kill_at else None
     downtime = args.downtime
+    schedules = [int(k) for k in args.kills.split(",")]
     for seed in seeds:
-        for c in ([CONTROL] if CONTROL in configs else []) + [x for x in configs if x != CONTROL]:
+        plan = [(CONTROL, 0)] if CONTROL in configs else []
+        plan += [(c, k) for k in schedules for c in configs if c != CONTROL]
+        for c, k in plan:
             if CONFIGS[c][1] and kill_at is None:
                 ctrl = [parse_run(p) for p in out_dir.glob(f"{slug(CONTROL)}-seed*.jsonl")]
                 if not ctrl:
                     sys.exit("need a control run or --kill-at/--downtime")
                 T = statistics.mean(r["duration"] for r in ctrl)
                 off = statistics.mean(r["load_offset"] for r in ctrl)
-                # The trainer now counts --kill-at from worker 0's first clock (it counted from
-                # process start when docs/results/recovery.md was measured), so no load offset.
+                # The trainer counts --kill-at from worker 0's first clock, so no load offset.
                 kill_at = [round(f * T, 1) for f in map(float, args.kill_fractions.split(","))]
                 if downtime is None:
                     downtime = round(args.downtime_fraction * T, 1)
                 log(f"kill schedule (supervisor time): {kill_at}, downtime {downtime} s "
                     f"(T {T:.1f} s, offset {off:.2f} s)")
-            p = run_one(binary, c, *CONFIGS[c], seed, args, kill_at or [], downtime or 0, out_dir,
-                        args.timeout)
+            if CONFIGS[c][1] and k > len(kill_at):
+                sys.exit(f"--kills {k}: only {len(kill_at)} kill times")
+            p = run_one(binary, c, *CONFIGS[c], seed, args, (kill_at or [])[:k], downtime or 0,
+                        out_dir, args.timeout)
             r = parse_run(p)
             log(f"{c} seed {seed}: rc {r.get('rc')}, {r['duration']:.1f} s, offset "
                 f"{r['load_offset']:.2f} s, kills at {[round(k, 1) for k in r['kills']]}, restarts "

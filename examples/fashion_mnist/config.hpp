@@ -60,8 +60,9 @@ struct config {
   std::string checkpoint_dir = "fashion_mnist_checkpoints";
   std::uint64_t checkpoint_every = 0;  // clocks; 0 and no seconds: adaptive (CheckFreq)
   double checkpoint_seconds = 0;
-  double checkpoint_overhead = 0.05;    // adaptive bound
-  double reconnect_timeout = 120;       // seconds a worker keeps reconnecting
+  double checkpoint_overhead = 0.05;  // adaptive bound
+  double reconnect_timeout = 120;     // seconds a worker keeps reconnecting
+  double linger = 0;  // --role server: seconds it answers readers after the last worker left
   std::uint32_t replicas = 2;           // chain replication: servers per shard (chain length)
   std::uint64_t replicate_every = 200;  // chain-relaxed: pushes between state copies
   std::uint32_t member = 0;             // --role server under chain: this server's member id

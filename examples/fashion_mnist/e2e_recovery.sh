@@ -66,6 +66,9 @@ if [[ "$policy" == replica-log-20 ]]; then
     [[ $rc -eq 0 ]] || fail "$r run: exit status $rc"
     final="$(grep '"final":true' "$dir/$r.jsonl")" || fail "$r run: no final record in the metrics"
     [[ "$(field failed)" == false ]] || fail "$r run: the final record says the run failed: $final"
+    # The server processes linger for the final read: the accuracy is the servers' model.
+    [[ "$final" == *'"eval_source":"servers"'* ]] ||
+      fail "$r run: the final accuracy is not the servers' model: $final"
     clock="$(field clock)"
     planned="$(field clocks_planned)"
     [[ -n "$clock" && "$clock" == "$planned" ]] ||

@@ -151,7 +151,10 @@ class server_supervisor {
   void spawn(std::uint32_t i) {
     std::vector<std::string> args = base_;
     const std::uint32_t k = per_shard();
-    std::vector<std::string> extra{"--listen", address(i), "--quiet", "--metrics", "/dev/null"};
+    // --linger: a server stays for the trainer's final read of the servers' model (stop()
+    // ends it); 60 s bounds its life should this process die without stop().
+    std::vector<std::string> extra{"--listen",  address(i), "--quiet", "--metrics",
+                                   "/dev/null", "--linger", "60"};
     if (i == cfg_.servers * k) {
       extra.insert(extra.end(), {"--role", "master"});
     } else {
@@ -387,6 +390,10 @@ int main(int argc, char** argv) {
   app.add_option("--reconnect-timeout", c.reconnect_timeout,
                  "seconds a worker keeps reconnecting to a lost server")
       ->check(CLI::PositiveNumber);
+  app.add_option("--linger", c.linger,
+                 "--role server: seconds it keeps answering readers (the final model) after "
+                 "the last worker left (default 0)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--kill-at", c.kill_at,
                  "seconds after start at which server --kill-shard is killed (SIGKILL); "
                  "servers then run as child processes")
@@ -635,13 +642,14 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
       if (a == "--kill-at" || a == "--downtime" || a == "--kill-shard" || a == "--metrics" ||
-          a == "--role" || a == "--listen" || a == "--shard" || a == "--server-report") {
+          a == "--role" || a == "--listen" || a == "--shard" || a == "--server-report" ||
+          a == "--linger") {
         ++i;  // drop the flag and its value
         continue;
       }
       if (a.rfind("--kill-at=", 0) == 0 || a.rfind("--downtime=", 0) == 0 ||
           a.rfind("--kill-shard=", 0) == 0 || a.rfind("--metrics=", 0) == 0 ||
-          a.rfind("--server-report=", 0) == 0 || a == "--quiet")
+          a.rfind("--server-report=", 0) == 0 || a.rfind("--linger=", 0) == 0 || a == "--quiet")
         continue;
       base.push_back(a);
     }

@@ -20,34 +20,43 @@
 namespace fashion {
 
 // Serves until each of the `workers` worker ids has said hello and every worker session has
-// ended again (a bare connection, e.g. a port scan, counts as no worker). `tick`, if set, is called
-// on the server's executor every 50 ms while it serves (with false), and once after (true).
+// ended again (a bare connection, e.g. a port scan, counts as no worker), and then `linger`
+// longer, still answering readers (asyncps::async_read_model: the final model). `tick`, if
+// set, is called on the server's executor every 50 ms while workers train (with false), and
+// once when the last one has left, or the server stopped before that (true).
 template <class Server>
-asio::awaitable<void> serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor,
-                                       std::uint32_t workers,
-                                       std::function<void(bool ended)> tick = {}) {
+asio::awaitable<void>
+serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor, std::uint32_t workers,
+                 std::function<void(bool ended)> tick = {}, std::chrono::milliseconds linger = {}) {
   auto ex = co_await asio::this_coro::executor;
   asio::steady_timer poll(ex);
+  bool ended = false;
   asio::co_spawn(
       ex,
       [&]() -> asio::awaitable<void> {
         for (;;) {
           poll.expires_after(std::chrono::milliseconds(50));
-          co_await poll.async_wait(asyncps::detail::use_tuple);
+          if (auto [ec] = co_await poll.async_wait(asyncps::detail::use_tuple); ec) co_return;
           if (tick) tick(false);
-          if (s.workers_seen() >= workers && s.workers_connected() == 0) {
-            std::cerr << "server " << s.options().shard << ": all " << workers
-                      << " workers have connected and left; stopping\n";
-            s.stop();
-            co_return;
-          }
+          if (s.workers_seen() >= workers && s.workers_connected() == 0) break;
         }
+        ended = true;
+        if (tick) tick(true);
+        std::cerr << "server " << s.options().shard << ": all " << workers
+                  << " workers have connected and left; stopping";
+        if (linger.count() > 0) std::cerr << " in " << linger.count() / 1000.0 << " s";
+        std::cerr << '\n';
+        if (linger.count() > 0) {
+          poll.expires_after(linger);
+          if (auto [ec] = co_await poll.async_wait(asyncps::detail::use_tuple); ec) co_return;
+        }
+        s.stop();
       },
       asio::detached);
   if (auto ec = co_await s.async_serve(std::move(acceptor)))
     std::cerr << "server " << s.options().shard << ": " << ec.message() << '\n';
   poll.cancel();
-  if (tick) tick(true);
+  if (tick && !ended) tick(true);
 }
 
 }  // namespace fashion

@@ -672,9 +672,11 @@ int run(const config& c, Optimizer opt) {
       // Elastic: the job ends once the workers needed to start have come and every member
       // has left again (the capacity need not be filled).
       const std::uint32_t until_seen = c.elastic && c.min_workers != 0 ? c.min_workers : c.workers;
-      asio::co_spawn(t->get_executor(),
-                     serve_until_done(*srv, std::move(acc).value(), until_seen, std::move(tick)),
-                     asio::detached);
+      asio::co_spawn(
+          t->get_executor(),
+          serve_until_done(*srv, std::move(acc).value(), until_seen, std::move(tick),
+                           std::chrono::milliseconds(static_cast<std::int64_t>(c.linger * 1000))),
+          asio::detached);
       if (c.role == "server")
         std::cout << "server " << s << " of " << c.servers << " listening on " << endpoints.back()
                   << " (" << c.consistency << ", recovery " << Recovery::name << ")" << std::endl;
