@@ -447,16 +447,13 @@ run_result simulate(const experiment& ex, const dataset& data, const run_spec& r
       wo.log = quiet;
       // Fixed work: a worker that ends a clock starts another only while the clocks completed
       // plus those in progress (one per other active worker) plus its next stay within the
-      // budget; otherwise it stops now (worker_options::end_clock, read by the worker at the
-      // start of every clock, set to its current clock). Every clock started is finished,
-      // so exactly `budget` gradients are computed.
+      // budget; otherwise it stops now (basic_worker::stop_at its current clock). Every clock
+      // started is finished, so exactly `budget` gradients are computed.
       wo.on_clock = [&, w](const clock_report&) {
         if (++total % every == 0) record();
         if (total + active > budget) {
           --active;
-          // basic_worker keeps its options (non-const) and reads end_clock at each clock's
-          // start; the simulation runs on one thread, inside the worker's own callback.
-          const_cast<typename worker_t::options_type&>(ws[w]->options()).end_clock = ws[w]->clock();
+          ws[w]->stop_at(ws[w]->clock());
         }
       };
       ws.push_back(std::make_unique<worker_t>(*wts.back(), models[w], wo,

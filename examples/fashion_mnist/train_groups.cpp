@@ -460,26 +460,12 @@ int run_group_worker(const config& c) {
   std::cout << "worker " << w << ": waiting for every group's " << pushes
             << " central pushes to reach the central servers" << std::endl;
   std::vector<float> params(asyncps::layout_size(central_tables));
-  std::error_code read_ec;
-  std::string why;
-  {
-    asio::io_context rio(1);
-    asyncps::tcp_transport rt(rio.get_executor(), tcp_opts(c));
-    asio::co_spawn(
-        rio,
-        [&]() -> asio::awaitable<void> {
-          read_ec = co_await asyncps::async_read_model(
-              rt, std::span<const endpoint>(central),
-              std::span<const asyncps::table_spec>(central_tables), std::span<float>(params),
-              std::chrono::duration_cast<std::chrono::milliseconds>(final_read_timeout),
-              [&why](std::string_view l) { why = l; }, static_cast<asyncps::clock_value>(pushes));
-        },
-        asio::detached);
-    rio.run();
-  }
-  if (read_ec) {
-    std::cerr << "fashion_mnist: the central model was not read: "
-              << (why.empty() ? read_ec.message() : why) << '\n';
+  if (const std::string why = asyncps::examples::read_servers_model(
+          central, central_tables, params, tcp_opts(c),
+          std::chrono::duration_cast<std::chrono::milliseconds>(final_read_timeout),
+          static_cast<asyncps::clock_value>(pushes));
+      !why.empty()) {
+    std::cerr << "fashion_mnist: the central model was not read: " << why << '\n';
     return 1;
   }
   const std::size_t counter_at = asyncps::layout_size(layout);  // the counter table follows

@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -34,6 +33,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "../common/model_reader.hpp"
 #include "any_model.hpp"
 #include "asyncps/asyncps.hpp"
 #include "asyncps/recovery/replica_log.hpp"
@@ -112,9 +112,9 @@ typename Recovery::worker_part make_worker_part(const config& c) {
 }
 
 // Evaluates on a thread of its own, so that worker 0 does not wait for it: the servers' model,
-// read as a reader (asyncps::async_read_model, over its own io_context and TCP transport with
-// the run's secret and TLS), and/or a copy of worker 0's view. One evaluation at a time: a
-// request made while one runs is refused (the caller then evaluates worker 0's view itself).
+// read as a reader (asyncps::examples::read_servers_model, with the run's secret and TLS),
+// and/or a copy of worker 0's view. One evaluation at a time: a request made while one runs is
+// refused (the caller then evaluates worker 0's view itself).
 class evaluator {
  public:
   // What one evaluation produced: the servers' model's (when read) and worker 0's view's
@@ -129,79 +129,38 @@ class evaluator {
             std::vector<asyncps::table_spec> layout, asyncps::tcp_options options,
             const any_model& model, const fashion::dataset& test)
       : servers_(std::move(servers)), layout_(std::move(layout)), options_(std::move(options)),
-        model_(model), test_(test), params_(asyncps::layout_size(layout_)) {
-    thread_ = std::thread([this] { loop(); });
-  }
-  evaluator(const evaluator&) = delete;
-  evaluator& operator=(const evaluator&) = delete;
-  ~evaluator() { stop(); }
+        model_(model), test_(test), params_(asyncps::layout_size(layout_)) {}
 
-  // Starts an evaluation of the servers' model and, when `both`, of `worker_view` (worker 0's
-  // parameters, copied by the caller); `done(result)` runs on the evaluator's thread. False
-  // when one is running.
-  bool start(std::vector<float> worker_view, bool both, std::function<void(const result&)> done) {
-    std::lock_guard lock(mutex_);
-    if (done_ || stopping_) return false;
-    view_ = std::move(worker_view);
-    both_ = both;
-    done_ = std::move(done);
-    cv_.notify_one();
-    return true;
+  // Starts an evaluation of the servers' model (each shard once its server clock reached
+  // `min_clock`) and, when `both`, of `worker_view` (worker 0's parameters, copied by the
+  // caller); `done(result)` runs on the evaluator's thread. False when one is running.
+  bool start(std::vector<float> worker_view, bool both, asyncps::clock_value min_clock,
+             std::function<void(const result&)> done) {
+    return jobs_.try_start(
+        [this, view = std::move(worker_view), both, min_clock, done = std::move(done)] {
+          result r;
+          r.servers_error = read_servers(min_clock);
+          if (r.servers_error.empty())
+            r.servers = model_.evaluate(asyncps::parameter_view(layout_, params_.data()), test_);
+          if (both || !r.servers)
+            r.worker = model_.evaluate(asyncps::parameter_view(layout_, view.data()), test_);
+          done(r);
+        });
   }
   // Reads the servers' model now, on the calling thread (after `stop`), into `out`. Returns
   // the error, empty on success.
-  std::string read_now(std::vector<float>& out) {
-    std::string error = read_servers();
+  std::string read_now(std::vector<float>& out, asyncps::clock_value min_clock) {
+    std::string error = read_servers(min_clock);
     if (error.empty()) out = params_;
     return error;
   }
-  void stop() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-      cv_.notify_one();
-    }
-    if (thread_.joinable()) thread_.join();
-  }
+  // Lets a started evaluation finish, then joins the evaluator's thread.
+  void stop() { jobs_.stop(); }
 
  private:
-  std::string read_servers() {
-    asio::io_context io(1);
-    asyncps::tcp_transport t(io.get_executor(), options_);
-    std::error_code ec;
-    std::string why;
-    asio::co_spawn(
-        io,
-        [&]() -> asio::awaitable<void> {
-          ec = co_await asyncps::async_read_model(
-              t, std::span<const asyncps::tcp_transport::endpoint_type>(servers_),
-              std::span<const asyncps::table_spec>(layout_), std::span<float>(params_),
-              std::chrono::seconds(2), [&why](std::string_view l) { why = l; });
-        },
-        asio::detached);
-    io.run();
-    if (ec) return why.empty() ? ec.message() : why;
-    return {};
-  }
-  void loop() {
-    for (;;) {
-      std::function<void(const result&)> done;
-      {
-        std::unique_lock lock(mutex_);
-        cv_.wait(lock, [this] { return done_ || stopping_; });
-        if (stopping_) return;
-        done = done_;
-      }
-      result r;
-      r.servers_error = read_servers();
-      if (r.servers_error.empty())
-        r.servers = model_.evaluate(asyncps::parameter_view(layout_, params_.data()), test_);
-      if (both_ || !r.servers)
-        r.worker = model_.evaluate(asyncps::parameter_view(layout_, view_.data()), test_);
-      done(r);
-      std::lock_guard lock(mutex_);
-      done_ = nullptr;
-    }
+  std::string read_servers(asyncps::clock_value min_clock) {
+    return asyncps::examples::read_servers_model(servers_, layout_, params_, options_,
+                                                 std::chrono::seconds(2), min_clock);
   }
 
   std::vector<asyncps::tcp_transport::endpoint_type> servers_;
@@ -209,14 +168,8 @@ class evaluator {
   asyncps::tcp_options options_;
   const any_model& model_;
   const fashion::dataset& test_;
-  std::vector<float> params_;  // the servers' model, as read
-  std::vector<float> view_;    // worker 0's view, as copied
-  bool both_ = false;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::function<void(const result&)> done_;
-  bool stopping_ = false;
-  std::thread thread_;
+  std::vector<float> params_;                  // the servers' model, as read
+  asyncps::examples::single_job_thread jobs_;  // last: stopped before the members above go
 };
 
 // Progress and metrics shared by the workers of this process.
@@ -282,7 +235,12 @@ struct monitor {
           const auto sp = r.params.span(static_cast<asyncps::table_id>(k));
           view.insert(view.end(), sp.begin(), sp.end());
         }
-        started = reader->start(std::move(view), cfg.eval == "both",
+        // Past the first clocks every shard's server clock is >= 1: a shard at clock 0 then
+        // is a server restarted without state that no worker has rejoined yet (stateless,
+        // replica-log), whose fresh values are not the model; the read waits for it.
+        const asyncps::clock_value min_clock =
+            r.clock > static_cast<asyncps::clock_value>(cfg.staleness) + 1 ? 1 : 0;
+        started = reader->start(std::move(view), cfg.eval == "both", min_clock,
                                 [this, rec, write](const evaluator::result& res) mutable {
                                   std::lock_guard lock(mutex);
                                   rec["eval_s"] = elapsed() - rec["time_s"].get<double>();
@@ -819,7 +777,8 @@ int run(const config& c, Optimizer opt) {
       }
       off += layout[t].size();
     }
-  } else if (std::string why = mon.reader ? mon.reader->read_now(final_params) : "--eval worker";
+  } else if (std::string why = mon.reader ? mon.reader->read_now(final_params, clocks > 0 ? 1 : 0)
+                                          : "--eval worker";
              !why.empty()) {
     final_source = "worker 0's cache";
     std::cout << "final model: worker 0's cache (the servers' model was not read: " << why << ")\n";

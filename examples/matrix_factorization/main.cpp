@@ -51,6 +51,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../common/model_reader.hpp"
 #include "asyncps/asyncps.hpp"
 #include "mf.hpp"
 
@@ -121,10 +122,10 @@ rmse_pair evaluate(std::span<const asyncps::table_spec> layout, const std::vecto
   return {mf::rmse(view, d.train), mf::rmse(view, d.test)};
 }
 
-/// Reads the servers' model as a reader (`asyncps::async_read_model`, over an io_context and a
-/// TCP transport of its own) and evaluates it, either now on the calling thread (`read_now`) or
-/// on a thread of its own (`request`), so that worker 0 never waits for an evaluation. One
-/// background evaluation at a time: a request made while one runs is refused.
+/// Reads the servers' model as a reader (`asyncps::examples::read_servers_model`) and
+/// evaluates it, either now on the calling thread (`read_now`) or on a thread of its own
+/// (`request`), so that worker 0 never waits for an evaluation. One background evaluation at a
+/// time: a request made while one runs is refused.
 class evaluator {
  public:
   /// What a background evaluation was asked at, by worker 0.
@@ -143,80 +144,35 @@ class evaluator {
   evaluator(std::vector<endpoint> servers, std::vector<asyncps::table_spec> layout,
             asyncps::tcp_options options, const dataset& data, callback done)
       : servers_(std::move(servers)), layout_(std::move(layout)), options_(std::move(options)),
-        data_(data), done_(std::move(done)) {
-    thread_ = std::thread([this] { loop(); });
-  }
-  evaluator(const evaluator&) = delete;
-  evaluator& operator=(const evaluator&) = delete;
-  ~evaluator() { stop(); }
+        data_(data), done_(std::move(done)), params_(asyncps::layout_size(layout_)) {}
 
-  /// Reads and evaluates the servers' model on the calling thread. Returns the RMSEs, or
+  /// Reads and evaluates the servers' model on the calling thread, while no background
+  /// evaluation runs (before the first `request`, or after `stop`). Returns the RMSEs, or
   /// nothing with `why` set.
   std::optional<rmse_pair> read_now(std::string& why) {
-    std::vector<float> params(asyncps::layout_size(layout_));
-    why = read(params);
+    why = read(params_);
     if (!why.empty()) return std::nullopt;
-    return evaluate(layout_, params, data_);
+    return evaluate(layout_, params_, data_);
   }
 
   /// Starts a background evaluation; false (and nothing happens) when one is running or the
   /// evaluator is stopping.
   bool request(const request_info& r) {
-    std::lock_guard lock(mutex_);
-    if (pending_ || stopping_) return false;
-    pending_ = r;
-    cv_.notify_one();
-    return true;
+    return jobs_.try_start([this, r] {
+      const std::string why = read(params_);
+      std::optional<rmse_pair> e;
+      if (why.empty()) e = evaluate(layout_, params_, data_);
+      done_(r, e, why);
+    });
   }
 
   /// Finishes the evaluation in progress (if any) and joins the thread. Idempotent.
-  void stop() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-      cv_.notify_one();
-    }
-    if (thread_.joinable()) thread_.join();
-  }
+  void stop() { jobs_.stop(); }
 
  private:
   std::string read(std::vector<float>& out) {
-    asio::io_context io(1);
-    asyncps::tcp_transport t(io.get_executor(), options_);
-    std::error_code ec;
-    std::string why;
-    asio::co_spawn(
-        io,
-        [&]() -> asio::awaitable<void> {
-          ec = co_await asyncps::async_read_model(t, std::span<const endpoint>(servers_),
-                                                  std::span<const asyncps::table_spec>(layout_),
-                                                  std::span<float>(out), std::chrono::seconds(5),
-                                                  [&why](std::string_view l) { why = l; });
-        },
-        asio::detached);
-    io.run();
-    if (ec) return why.empty() ? ec.message() : why;
-    return {};
-  }
-
-  void loop() {
-    std::vector<float> params(asyncps::layout_size(layout_));
-    for (;;) {
-      request_info r;
-      {
-        std::unique_lock lock(mutex_);
-        cv_.wait(lock, [this] { return pending_.has_value() || stopping_; });
-        if (!pending_) return;  // stopping, nothing pending
-        r = *pending_;
-      }
-      const std::string why = read(params);
-      std::optional<rmse_pair> e;
-      if (why.empty()) e = evaluate(layout_, params, data_);
-      done_(r, e, why);
-      std::lock_guard lock(mutex_);
-      pending_.reset();
-      if (stopping_) return;
-    }
+    return asyncps::examples::read_servers_model(servers_, layout_, out, options_,
+                                                 std::chrono::seconds(5));
   }
 
   std::vector<endpoint> servers_;
@@ -224,11 +180,8 @@ class evaluator {
   asyncps::tcp_options options_;
   const dataset& data_;
   callback done_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::optional<request_info> pending_;
-  bool stopping_ = false;
-  std::thread thread_;
+  std::vector<float> params_;                  // the servers' model, as read
+  asyncps::examples::single_job_thread jobs_;  // last: stopped before the members above go
 };
 
 /// The server policy for workers of `Consistency`: a server only uses the policy's `eager`

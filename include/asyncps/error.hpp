@@ -96,11 +96,15 @@ enum class errc {
   /// worker id left, or an announce without a host over a transport that knows no peer
   /// addresses (the `error` frame's reason names the values; asyncps/rendezvous.hpp)
   rendezvous_refused,
+  /// (transient) a reader's pull reached a shard that is rebuilding its state after a restart
+  /// (recovery::stateless waiting for a worker's replica, recovery::replica_log replaying):
+  /// what it holds is not the model yet; `async_read_model` asks again until its deadline
+  recovering,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::rendezvous_refused;
+inline constexpr errc last_errc = errc::recovering;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -201,6 +205,8 @@ class error_category_impl final : public std::error_category {
       case errc::rendezvous_refused:
         return "the rendezvous refused the request: a shard or worker id outside the job's "
                "counts, none left to assign, or no address to publish";
+      case errc::recovering:
+        return "the shard is rebuilding its state after a restart: read it again later";
     }
     return "unknown asyncps error";
   }
@@ -263,7 +269,8 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
     switch (c) {
       case condition::protocol_violation: return is_protocol_violation(e);
       case condition::transient:
-        return e == errc::connection_closed || e == errc::timeout || e == errc::not_head;
+        return e == errc::connection_closed || e == errc::timeout || e == errc::not_head ||
+               e == errc::recovering;
       case condition::fatal:
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
                e == errc::bad_gradient || e == errc::non_finite_update ||

@@ -299,8 +299,10 @@ class basic_group_server {
 
   /// Serves the group on `acceptor` and pushes its progress to the central servers until the
   /// group has run `group_clocks` clocks and the last of it is pushed; then stops the group
-  /// server. The group's workers must run exactly `group_clocks` clocks. Completes with the
-  /// central link's error (`errc::server_lost`, `errc::timeout`, a connect error) or success.
+  /// server. The group's workers must run exactly `group_clocks` clocks. When the group
+  /// server stops first (`group_server().stop()`), the link pushes the progress made so far
+  /// and ends. Completes with the central link's error (`errc::server_lost`, `errc::timeout`,
+  /// a connect error) or success.
   asio::awaitable<std::error_code> async_run(typename Transport::acceptor_type acceptor) {
     detail::wait_group<detail::transport_timer_t<Transport>> serving(
         server_.transport().get_executor());
@@ -309,7 +311,10 @@ class basic_group_server {
         server_.transport().get_executor(),
         [&]() -> asio::awaitable<void> {
           (void)co_await server_.async_serve(std::move(acceptor));
+          // Stopped early (or done): the link pushes the progress made, then ends, instead
+          // of pushing nothing once per group clock left.
           model_.stop();
+          link_.stop_at(link_.clock() + 1);
           serving.done();
         },
         asio::detached);

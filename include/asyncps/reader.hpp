@@ -30,6 +30,19 @@ namespace asyncps {
 
 namespace detail {
 
+// A server's `error` frame `m` (its refusal): sets `what` to "refused: <its reason>" and
+// returns its code (`errc::unexpected_message` when the frame is malformed or names none).
+inline std::error_code refusal(const message& m, std::string& what) {
+  protocol::error e;
+  std::string why;
+  if (protocol::decode(m, e, why)) {
+    what = "the server's refusal is malformed" + why;
+    return make_error_code(errc::unexpected_message);
+  }
+  what = "refused: " + peer_text(e.reason);
+  return e.code ? make_error_code(*e.code) : make_error_code(errc::unexpected_message);
+}
+
 // Reads shard `shard`'s part of every table of `layout` from the server at `ep` into `out`
 // (the whole model, tables in order): hello as a reader, welcome, one ranged pull per table,
 // bye. `conn` is the caller's, so that a deadline can close it. `what` is set to what failed.
@@ -60,16 +73,7 @@ read_shard(Transport& t, typename Transport::endpoint_type ep, std::uint32_t sha
     what = "receive welcome";
     co_return wec;
   }
-  if (wm.header.type == message_type::error) {
-    protocol::error e;
-    std::string why;
-    if (protocol::decode(wm, e, why)) {
-      what = "the server's refusal is malformed" + why;
-      co_return make_error_code(errc::unexpected_message);
-    }
-    what = "refused: " + peer_text(e.reason);
-    co_return e.code ? make_error_code(*e.code) : make_error_code(errc::unexpected_message);
-  }
+  if (wm.header.type == message_type::error) co_return refusal(wm, what);
   protocol::welcome w;
   if (std::string why; protocol::decode(wm, w, why)) {
     what = "welcome" + why;
@@ -111,6 +115,8 @@ read_shard(Transport& t, typename Transport::endpoint_type ep, std::uint32_t sha
         what = "receive rows";
         co_return rec;
       }
+      // e.g. errc::recovering: the shard rebuilds its state after a restart
+      if (rows.header.type == message_type::error) co_return refusal(rows, what);
       const std::size_t n = std::size_t{r.size()} * spec.width;
       if (rows.header.type != message_type::rows || rows.header.table != i ||
           !rows.header.has(frame_flags::range) || rows.header.first_row != r.begin ||
@@ -156,7 +162,9 @@ inline constexpr std::chrono::milliseconds read_model_poll{50};
 /// serves another shard than its position says. On failure `out` is partly written. Each
 /// failure is logged on `log` (empty: stderr) naming the server and what failed.
 ///
-/// `min_clock` > 0 waits for a point in training: each shard is read only once its server
+/// A shard that refuses a pull with `errc::recovering` (it rebuilds its state after a
+/// restart: recovery::stateless, recovery::replica_log) is asked again, as below, until the
+/// deadline. `min_clock` > 0 waits for a point in training: each shard is read only once its server
 /// clock (the minimum over its workers' clocks) has reached `min_clock`, so the rows hold every
 /// worker's updates of clocks `< min_clock` to that shard. A shard that answers with an earlier
 /// clock is asked again, in a new reader session every `read_model_poll` (each counted in
@@ -198,7 +206,8 @@ async_read_model(Transport& t, std::span<const typename Transport::endpoint_type
           detail::close_at_deadline(timer, conn));
       conn.close();
       std::error_code ec = r.index() == 1 ? make_error_code(errc::timeout) : std::get<0>(r);
-      if (ec) {
+      const bool rebuilding = ec == errc::recovering;  // transient: ask again, as below
+      if (ec && !rebuilding) {
         detail::emit(log, "asyncps: read model: server " + std::to_string(i) + " at " +
                               detail::endpoint_string(servers[i]) + ": " +
                               (r.index() == 1
@@ -206,8 +215,8 @@ async_read_model(Transport& t, std::span<const typename Transport::endpoint_type
                                    : what + ": " + ec.message()));
         co_return ec;
       }
-      if (at >= min_clock) break;
-      // Below min_clock: ask again after a poll interval, within the deadline.
+      if (!rebuilding && at >= min_clock) break;
+      // Below min_clock, or rebuilding: ask again after a poll interval, within the deadline.
       const auto now = clock_type::now();
       if (now < deadline) {
         poll.expires_at(std::min(deadline, now + read_model_poll));
@@ -215,10 +224,13 @@ async_read_model(Transport& t, std::span<const typename Transport::endpoint_type
       }
       if (clock_type::now() >= deadline) {
         detail::emit(log, "asyncps: read model: server " + std::to_string(i) + " at " +
-                              detail::endpoint_string(servers[i]) + ": its server clock " +
-                              std::to_string(at) + " did not reach min_clock " +
-                              std::to_string(min_clock) + " within " +
-                              std::to_string(timeout.count()) + " ms");
+                              detail::endpoint_string(servers[i]) + ": " +
+                              (rebuilding
+                                   ? std::string("still rebuilding its state after a "
+                                                 "restart (errc::recovering)")
+                                   : "its server clock " + std::to_string(at) +
+                                         " did not reach min_clock " + std::to_string(min_clock)) +
+                              " within " + std::to_string(timeout.count()) + " ms");
         co_return make_error_code(errc::timeout);
       }
     }

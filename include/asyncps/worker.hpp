@@ -181,6 +181,15 @@ class basic_worker {
   }
   const options_type& options() const noexcept { return opts_; }
 
+  /// Ends the run early: `async_run` starts no clock once the worker's clock has reached
+  /// `clock` (clocks, as `worker_options::end_clock`; the earlier of the two wins), finishes
+  /// the clock in progress, leaves the servers and completes with success. For a fixed amount
+  /// of work split between workers at run time (elastic membership lets the others go on
+  /// without it). Precondition: on `transport.get_executor()`, e.g. from `on_clock`.
+  void stop_at(clock_value clock) noexcept {
+    opts_.end_clock = opts_.end_clock ? std::min(*opts_.end_clock, clock) : clock;
+  }
+
  private:
   // The transport's timer and clock (asio::steady_timer and std::chrono::steady_clock unless
   // it declares its own, e.g. a simulated transport's virtual time).

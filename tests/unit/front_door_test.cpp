@@ -743,6 +743,52 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("basic_worker::stop_at ends the run early with success; the earlier of it and "
+          "end_clock wins, and a later stop_at does not extend the run") {
+  for (const bool with_end_clock : {false, true}) {
+    CAPTURE(with_end_clock);
+    asio::io_context io(1);
+    server_options so = one_table(1);
+    so.log = [](std::string_view) {};
+    tcp_transport st(io.get_executor()), wt(io.get_executor());
+    basic_server<tcp_transport, consistency::bsp> server(st, so, optimizer::sgd{1.0f});
+    auto acc = st.listen({asio::ip::address_v4::loopback(), 0});
+    REQUIRE(acc.has_value());
+    const auto ep = acc.value().local_endpoint();
+    asio::co_spawn(io, server.async_serve(std::move(acc).value()), asio::detached);
+
+    using worker_t = basic_worker<test::counter_model, tcp_transport, consistency::bsp>;
+    worker_t::options_type o;
+    o.id = 0;
+    o.servers = {ep};
+    o.wait_timeout = std::chrono::seconds(2);
+    o.log = [](std::string_view) {};
+    if (with_end_clock) o.end_clock = 8;
+    test::counter_model m(0, 1, -1);
+    std::optional<worker_t> w;
+    o.on_clock = [&](const clock_report& r) {
+      if (r.clock == 3) w->stop_at(12);
+      if (r.clock == 5) w->stop_at(30);
+    };
+    w.emplace(wt, m, o);
+    std::error_code ec = errc::timeout;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          ec = co_await w->async_run(100);
+          server.stop();
+        },
+        asio::detached);
+    io.run();
+    const clock_value want = with_end_clock ? 8 : 12;
+    CHECK(!ec);
+    CHECK(w->clock() == want);
+    CHECK(m.clock == static_cast<std::int64_t>(want));
+    CHECK(w->stats().clocks == want);
+    CHECK(m.own_write_violations == 0);
+  }
+}
+
 TEST_CASE("front door: a server that goes silent while the worker waits is taken for lost after "
           "silence_timeout, not after wait_timeout") {
   for (const bool silence : {true, false}) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 #include <asio/io_context.hpp>
 #include <asio/ip/address.hpp>
 #include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
 #include <doctest/doctest.h>
 
 #include "asyncps/group.hpp"
@@ -285,4 +287,57 @@ TEST_CASE("group servers over TCP: two groups of two workers against one central
   const auto counters = central.values(1);
   CHECK(counters[0] == static_cast<float>(clocks));
   CHECK(counters[1] == static_cast<float>(clocks));
+}
+
+TEST_CASE("a group server stopped before its group finished ends its central link after at most "
+          "one more push, not one empty push per remaining group clock") {
+  asio::io_context io(1);
+  const auto quiet = [](std::string_view) {};
+  const std::vector<table_spec> model_tables{table_spec{0, 2, 4, 0.0f}};
+  const asio::ip::tcp::endpoint any{asio::ip::make_address("127.0.0.1"), 0};
+  tcp_transport t(io.get_executor());
+  server_options co;
+  co.num_workers = 1;
+  co.tables = central_layout(model_tables, 1);
+  co.log = quiet;
+  basic_server<tcp_transport, consistency::asp> central(t, co, optimizer::sgd{1.0f});
+  auto cacc = t.listen(any);
+  REQUIRE(cacc.has_value());
+  const auto cep = cacc.value().local_endpoint();
+  asio::co_spawn(io, central.async_serve(std::move(cacc).value()), asio::detached);
+
+  using group_t = basic_group_server<tcp_transport>;
+  server_options go;
+  go.num_workers = 1;
+  go.tables = model_tables;
+  go.log = quiet;
+  worker_options<asio::ip::tcp::endpoint> lo;
+  lo.servers = {cep};
+  lo.log = quiet;
+  // 1000 group clocks, one central push each; no group worker ever comes.
+  group_t group(t, go, lo, group_options{.group = 0, .groups = 1, .group_clocks = 1000});
+  auto acc = t.listen(any);
+  REQUIRE(acc.has_value());
+  std::optional<std::error_code> result;
+  asio::co_spawn(
+      io,
+      [&, a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
+        result = co_await group.async_run(std::move(a));
+        central.stop();
+      },
+      asio::detached);
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        asio::steady_timer timer(io);
+        timer.expires_after(50ms);
+        co_await timer.async_wait(detail::use_tuple);
+        group.group_server().stop();  // the group server goes early
+      },
+      asio::detached);
+  io.run_for(30s);
+  REQUIRE(result.has_value());
+  CHECK_MESSAGE(!*result, result->message());
+  CHECK(group.link_model().pushed() <= 1);
+  CHECK(group.central_link().stats().clocks <= 1);
 }

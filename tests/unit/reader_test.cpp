@@ -389,3 +389,65 @@ TEST_CASE("reader: over TCP a reader proves the shared secret like any peer") {
   CHECK(s.stats().readers == 1);
   CHECK(s.stats().rejected >= 1);
 }
+
+namespace {
+
+// A recovery policy whose server part says it is rebuilding its state while `*rebuilding`
+// (the `recovering()` hook of recovery::stateless and recovery::replica_log).
+struct rebuilding_recovery {
+  static constexpr std::string_view name = "rebuilding-test";
+  struct server_part {
+    const bool* rebuilding = nullptr;
+    bool recovering() const noexcept { return rebuilding != nullptr && *rebuilding; }
+  };
+  using worker_part = recovery::none::worker_part;
+};
+static_assert(recovery_policy<rebuilding_recovery>);
+
+}  // namespace
+
+TEST_CASE("reader: a shard rebuilding its state refuses a reader's pull with errc::recovering; "
+          "async_read_model asks again until the rebuild is done or its deadline passes") {
+  asio::io_context io{1};
+  in_process_network net;
+  lines log;
+  bool rebuilding = true;
+  in_process_transport st{io.get_executor(), net};
+  server_options so = shard_options(0, log);
+  so.num_shards = 1;
+  basic_server<in_process_transport, consistency::bsp, rebuilding_recovery> s(
+      st, so, optimizer::sgd{1.0f}, rebuilding_recovery::server_part{&rebuilding});
+  asio::co_spawn(st.get_executor(), test::listen_and_serve(st, "shard0", s), asio::detached);
+  in_process_transport rt(io.get_executor(), net);
+  const std::vector<std::string> names{"shard0"};
+  std::vector<float> out(layout_size(layout), -1.0f);
+  lines reader_log;
+  const auto rlog = [&](std::string_view l) { reader_log.emplace_back(l); };
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
+    // Still rebuilding at the deadline: a timeout that says why.
+    const auto ec = co_await async_read_model(rt, std::span<const std::string>(names), layout,
+                                              std::span<float>(out), 200ms, rlog);
+    CHECK(ec == errc::timeout);
+    CHECK(any_line_has(reader_log, "still rebuilding its state after a restart"));
+    CHECK(s.stats().reader_pulls == 0);  // every pull was refused, none answered
+    // The rebuild ends while a read waits: it then reads the shard.
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          asio::steady_timer done(io);
+          done.expires_after(120ms);
+          co_await done.async_wait(detail::use_tuple);
+          rebuilding = false;
+        },
+        asio::detached);
+    const auto ec2 = co_await async_read_model(rt, std::span<const std::string>(names), layout,
+                                               std::span<float>(out), 5s, rlog);
+    CHECK_MESSAGE(!ec2, joined(reader_log));
+    CHECK(s.stats().reader_pulls == 1);
+    CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 0.0f; }));
+    s.stop();
+  });
+  INFO(joined(log));
+  CHECK(std::error_code(errc::recovering) == condition::transient);
+  CHECK(any_line_has(log, "rebuilds its state after a restart"));
+}

@@ -142,6 +142,12 @@ template <class P>
 concept has_serves_workers = requires(const P& p) {
   { p.serves_workers() } -> std::same_as<bool>;
 };
+/// `bool p.recovering() const`: the shard is rebuilding its state after a restart, so what it
+/// holds is not the model yet: a reader's pull is refused with `errc::recovering`.
+template <class P>
+concept has_recovering = requires(const P& p) {
+  { p.recovering() } -> std::same_as<bool>;
+};
 /// `std::string p.log_suffix() const`: appended to "asyncps server <shard>" in log lines.
 template <class P>
 concept has_log_suffix = requires(const P& p) {

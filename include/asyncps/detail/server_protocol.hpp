@@ -27,7 +27,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <limits>
 #include <list>
 #include <new>
@@ -48,6 +47,7 @@
 #include "asyncps/detail/server_session.hpp"
 #include "asyncps/detail/shard_core.hpp"
 #include "asyncps/detail/text.hpp"
+#include "asyncps/detail/vap_visibility.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/log.hpp"
 #include "asyncps/protocol.hpp"
@@ -138,7 +138,7 @@ class server_protocol {
       part_.on_session_closed(io_->ctx(), s);
     }
     core_.drop(&s);
-    if constexpr (is_value_bounded_v<Consistency>) forget_visibility(s);
+    if constexpr (is_value_bounded_v<Consistency>) visibility_.forget(s, acker());
     bounds_.on_finished(s);
     sessions_.erase(s.self);
     settle();  // e.g. the last connection ended: the sweeper's timer is disarmed
@@ -404,13 +404,21 @@ class server_protocol {
   }
 
   /// A message of reader session `s`: a pull, answered at once with the rows as of the server
-  /// clock (whatever clock it names), heartbeat, bye or error; anything else is refused.
+  /// clock (whatever clock it names), heartbeat, bye or error; anything else is refused. A
+  /// pull to a shard whose recovery part is rebuilding its state is refused with
+  /// `errc::recovering` (its rows are not the model yet).
   std::error_code on_reader_message(Session& s, message& m, std::string& detail) {
     const auto& h = m.header;
     switch (h.type) {
       case message_type::pull:
         if (h.sender != protocol::reader_id) return errc::bad_sender;
         if (auto ec = core_.check_rows(m, detail)) return ec;
+        if constexpr (has_recovering<part_type>) {
+          if (part_.recovering()) {
+            detail = " (a reader's pull while the shard rebuilds its state after a restart)";
+            return errc::recovering;
+          }
+        }
         send_requested_rows(s, m, false);
         ++stats_.reader_pulls;
         return {};
@@ -878,66 +886,15 @@ class server_protocol {
   }
 
   // VAP: reader session `s` acknowledges the eager rows messages that asked for it, up to
-  // its `seq`-th (cumulative; connections are FIFO, so it has installed all of them). Errors:
-  // `errc::bad_sender`; `errc::unexpected_message` for a count that goes back or past the
-  // messages sent to it.
+  // its `seq`-th (vap_visibility::on_ack). Errors: `errc::bad_sender`;
+  // `errc::unexpected_message` for a count that goes back or past the messages sent to it.
   std::error_code on_visibility_ack(Session& s, const message& m, std::string& detail) {
-    const auto& h = m.header;
-    if (h.sender != s.worker) return errc::bad_sender;
-    if (h.seq < s.visibility_acked || h.seq > s.visibility_sent) {
-      detail = " (visibility ack " + std::to_string(h.seq) + ", " +
-               std::to_string(s.visibility_sent) + " rows messages asked for one, " +
-               std::to_string(s.visibility_acked) + " acknowledged)";
-      return errc::unexpected_message;
-    }
-    s.visibility_acked = h.seq;
-    while (!s.visibility_owed.empty() && s.visibility_owed.front().first <= h.seq) {
-      const std::uint64_t id = s.visibility_owed.front().second;
-      s.visibility_owed.pop_front();
-      reader_done(id);
-    }
-    return {};
+    if (m.header.sender != s.worker) return errc::bad_sender;
+    return visibility_.on_ack(s, m.header.seq, detail, acker());
   }
-
-  // VAP: one reader of writer clock `id` has its rows (or is gone); the last one makes the
-  // clock visible, and the writer's visible clocks are acknowledged oldest first.
-  void reader_done(std::uint64_t id) {
-    auto& p = visibility_[id - visibility_base_];
-    if (--p.readers > 0) return;
-    if (p.writer == nullptr) {  // the writer's session ended: nobody to tell
-      p.done = true;
-    } else {
-      auto& order = p.writer->visibility_clocks;
-      while (!order.empty() && visibility_[order.front() - visibility_base_].readers == 0) {
-        auto& q = visibility_[order.front() - visibility_base_];
-        send_ack(*q.writer, q.seq);
-        q.done = true;
-        order.pop_front();
-      }
-    }
-    while (!visibility_.empty() && visibility_.front().done) {
-      visibility_.pop_front();
-      ++visibility_base_;
-    }
-  }
-
-  // VAP: session `s` ends: it is no longer waited for as a reader nor acknowledged as a writer.
-  void forget_visibility(Session& s) {
-    for (const std::uint64_t id : s.visibility_clocks) {
-      auto& p = visibility_[id - visibility_base_];
-      p.writer = nullptr;
-      if (p.readers == 0) p.done = true;  // visible, waiting behind an older clock: dropped
-    }
-    s.visibility_clocks.clear();
-    while (!s.visibility_owed.empty()) {
-      const std::uint64_t id = s.visibility_owed.front().second;
-      s.visibility_owed.pop_front();
-      reader_done(id);
-    }
-    while (!visibility_.empty() && visibility_.front().done) {
-      visibility_.pop_front();
-      ++visibility_base_;
-    }
+  // VAP: sends a writer the acknowledgement of its push `seq` once its clock is visible.
+  auto acker() {
+    return [this](Session& writer, std::uint64_t seq) { send_ack(writer, seq); };
   }
 
   std::error_code on_pull(Session& s, message& m, std::string& detail) {
@@ -1023,7 +980,7 @@ class server_protocol {
   // the reader's acknowledgement, and the writer's clock is acknowledged once all of them are
   // (at once when there are none: no other reader reads what changed).
   void push_subscribed(Session* writer = nullptr, std::uint64_t seq = 0) {
-    const std::uint64_t id = visibility_base_ + visibility_.size();  // this writer clock's
+    const std::uint64_t id = visibility_.next_id();  // this writer clock's
     std::uint32_t readers = 0;
     for (table_id t = 0; t < core_.num_tables(); ++t) {
       buffer whole;  // the whole shard, when sent as a range: snapshot once, shared
@@ -1037,30 +994,12 @@ class server_protocol {
         send_rows(s, t, e.ranged, e.ranged ? e.range.begin : 0, e.count, true, std::move(e.payload),
                   want_ack);
         ++stats_.eager_messages;
-        if (want_ack && s.open) {  // (enqueue closes a session over its queue limits)
-          ++s.visibility_sent;
-          // One entry per reader and writer clock: a later table's message raises its count.
-          if (!s.visibility_owed.empty() && s.visibility_owed.back().second == id) {
-            s.visibility_owed.back().first = s.visibility_sent;
-          } else {
-            s.visibility_owed.emplace_back(s.visibility_sent, id);
-            ++readers;
-          }
-        }
+        // (enqueue closes a session over its queue limits: then it is no reader)
+        if (want_ack && s.open && visibility_.sent(s, id)) ++readers;
       }
     }
     if constexpr (is_value_bounded_v<Consistency>) {
-      if (writer == nullptr) return;
-      if (readers == 0 && writer->visibility_clocks.empty()) {
-        send_ack(*writer, seq);  // no other reader was sent rows, nothing older waits
-        return;
-      }
-      visibility_.push_back(pending_visibility{writer, seq, readers, false});
-      writer->visibility_clocks.push_back(id);
-      if (readers == 0) {  // visible already, but acknowledged after the older ones
-        ++visibility_.back().readers;
-        reader_done(id);
-      }
+      if (writer != nullptr) visibility_.add(*writer, seq, readers, acker());
     }
   }
 
@@ -1077,19 +1016,7 @@ class server_protocol {
   std::list<Session> sessions_;
   server_bounds<Session, TimePoint> bounds_;  // queue budget, hello and send deadlines
   membership<TimePoint> membership_;          // elastic: when absent members leave
-  // VAP: a writer clock not yet acknowledged: its writer's session (null once that ended),
-  // its push's sequence number, the readers that have not acknowledged its rows yet, and
-  // whether it is settled (acknowledged or dropped). Ids count up from 0; `visibility_`
-  // holds ids visibility_base_ .. visibility_base_ + size() - 1 (settled ones leave from the
-  // front).
-  struct pending_visibility {
-    Session* writer = nullptr;
-    std::uint64_t seq = 0;
-    std::uint32_t readers = 0;
-    bool done = false;
-  };
-  std::deque<pending_visibility> visibility_;
-  std::uint64_t visibility_base_ = 0;
+  vap_visibility<Session> visibility_;        // VAP: writer clocks waiting for their readers
 };
 
 }  // namespace asyncps::detail

@@ -51,6 +51,11 @@ struct stateless_server_part {
 
   /// The counters.
   const stateless_stats& stats() const noexcept { return stats_; }
+  /// Whether the shard waits for a worker's replica of some table (restarted without state,
+  /// it has asked the workers for theirs): readers are refused until every table is rebuilt.
+  bool recovering() const noexcept {
+    return std::any_of(needs_state_.begin(), needs_state_.end(), [](char c) { return c != 0; });
+  }
 
   // ---- hooks (see detail/server_hooks.hpp) ----
 
