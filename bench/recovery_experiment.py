@@ -213,6 +213,7 @@ KILL_RE = re.compile(r"\[fault\] killed server (\d+)(?:\.\d+)? \(SIGKILL\) at ([
 RESTART_RE = re.compile(r"\[fault\] restarted server (\d+)(?:\.\d+)? at ([0-9.]+) s")
 LISTEN_RE = re.compile(r"^server (\d+)(?:\.\d+)? of \d+ listening")
 RESTORED_RE = re.compile(r"restored from .*\(server clock (\d+)\)")
+FRESH_RE = re.compile(r"server 0: asyncps checkpoint \(shard 0\): no checkpoint of this shard")
 REJOINS_RE = re.compile(r"server 0: worker \d+ rejoins at clock (\d+)")
 
 
@@ -243,10 +244,12 @@ def parse_run(path):
                 listens.append(e["t"])
         elif e["type"] == "stderr" and "rejoined server 0" in e["line"]:
             rejoins.append(e["t"])
-        if e["type"] == "stderr":
+        if e["type"] in ("stdout", "stderr"):
             m = RESTORED_RE.search(e["line"])
             if m:
                 restored.append((e["t"], int(m.group(1))))
+            if FRESH_RE.search(e["line"]):
+                restored.append((e["t"], 0))  # no checkpoint yet: shard 0 starts from scratch
             m = REJOINS_RE.search(e["line"])
             if m:
                 rejoin_clocks.append((e["t"], int(m.group(1))))
@@ -286,11 +289,12 @@ def parse_run(path):
     r["rejoined"] = [next((x - b for x in rejoins if x > k), float("nan"))
                      for k in kills[:len(r["restarts"])]]
     # Checkpoint: clocks rolled back at each restart = the workers' clocks when they rejoin
-    # minus the restored checkpoint's clock.
+    # minus the restored checkpoint's clock (0 when there was no checkpoint yet), both taken
+    # between that restart and the next kill.
     r["rollback"] = []
-    for rs in restarts:
-        got = next((c for t, c in restored if t > rs), None)
-        cl = [c for t, c in rejoin_clocks if t > rs][:4]
+    for rs, nk in zip(restarts, kills[1:] + [float("inf")]):
+        got = next((c for t, c in restored if rs < t < nk), None)
+        cl = [c for t, c in rejoin_clocks if rs < t < nk][:4]
         r["rollback"].append(statistics.mean(cl) - got if got is not None and cl
                              else float("nan"))
     r["evals"] = evals
