@@ -6,20 +6,20 @@
 // examples/matrix_factorization (mf_trainer's evaluator).
 #pragma once
 
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <utility>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
+#include <asio/post.hpp>
+#include <asio/thread_pool.hpp>
 
 #include "asyncps/reader.hpp"
 #include "asyncps/transport/tcp.hpp"
@@ -53,54 +53,37 @@ inline std::string read_servers_model(std::span<const tcp_transport::endpoint_ty
   return {};
 }
 
-/// A thread that runs one job at a time, for background evaluations. `try_start` hands it a
-/// job unless one is accepted and not finished yet (then it returns false and drops the job);
-/// `stop` lets an accepted job run to its end, then joins the thread (idempotent; the
-/// destructor calls it). Thread safety: `try_start` and `stop` from any thread; a job must not
-/// call either.
+/// A thread that runs one job at a time, for background evaluations (an `asio::thread_pool`
+/// of one thread). `try_start` hands it a job unless one is accepted and not finished yet (then
+/// it returns false and drops the job); `stop` lets an accepted job run to its end, then joins
+/// the thread (idempotent; the destructor calls it). Thread safety: `try_start` and `stop`
+/// from any thread, but not concurrently with each other; a job must not call either.
 class single_job_thread {
  public:
-  single_job_thread() : thread_([this] { loop(); }) {}
+  single_job_thread() = default;
   single_job_thread(const single_job_thread&) = delete;
   single_job_thread& operator=(const single_job_thread&) = delete;
   ~single_job_thread() { stop(); }
 
   /// Runs `job` on this thread unless a job is pending or running, or `stop` was called.
   bool try_start(std::function<void()> job) {
-    std::lock_guard lock(mutex_);
-    if (job_ || stopping_) return false;
-    job_ = std::move(job);
-    cv_.notify_one();
+    if (stopping_ || busy_.exchange(true)) return false;
+    asio::post(pool_, [this, job = std::move(job)] {
+      job();
+      busy_ = false;
+    });
     return true;
   }
 
   void stop() {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-      cv_.notify_one();
-    }
-    if (thread_.joinable()) thread_.join();
+    stopping_ = true;
+    pool_.join();
   }
 
  private:
-  void loop() {
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      cv_.wait(lock, [this] { return job_ || stopping_; });
-      if (!job_) return;  // stopping, nothing accepted
-      lock.unlock();
-      job_();  // job_ stays set while it runs: try_start refuses another
-      lock.lock();
-      job_ = nullptr;
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::function<void()> job_;  // the accepted job, until it has run
-  bool stopping_ = false;
-  std::thread thread_;  // last: it starts once the members above exist
+  asio::thread_pool pool_{1};
+  std::atomic<bool> busy_{false};  // a job is accepted and has not finished
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace asyncps::examples

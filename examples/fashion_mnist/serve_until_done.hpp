@@ -43,13 +43,10 @@ serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor, std::uint
         ended = true;
         if (tick) tick(true);
         std::cerr << "server " << s.options().shard << ": all " << workers
-                  << " workers have connected and left; stopping";
-        if (linger.count() > 0) std::cerr << " in " << linger.count() / 1000.0 << " s";
-        std::cerr << '\n';
-        if (linger.count() > 0) {
-          poll.expires_after(linger);
-          if (auto [ec] = co_await poll.async_wait(asyncps::detail::use_tuple); ec) co_return;
-        }
+                  << " workers have connected and left; stopping in " << linger.count() / 1000.0
+                  << " s\n";
+        poll.expires_after(linger);  // 0: at once
+        if (auto [ec] = co_await poll.async_wait(asyncps::detail::use_tuple); ec) co_return;
         s.stop();
       },
       asio::detached);
