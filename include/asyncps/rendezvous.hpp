@@ -39,7 +39,9 @@
 #include <asio/experimental/awaitable_operators.hpp>
 
 #include "asyncps/detail/accept_loop.hpp"
+#include "asyncps/detail/accept_retry.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/detail/transport_time.hpp"
@@ -67,7 +69,9 @@ struct rendezvous_options {
   /// first kind is logged with its address and counted as refused. A lookup waiting for the
   /// directory is never closed for this. Checked every `register_timeout / 4`. 0: no limit.
   std::chrono::milliseconds register_timeout{std::chrono::seconds(10)};
-  log_function log{};  ///< announces, replacements, refusals; empty: stderr
+  /// Announces, replacements, refusals; empty: stderr. Failed accepts and refusals are logged
+  /// rate-limited (a few lines per peer host and kind every 10 s, then a count of the rest).
+  log_function log{};
 };
 
 /// Counters of a rendezvous (read on its executor).
@@ -120,7 +124,7 @@ class basic_rendezvous {
   /// or `num_workers` is `protocol::no_worker_id` or above.
   basic_rendezvous(Transport& transport, rendezvous_options opts)
       : transport_(transport), opts_(std::move(opts)), running_(transport.get_executor()),
-        watchdog_timer_(transport.get_executor()) {
+        watchdog_timer_(transport.get_executor()), pause_(transport.get_executor()) {
     if (opts_.num_servers == 0 || opts_.num_servers > max_directory_servers)
       throw std::invalid_argument("asyncps::rendezvous_options: num_servers in [1, 4096]");
     if (opts_.num_workers >= protocol::no_worker_id)
@@ -131,7 +135,9 @@ class basic_rendezvous {
   basic_rendezvous& operator=(const basic_rendezvous&) = delete;
 
   /// Serves announces and lookups on `acceptor` until `stop()`. Completes with success after
-  /// a stop, or with the acceptor's error (then every connection is closed first).
+  /// a stop, or with the acceptor's error (then every connection is closed first); a transient
+  /// one (out of descriptors, ...) is logged and retried after a pause instead
+  /// (`detail::serve_sessions`).
   /// Precondition: runs on `transport.get_executor()`; called once.
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     if (opts_.register_timeout.count() > 0) {
@@ -139,8 +145,11 @@ class basic_rendezvous {
       asio::co_spawn(transport_.get_executor(), watchdog(), asio::detached);
     }
     co_return co_await detail::serve_sessions(
-        acceptor, acceptor_, stopped_, sessions_, running_, transport_.get_executor(),
-        [this](session& s) { start(s); }, [this] { stop(); });
+        acceptor, acceptor_, pause_, stopped_, sessions_, running_, transport_.get_executor(),
+        [this](session& s) { start(s); }, [this] { stop(); },
+        [this](std::error_code ec, std::chrono::milliseconds pause) {
+          detail::log_accept_failure(limiter_, clock_type::now(), ec, pause, sink());
+        });
   }
 
   /// Stops accepting and closes every connection (waiting lookups get no reply; their clients
@@ -149,7 +158,9 @@ class basic_rendezvous {
     stopped_ = true;
     if (acceptor_ != nullptr) acceptor_->close();
     watchdog_timer_.cancel();
+    pause_.cancel();
     for (auto& s : sessions_) close(s);
+    limiter_.flush_all(clock_type::now(), sink());
   }
 
   /// Whether every shard has announced (lookups are answered at once).
@@ -196,6 +207,14 @@ class basic_rendezvous {
   void log(const std::string& line) const {
     detail::emit(opts_.log, "asyncps rendezvous: " + line);
   }
+  // Where the log limiter writes its summaries.
+  auto sink() const {
+    return [this](const std::string& line) { log(line); };
+  }
+  // Whether a line of `kind` about `s`'s peer may be logged now (detail::log_limiter).
+  bool may_log(std::string_view kind, const session& s) {
+    return limiter_.admit(kind, detail::peer_host(s.conn), clock_type::now(), sink());
+  }
 
   template <class M>
   message encode(const M& m) {
@@ -227,7 +246,8 @@ class basic_rendezvous {
   // Refuses `s`'s request: an error frame naming `reason`, then the connection is closed.
   void refuse(session& s, std::error_code code, const std::string& reason) {
     ++stats_.refused;
-    log("refusing a request" + detail::peer_address(s.conn) + ": " + reason);
+    if (may_log(detail::log_kind::refused_request, s))
+      log("refusing a request" + detail::peer_address(s.conn) + ": " + reason);
     std::optional<errc> wire_code;
     if (code.category() == error_category()) wire_code = static_cast<errc>(code.value());
     unwait(s);
@@ -264,8 +284,9 @@ class basic_rendezvous {
         if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
             (ec == errc::timeout && s.requests == 0)) {
           ++stats_.refused;
-          log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
-              ec.message() + detail::tls_failure_note(s.conn));
+          if (may_log(detail::log_kind::refused_connection, s))
+            log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
+                ec.message() + detail::tls_failure_note(s.conn));
         } else if (ec != errc::connection_closed && ec == condition::protocol_violation) {
           // A frame the transport refused (its header names the field): say so, then close.
           refuse(s, ec, "malformed frame: " + ec.message());
@@ -296,12 +317,14 @@ class basic_rendezvous {
       co_await watchdog_timer_.async_wait(detail::use_tuple);
       if (stopped_) break;
       const auto now = clock_type::now();
+      limiter_.flush(now, sink());  // the counts of a flood that has stopped
       for (auto& s : sessions_) {
         if (!s.open || s.waiting || now - s.last_seen <= limit) continue;
         if (s.requests == 0 && !s.closing) {
           ++stats_.refused;
-          log("closing the connection" + detail::peer_address(s.conn) + ": no request within " +
-              std::to_string(limit.count()) + " ms (register_timeout)");
+          if (may_log(detail::log_kind::refused_connection, s))
+            log("closing the connection" + detail::peer_address(s.conn) + ": no request within " +
+                std::to_string(limit.count()) + " ms (register_timeout)");
         }
         close(s);
       }
@@ -482,6 +505,8 @@ class basic_rendezvous {
   std::list<session> sessions_;
   detail::wait_group<timer_type> running_;  // the watchdog and every session
   timer_type watchdog_timer_;
+  timer_type pause_;  // the accept loop's pause after a failed accept
+  detail::log_limiter<typename clock_type::time_point> limiter_;  // refusals, failed accepts
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
   rendezvous_stats stats_{};

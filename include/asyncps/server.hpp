@@ -45,7 +45,9 @@
 #include <asio/post.hpp>
 
 #include "asyncps/consistency.hpp"
+#include "asyncps/detail/accept_retry.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/server_protocol.hpp"
@@ -130,8 +132,10 @@ class basic_server {
   basic_server& operator=(const basic_server&) = delete;
 
   /// Accepts connections on `acceptor` and serves them until `stop()` is called. Completes
-  /// with success after a stop, or with the acceptor's error. Every connection's coroutines
-  /// have finished when it completes. Precondition: runs on `transport.get_executor()`.
+  /// with success after a stop, or with the acceptor's error; a transient one (out of
+  /// descriptors, ...) is logged rate-limited and retried after a pause instead
+  /// (detail/accept_retry.hpp). Every connection's coroutines have finished when it
+  /// completes. Precondition: runs on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     acceptor_ = &acceptor;
     std::error_code result;
@@ -146,12 +150,14 @@ class basic_server {
     }
     if (options().watchdog_interval.count() > 0) spawn(watchdog());
     if (options().hello_timeout.count() > 0 || options().send_timeout.count() > 0) spawn(sweeper());
+    detail::accept_backoff backoff;  // shared with the other accept loops (accept_retry.hpp)
     while (!stopped_) {
       auto [ec, conn] = co_await acceptor.async_accept();
-      if (ec && !stopped_ && transient_accept_error(ec)) {
+      if (ec && !stopped_ && detail::accept_backoff::transient(ec)) {
         // Out of descriptors or memory: keep serving the connected workers, retry later.
-        proto_.log("accept failed (" + ec.message() + "); retrying in 100 ms");
-        done_.expires_after(std::chrono::milliseconds(100));
+        const auto pause = backoff.failed();
+        proto_.log_accept_failure(ec, pause);  // rate-limited
+        done_.expires_after(pause);
         co_await done_.async_wait(detail::use_tuple);
         continue;
       }
@@ -159,6 +165,7 @@ class basic_server {
         if (!stopped_) result = ec;
         break;
       }
+      backoff.succeeded();
       ++proto_.stats().connections;
       add_session(std::move(conn));
     }
@@ -367,16 +374,6 @@ class basic_server {
   };
 
  private:
-  // Asio reports these in its own "asio.system" category (see detail::posix_errc): comparing
-  // with std::system_category() or std::errc directly never matches a real accept error.
-  static bool transient_accept_error(std::error_code ec) noexcept {
-    const auto e = detail::posix_errc(ec);
-    return e &&
-           (*e == std::errc::too_many_files_open ||
-            *e == std::errc::too_many_files_open_in_system || *e == std::errc::no_buffer_space ||
-            *e == std::errc::not_enough_memory || *e == std::errc::connection_aborted);
-  }
-
   const core_type& core() const noexcept { return proto_.core(); }
   // Whether the transport's connections declare `sends_complete_at_once = true`.
   static constexpr bool sends_complete_at_once = [] {
@@ -478,8 +475,9 @@ class basic_server {
                    (ec == errc::timeout && s.is_unknown())) {
           // Refused by the transport's handshake (it told the peer); nothing to send.
           ++proto_.stats().rejected;
-          proto_.log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
-                     ec.message() + detail::tls_failure_note(s.conn));
+          if (proto_.log_allowed(detail::log_kind::refused_connection, s.address))
+            proto_.log("refused an unauthenticated connection" + detail::peer_address(s.conn) +
+                       ": " + ec.message() + detail::tls_failure_note(s.conn));
         } else if (ec == condition::protocol_violation) {
           proto_.reject(s, ec, "");
         } else if (ec != errc::connection_closed) {

@@ -3,6 +3,7 @@
 // announce (by index and "any"), lookups wait for the last shard and are then answered at
 // once, re-announces replace addresses, worker ids are assigned in order, timeouts, malformed
 // or oversized requests and unauthenticated peers are refused while others are served.
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/transport/tcp.hpp"
 #include "asyncps/wire.hpp"
+#include "descriptor_flood.hpp"
 #include "run_coro.hpp"
 
 using namespace asyncps;
@@ -703,6 +705,71 @@ TEST_CASE("rendezvous: a peer without the shared secret is refused; holders of i
     CHECK(wdir.servers.empty());
     rv.stop();
   });
+}
+
+// Issue 32: 2,000 wrong-secret handshakes used to add one log line each. A few lines per host
+// in each window; the rest is one count, written when the window ends (here: at stop).
+TEST_CASE("rendezvous: refusals of one host are logged rate-limited, the rest counted") {
+  tcp_options secured;
+  secured.secret = secret_of('s');
+  tcp_env env(secured, secured);
+  tcp_options wrong;
+  wrong.secret = secret_of('w');
+  tcp_transport wrong_t(env.io.get_executor(), wrong);
+  lines rv_log;
+  rendezvous rv(env.rv_t, options(1, 0, rv_log));
+  env.start(rv);
+  const auto refusal_lines = [&] {
+    return std::count_if(rv_log.begin(), rv_log.end(), [](const std::string& l) {
+      return l.find("refused an unauthenticated connection") != std::string::npos;
+    });
+  };
+  test::run_coro(env.io, [&]() -> asio::awaitable<void> {
+    for (int i = 0; i < 12; ++i) {
+      auto [wec, wa] = co_await async_announce_server(wrong_t, env.root, 0u, 6666, 10s, "10.6.6.6",
+                                                      [](std::string_view) {});
+      CHECK(wec == errc::authentication_failed);
+    }
+    co_await wait_until([&] { return rv.stats().refused == 12; });
+    CHECK(rv.stats().refused == 12);
+    CHECK(refusal_lines() == 5);
+    // The service still answers holders of the secret.
+    auto [ec, a] = co_await async_announce_server(env.client_t, env.root, std::nullopt, 7000, 5s);
+    CHECK(!ec);
+    rv.stop();
+  });
+  CHECK(refusal_lines() == 5);
+  CHECK_MESSAGE(
+      any_line(rv_log, "7 more refused connections from 127.0.0.1 suppressed in the last"),
+      joined(rv_log));
+}
+
+// Issue 32: the rendezvous's accept loop (detail::serve_sessions) ended at the first failed
+// accept: under a descriptor flood it logged "Too many open files", closed its listener and
+// stayed alive, serving nobody. It now pauses (backoff), logs rate-limited and accepts again.
+TEST_CASE("rendezvous: a descriptor flood (EMFILE) is retried with backoff and logged "
+          "rate-limited; an announce and a lookup are served afterwards") {
+  if (test::address_sanitized) {
+    MESSAGE("skipped under AddressSanitizer (tests/support/descriptor_flood.hpp)");
+    return;
+  }
+  const int status = test::run_with_descriptor_limit(256, [] {
+    asio::io_context io;
+    tcp_transport rv_t(io.get_executor());
+    tcp_transport client_t(io.get_executor());
+    lines logs;
+    rendezvous rv(rv_t, options(1, 0, logs));
+    return test::flood_service(
+        io, rv_t, rv, logs, [&](asio::ip::tcp::endpoint ep) -> asio::awaitable<bool> {
+          auto [aec, a] = co_await async_announce_server(client_t, ep, 0u, 7000, 5s);
+          auto [lec, dir] = co_await async_lookup_servers(client_t, ep, std::nullopt, 5s);
+          co_return !aec && !lec && dir.servers == std::vector<std::string>{"127.0.0.1:7000"};
+        });
+  });
+  CHECK_MESSAGE(status == 0, "child status " << status
+                                             << " (14: async_serve ended on the accept error; "
+                                                "15: no failed accept logged; 16: the lookup "
+                                                "afterwards failed; 17: not rate-limited)");
 }
 
 TEST_CASE("rendezvous: a connection that sends no request is closed after register_timeout") {

@@ -2,37 +2,56 @@
 // session per connection (the chain master, the rendezvous).
 #pragma once
 
+#include <chrono>
 #include <iterator>
 #include <system_error>
 #include <utility>
 
 #include <asio/awaitable.hpp>
 
+#include "asyncps/detail/accept_retry.hpp"
+#include "asyncps/detail/asio_compat.hpp"
+
 namespace asyncps::detail {
 
 /// Serves one session per connection on `acceptor` (a transport's `acceptor_type`) until
-/// `stopped` is true or an accept fails, then calls `stop()` (which closes every session) and
-/// waits until `running` (a `wait_group` counting every session and any helper coroutine of
-/// the owner) is empty. While it accepts, `current` points to `acceptor` (so that the owner's
-/// stop can close it), and nullptr after. Each connection becomes a session at the end of
-/// `sessions` (a `std::list<Session>`; `Session` is constructible from (connection, `ex`) and
-/// has a `self` iterator member, set here), counted in `running` until it calls `done()`, and
-/// is handed to `start(Session&)`, which starts its coroutines. Completes with the accept's
-/// error, or with success when `stopped` was set (closing the acceptor ends the wait). Every
-/// argument but `ex`, `start` and `stop` must outlive the coroutine. Thread safety: on `ex`,
-/// the owner's executor.
-template <class Acceptor, class Sessions, class Running, class Executor, class Start, class Stop>
-asio::awaitable<std::error_code>
-serve_sessions(Acceptor& acceptor, Acceptor*& current, const bool& stopped, Sessions& sessions,
-               Running& running, Executor ex, Start start, Stop stop) {
+/// `stopped` is true or an accept fails with an error that is not transient, then calls
+/// `stop()` (which closes every session) and waits until `running` (a `wait_group` counting
+/// every session and any helper coroutine of the owner) is empty. A transient accept error
+/// (`accept_backoff::transient`: out of descriptors, ...) is passed to `failed(ec, pause)`
+/// (the owner logs it, rate-limited: `log_accept_failure`), then the loop waits `pause` on
+/// `pause_timer` (1 ms doubling to 1 s; reset by an accept that succeeds) and accepts again;
+/// the owner's stop must set `stopped` and cancel `pause_timer`. While it accepts, `current`
+/// points to `acceptor` (so that the owner's stop can close it), and nullptr after. Each
+/// connection becomes a session at the end of `sessions` (a `std::list<Session>`; `Session`
+/// is constructible from (connection, `ex`) and has a `self` iterator member, set here),
+/// counted in `running` until it calls `done()`, and is handed to `start(Session&)`, which
+/// starts its coroutines. Completes with the accept's error, or with success when `stopped`
+/// was set (closing the acceptor ends the wait). Every argument but `ex`, `start`, `stop` and
+/// `failed` must outlive the coroutine. Thread safety: on `ex`, the owner's executor.
+template <class Acceptor, class Timer, class Sessions, class Running, class Executor, class Start,
+          class Stop, class Failed>
+asio::awaitable<std::error_code> serve_sessions(Acceptor& acceptor, Acceptor*& current,
+                                                Timer& pause_timer, const bool& stopped,
+                                                Sessions& sessions, Running& running, Executor ex,
+                                                Start start, Stop stop, Failed failed) {
   current = &acceptor;
   std::error_code result;
+  accept_backoff backoff;
   while (!stopped) {
     auto [ec, conn] = co_await acceptor.async_accept();
+    if (ec && !stopped && accept_backoff::transient(ec)) {
+      const auto pause = backoff.failed();
+      failed(ec, pause);
+      pause_timer.expires_after(pause);
+      co_await pause_timer.async_wait(use_tuple);
+      continue;
+    }
     if (ec) {
       if (!stopped) result = ec;
       break;
     }
+    backoff.succeeded();
     auto& s = sessions.emplace_back(std::move(conn), ex);
     s.self = std::prev(sessions.end());
     running.add();

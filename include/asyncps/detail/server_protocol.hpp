@@ -41,6 +41,8 @@
 #include <vector>
 
 #include "asyncps/consistency.hpp"
+#include "asyncps/detail/accept_retry.hpp"
+#include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/membership.hpp"
 #include "asyncps/detail/server_bounds.hpp"
 #include "asyncps/detail/server_hooks.hpp"
@@ -185,8 +187,9 @@ class server_protocol {
   /// `hello_timeout` of its start (refused with `errc::timeout`), or a write in progress for
   /// `send_timeout` (closed at once). Both are logged with the address and counted in
   /// `stats().rejected`. Returns when to call it next (see `server_bounds::sweep`); none when
-  /// nothing is watched: the shell's timer then sleeps until `io.wake_sweeper()`. Cost: one
-  /// pass over the sessions.
+  /// nothing is watched: the shell's timer then sleeps until `io.wake_sweeper()`. Also logs
+  /// the counts of rate-limited log lines whose window has ended. Cost: one pass over the
+  /// sessions.
   std::optional<TimePoint> sweep() {
     if (membership_.elastic()) {
       membership_.due(io_->now(), [this](std::uint32_t w) {
@@ -195,6 +198,7 @@ class server_protocol {
                        std::to_string(membership_.grace().count()) + " ms");
       });
     }
+    limiter_.flush(io_->now(), [this](const std::string& line) { log(line); });
     auto next = sweep_sessions();
     if (const auto d = membership_.next()) next = next ? std::min(*next, *d) : *d;
     return next;
@@ -228,7 +232,8 @@ class server_protocol {
     const std::string reason = ec.message() + detail;
     if (ec != errc::not_head) {  // a not-head refusal is routine: the worker tries the next
       ++stats_.rejected;
-      log("closing connection of " + who(s) + ": " + reason);
+      if (log_allowed(log_kind::refused_request, s.address))
+        log("closing connection of " + who(s) + ": " + reason);
     }
     enqueue(s, protocol::encode(
                    protocol::error{.sender = opts_.shard,
@@ -659,6 +664,20 @@ class server_protocol {
     if constexpr (has_log_suffix<part_type>) who += part_.log_suffix();
     emit(opts_.log, who + ": " + line);
   }
+  /// Whether one more line of `kind` (a `log_kind` constant) about the peer at `address`
+  /// ("host:port", as `Session::address`; "" for none) may be logged now: a few per host and
+  /// kind every 10 s (detail::log_limiter). A summary of lines held back is logged first when
+  /// one is due. Refusals of strangers go through this, so that a flood cannot fill the log.
+  bool log_allowed(std::string_view kind, std::string_view address) {
+    return limiter_.admit(kind, host_of(address), io_->now(),
+                          [this](const std::string& line) { log(line); });
+  }
+  /// Logs the accept loop's transient failure `ec` (it pauses `pause`), rate-limited
+  /// (detail::log_accept_failure).
+  void log_accept_failure(std::error_code ec, std::chrono::milliseconds pause) {
+    detail::log_accept_failure(limiter_, io_->now(), ec, pause,
+                               [this](const std::string& line) { log(line); });
+  }
   /// Names `s` in log lines, with its remote address when its connection has one
   /// (`s.address`), e.g. "unidentified peer 127.0.0.1:51234".
   std::string who(const Session& s) const {
@@ -1017,6 +1036,7 @@ class server_protocol {
   server_bounds<Session, TimePoint> bounds_;  // queue budget, hello and send deadlines
   membership<TimePoint> membership_;          // elastic: when absent members leave
   vap_visibility<Session> visibility_;        // VAP: writer clocks waiting for their readers
+  log_limiter<TimePoint> limiter_;            // refusals and failed accepts, per peer host
 };
 
 }  // namespace asyncps::detail

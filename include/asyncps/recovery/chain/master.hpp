@@ -17,6 +17,7 @@
 #include <list>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -25,7 +26,9 @@
 #include <asio/detached.hpp>
 
 #include "asyncps/detail/accept_loop.hpp"
+#include "asyncps/detail/accept_retry.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/detail/wait_group.hpp"
@@ -49,7 +52,9 @@ struct chain_master_options {
   /// closed, logged with its address (the transport's handshake counts in it). Checked by the
   /// heartbeat watchdog, so up to `heartbeat_timeout / 4` late. 0: no limit.
   std::chrono::milliseconds register_timeout{std::chrono::seconds(10)};
-  log_function log{};  ///< membership changes; empty: stderr
+  /// Membership changes; empty: stderr. Failed accepts and refused connections are logged
+  /// rate-limited (a few lines per peer host and kind every 10 s, then a count of the rest).
+  log_function log{};
 };
 
 /// Counters of a chain master (read on its executor).
@@ -74,7 +79,7 @@ class basic_chain_master {
   /// Throws `std::invalid_argument` when `num_shards` or `members` is 0.
   basic_chain_master(Transport& transport, chain_master_options opts)
       : transport_(transport), opts_(std::move(opts)), shards_(opts_.num_shards),
-        running_(transport.get_executor()) {
+        running_(transport.get_executor()), pause_(transport.get_executor()) {
     if (opts_.num_shards == 0 || opts_.members == 0)
       throw std::invalid_argument("asyncps::chain_master_options: num_shards and members > 0");
   }
@@ -82,20 +87,27 @@ class basic_chain_master {
   basic_chain_master& operator=(const basic_chain_master&) = delete;
 
   /// Serves registrations on `acceptor` until `stop()`. Completes with success after a stop,
-  /// or with the acceptor's error. Precondition: runs on `transport.get_executor()`.
+  /// or with the acceptor's error; a transient one (out of descriptors, ...) is logged and
+  /// retried after a pause instead (`detail::serve_sessions`). Precondition: runs on
+  /// `transport.get_executor()`.
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     running_.add();  // the watchdog
     asio::co_spawn(transport_.get_executor(), watchdog(), asio::detached);
     co_return co_await detail::serve_sessions(
-        acceptor, acceptor_, stopped_, sessions_, running_, transport_.get_executor(),
-        [this](session& s) { start(s); }, [this] { stop(); });
+        acceptor, acceptor_, pause_, stopped_, sessions_, running_, transport_.get_executor(),
+        [this](session& s) { start(s); }, [this] { stop(); },
+        [this](std::error_code ec, std::chrono::milliseconds pause) {
+          detail::log_accept_failure(limiter_, clock_type::now(), ec, pause, sink());
+        });
   }
 
   /// Stops accepting and closes every connection; `async_serve` then completes.
   void stop() {
     stopped_ = true;
     if (acceptor_ != nullptr) acceptor_->close();
+    pause_.cancel();
     for (auto& s : sessions_) close(s);
+    limiter_.flush_all(clock_type::now(), sink());
   }
 
   /// Shard `shard`'s chain, head first (member ids). Empty before its first configuration.
@@ -142,6 +154,14 @@ class basic_chain_master {
   void log(const std::string& line) const {
     detail::emit(opts_.log, "asyncps chain master: " + line);
   }
+  // Where the log limiter writes its summaries.
+  auto sink() const {
+    return [this](const std::string& line) { log(line); };
+  }
+  // Whether a line of `kind` about `s`'s peer may be logged now (detail::log_limiter).
+  bool may_log(std::string_view kind, const session& s) {
+    return limiter_.admit(kind, detail::peer_host(s.conn), clock_type::now(), sink());
+  }
 
   // A new session (`detail::serve_sessions`): its read and write loops, which finish it.
   void start(session& s) {
@@ -180,8 +200,9 @@ class basic_chain_master {
         if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
             (ec == errc::timeout && !s.registered)) {
           ++stats_.refused;
-          log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
-              ec.message() + detail::tls_failure_note(s.conn));
+          if (may_log(detail::log_kind::refused_connection, s))
+            log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
+                ec.message() + detail::tls_failure_note(s.conn));
         }
         break;
       }
@@ -193,8 +214,9 @@ class basic_chain_master {
         if (h.type != message_type::chain_hello || protocol::decode(m, hello, why) ||
             hello.shard >= opts_.num_shards) {
           ++stats_.refused;
-          log("refusing a connection" + detail::peer_address(s.conn) +
-              ": expected chain_hello with shard < " + std::to_string(opts_.num_shards) + why);
+          if (may_log(detail::log_kind::refused_request, s))
+            log("refusing a connection" + detail::peer_address(s.conn) +
+                ": expected chain_hello with shard < " + std::to_string(opts_.num_shards) + why);
           break;
         }
         enroll(s, hello.shard, hello.member);
@@ -222,6 +244,7 @@ class basic_chain_master {
       timer.expires_after(std::max(opts_.heartbeat_timeout / 4, std::chrono::milliseconds(1)));
       co_await timer.async_wait(detail::use_tuple);
       const auto now = clock_type::now();
+      limiter_.flush(now, sink());  // the counts of a flood that has stopped
       for (auto& s : sessions_) {
         if (s.registered && s.open && now - s.last_seen > opts_.heartbeat_timeout) {
           log("shard " + std::to_string(s.shard) + " server " + std::to_string(s.member) +
@@ -231,8 +254,10 @@ class basic_chain_master {
         } else if (!s.registered && s.open && opts_.register_timeout.count() > 0 &&
                    now - s.last_seen > opts_.register_timeout) {
           ++stats_.refused;
-          log("closing the connection" + detail::peer_address(s.conn) + ": no chain_hello within " +
-              std::to_string(opts_.register_timeout.count()) + " ms (register_timeout)");
+          if (may_log(detail::log_kind::refused_connection, s))
+            log("closing the connection" + detail::peer_address(s.conn) +
+                ": no chain_hello within " + std::to_string(opts_.register_timeout.count()) +
+                " ms (register_timeout)");
           close(s);
         }
       }
@@ -320,6 +345,8 @@ class basic_chain_master {
   std::vector<shard> shards_;
   std::list<session> sessions_;
   detail::wait_group<timer_type> running_;  // the watchdog and every session
+  timer_type pause_;                        // the accept loop's pause after a failed accept
+  detail::log_limiter<typename clock_type::time_point> limiter_;  // refusals, failed accepts
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
   chain_master_stats stats_{};
