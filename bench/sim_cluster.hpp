@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -30,10 +31,10 @@ namespace asyncps::bench {
 ///
 /// Thread safety: one thread; `run()` drives the network. Object lifetime: `net` outlives the
 /// cluster; the cluster must not be destroyed while `net.run()` executes.
-template <class Model, class Policy>
+template <class Model, class Policy, optimizer_policy Optimizer = optimizer::sgd>
 class sim_cluster {
  public:
-  using server_type = basic_server<simulated_transport, Policy>;
+  using server_type = basic_server<simulated_transport, Policy, recovery::none, Optimizer>;
   using worker_type = basic_worker<Model, simulated_transport, Policy>;
   using worker_options_type = typename worker_type::options_type;
 
@@ -43,6 +44,11 @@ class sim_cluster {
   /// server refuses (e.g. fewer rows than shards).
   sim_cluster(simulated_network& net, std::uint32_t servers, std::uint32_t workers,
               std::vector<table_spec> tables, float lr)
+    requires std::same_as<Optimizer, optimizer::sgd>
+      : sim_cluster(net, servers, workers, std::move(tables), optimizer::sgd{lr}) {}
+  /// As above, with the servers' optimizer `opt` (e.g. one with an update rule).
+  sim_cluster(simulated_network& net, std::uint32_t servers, std::uint32_t workers,
+              std::vector<table_spec> tables, Optimizer opt)
       : net_(net), done_(workers, 0.0) {
     const auto quiet = [](std::string_view) {};
     for (std::uint32_t s = 0; s < servers; ++s) {
@@ -54,8 +60,7 @@ class sim_cluster {
       so.num_workers = workers;
       so.tables = tables;
       so.log = quiet;
-      servers_.push_back(
-          std::make_unique<server_type>(*server_nets_.back(), so, optimizer::sgd{lr}));
+      servers_.push_back(std::make_unique<server_type>(*server_nets_.back(), so, opt));
       endpoints_.push_back("shard" + std::to_string(s));
       auto acc = server_nets_.back()->listen(endpoints_.back());
       if (!acc) throw std::runtime_error("listen failed: " + acc.error().message());

@@ -11,6 +11,7 @@
 
 #include "asyncps/secret.hpp"
 #include "asyncps/tls.hpp"
+#include "asyncps/update_rule.hpp"
 
 namespace fashion {
 
@@ -52,7 +53,12 @@ struct config {
   // What the evaluations read: "servers" (the servers' model, read as a reader, on a thread of
   // its own), "both" (and worker 0's view beside it) or "worker" (worker 0's view only).
   std::string eval = "servers";
-  unsigned compute_threads = 0;
+  unsigned compute_threads = 0;  // gradient threads; 0: the machine's cores
+  unsigned io_threads = 0;       // threads running the servers' and workers' I/O; 0: the cores
+  // How a push's step scales with the workers and its staleness (asyncps/update_rule.hpp):
+  // "sum", "mean", "staleness-aware", "linear-scaling"; empty: the default (apply_defaults).
+  std::string update_rule;
+  double warmup_epochs = -1;  // linear-scaling: epochs of warm-up; <0: the default
   bool quiet = false;
   // Recovery (docs/recovery/*.md).
   std::string recovery = "none";
@@ -139,6 +145,21 @@ inline void apply_defaults(config& c) {
   // batch 64, one clock's update lr x |g| (summed over 2 shards' slices, as the worker counts
   // it) has a median of 0.06-0.09 (softmax) and 0.18-0.26 (MLP) over the first 3 epochs.
   if (c.vap_magnitude == 0) c.vap_magnitude = mlp || cnn ? 0.5f : 0.15f;
+  // Update rule: the default learning rates were tuned with up to 4 workers summing their
+  // pushes (a global batch of up to 256); past that, staleness-aware scaling keeps 16 workers
+  // converging where the sum diverges (docs/results/scaling.md).
+  if (c.update_rule.empty()) c.update_rule = c.workers <= 4 ? "sum" : "staleness-aware";
+  if (c.warmup_epochs < 0) c.warmup_epochs = 2;
+}
+
+/// The update rule of `c` (`c.update_rule` after `apply_defaults`; linear scaling warms up
+/// over `c.warmup_epochs` epochs of `c.batch`-sample clocks).
+inline asyncps::update_rule::selectable update_rule_of(const config& c) {
+  asyncps::update_rule::selectable r;
+  r.choose(c.update_rule);
+  const double clocks_per_epoch = 60000.0 / c.workers / c.batch;
+  r.linear.warmup_clocks = static_cast<asyncps::clock_value>(c.warmup_epochs * clocks_per_epoch);
+  return r;
 }
 
 // Defined in train_none.cpp, train_checkpoint.cpp, train_stateless.cpp, train_chain*.cpp,

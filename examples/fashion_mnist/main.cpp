@@ -355,7 +355,21 @@ int main(int argc, char** argv) {
                  "what evaluations read: servers (their model, read as a reader), both (and "
                  "worker 0's view beside it) or worker (worker 0's view only)")
       ->check(CLI::IsMember({"servers", "both", "worker"}));
-  app.add_option("--compute-threads", c.compute_threads, "gradient threads (default 2)");
+  app.add_option("--compute-threads", c.compute_threads,
+                 "gradient threads (default: the machine's cores)");
+  app.add_option("--io-threads", c.io_threads,
+                 "threads running the servers' and workers' I/O; each server shard and worker "
+                 "has a strand of its own (default: the machine's cores)");
+  app.add_option("--update-rule", c.update_rule,
+                 "how each push's step scales with the workers W and its staleness: sum (full "
+                 "step per push), mean (1/W: one step of the mean per clock), staleness-aware "
+                 "(1/(1+staleness), Zhang et al. 2016), linear-scaling (Goyal et al. 2017: full "
+                 "step after a warm-up from 1/W). Default: sum up to 4 workers, staleness-aware "
+                 "beyond")
+      ->check(CLI::IsMember({"sum", "mean", "staleness-aware", "linear-scaling"}));
+  app.add_option("--warmup-epochs", c.warmup_epochs,
+                 "--update-rule linear-scaling: epochs of warm-up (default 2)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--quiet", c.quiet, "no progress line");
   app.add_option("--recovery", c.recovery, "what happens when a server fails")
       ->check(CLI::IsMember(

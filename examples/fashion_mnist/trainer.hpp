@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -192,6 +193,13 @@ struct monitor {
   double next_eval = 0;
   double last_accuracy = -1;
   float loss_ema = -1;
+  float start_loss = -1;  // worker 0's first training loss
+  // Set once worker 0's training loss turns non-finite, rises past twice its start, or is
+  // still at its start after an epoch: every worker then ends at its next clock, and the run
+  // ends with an error naming the settings (`diverged_at`: the epoch, `diverged_loss`).
+  std::atomic<bool> diverged{false};
+  double diverged_at = 0;
+  float diverged_loss = 0;
   bool tty = isatty(STDOUT_FILENO) != 0;
   bool started = false;
 
@@ -210,6 +218,13 @@ struct monitor {
     loss_ema = loss_ema < 0 ? r.loss : 0.98f * loss_ema + 0.02f * r.loss;
     const double epoch = m.epoch();
     const double t = elapsed();
+    if (start_loss < 0 && std::isfinite(r.loss)) start_loss = r.loss;
+    if (!diverged && (!std::isfinite(r.loss) || loss_ema > 2 * start_loss ||
+                      (epoch >= 1 && loss_ema >= start_loss))) {
+      diverged_at = epoch;
+      diverged_loss = std::isfinite(r.loss) ? loss_ema : r.loss;
+      diverged = true;
+    }
     if (epoch >= next_eval) {
       next_eval += cfg.eval_every;
       // --eval servers (or both): the evaluator thread reads and evaluates the servers' model
@@ -555,9 +570,13 @@ int run(const config& c, Optimizer opt) {
   std::vector<asyncps::table_spec> layout;
   if (!load_data(c, train, test, layout)) return 2;
 
-  asio::io_context io(2);
-  const unsigned threads = c.role == "all" ? 2 : 1;
-  asio::thread_pool compute(c.compute_threads != 0 ? c.compute_threads : 2);
+  // Threads follow the cores: every server shard and every worker has a strand of its own on
+  // `io`, run by `threads` threads; gradients run on `compute` (--io-threads and
+  // --compute-threads; 0: the machine's cores).
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned threads = c.io_threads != 0 ? c.io_threads : cores;
+  asio::io_context io(static_cast<int>(threads));
+  asio::thread_pool compute(c.compute_threads != 0 ? c.compute_threads : cores);
   asio::thread_pool slow_compute(1);  // the straggler's own thread (--slow-worker)
   monitor mon(c, test);
   if (!mon.metrics) {
@@ -681,7 +700,9 @@ int run(const config& c, Optimizer opt) {
       o.id = w;
       o.servers = endpoints;
       o.replicas = replicas;
-      o.local_step = opt.local_step();  // read-my-writes (exact for SGD)
+      // Read-my-writes: the step a fresh push of this worker takes (exact for SGD under the
+      // sum and mean rules; an estimate under the others).
+      o.local_step = opt.local_step() * opt.rule.scale({.worker = w, .workers = c.workers});
       o.connect_timeout = std::chrono::seconds(30);
       // Elastic: a worker that joins late, or rejoins after a restart, trains to the job's
       // end clock, not a full run from where it joined.
@@ -692,6 +713,7 @@ int run(const config& c, Optimizer opt) {
       o.on_clock = [&, i, per_clock, model = m.get()](const asyncps::clock_report& r) {
         mon.samples += per_clock;
         if (i == 0) mon.on_clock(r, *model, workers[0]->staleness());
+        if (mon.diverged) workers[i]->stop_at(r.clock);
       };
       workers.push_back(std::make_unique<worker_t>(
           *t, *m, o,
@@ -740,7 +762,8 @@ int run(const config& c, Optimizer opt) {
   if (c.slow_factor > 1) std::cout << ", worker " << c.slow_worker << " slowed x" << c.slow_factor;
   std::cout << ", recovery " << Recovery::name << ", " << c.servers << " servers, " << c.workers
             << " workers, " << epochs << " epochs (" << clocks << " clocks of " << c.batch
-            << " per worker), role " << c.role << std::endl;
+            << " per worker), update rule " << opt.rule.chosen_name() << ", role " << c.role
+            << std::endl;
 
   std::vector<std::thread> pool;
   for (unsigned i = 1; i < threads; ++i) pool.emplace_back([&] { io.run(); });
@@ -982,6 +1005,16 @@ int run(const config& c, Optimizer opt) {
                        .dump()
                 << '\n';
   }
+  if (mon.diverged) {
+    std::fprintf(stderr,
+                 "fashion_mnist: training diverged at epoch %.2f (training loss %g, %g at the "
+                 "start; test accuracy %.4f) with learning rate %g, %u workers and update rule "
+                 "%s: lower --lr, or pick --update-rule mean or staleness-aware\n",
+                 mon.diverged_at, static_cast<double>(mon.diverged_loss),
+                 static_cast<double>(mon.start_loss), e.accuracy, static_cast<double>(c.lr),
+                 c.workers, c.update_rule.c_str());
+    return 3;
+  }
   std::printf("final test accuracy %.4f (loss %.4f) after %.1f s; metrics in %s\n", e.accuracy,
               e.loss, secs, c.metrics.c_str());
   return failures == 0 ? 0 : 1;
@@ -995,11 +1028,12 @@ template <class Consistency, class Recovery, class... Optimizers>
 int with_optimizer(const config& c) {
   namespace opt = asyncps::optimizer;
   int rc = -1;
+  // Every optimizer runs under the update rule --update-rule names (a run-time choice, so
+  // the rules cost no extra instantiations).
   const auto make = [&]<class O>(std::type_identity<O>) {
-    if constexpr (std::is_same_v<O, opt::momentum>)
-      return O{c.lr, 0.9f};
-    else
-      return O{c.lr};
+    O inner{c.lr};
+    if constexpr (std::is_same_v<O, opt::momentum>) inner = O{c.lr, 0.9f};
+    return opt::with_update_rule<O, asyncps::update_rule::selectable>{inner, update_rule_of(c)};
   };
   const auto name = []<class O>(std::type_identity<O>) -> std::string_view {
     if constexpr (std::is_same_v<O, opt::momentum>)
@@ -1011,12 +1045,14 @@ int with_optimizer(const config& c) {
     else
       return "sgd";
   };
-  static_cast<void>(((c.optimizer == name(std::type_identity<Optimizers>{})
-                          ? (rc = run<Consistency, Optimizers, Recovery>(
-                                 c, make(std::type_identity<Optimizers>{})),
-                             true)
-                          : false) ||
-                     ...));
+  static_cast<void>(
+      ((c.optimizer == name(std::type_identity<Optimizers>{})
+            ? (rc = run<Consistency,
+                        opt::with_update_rule<Optimizers, asyncps::update_rule::selectable>,
+                        Recovery>(c, make(std::type_identity<Optimizers>{})),
+               true)
+            : false) ||
+       ...));
   return rc;
 }
 

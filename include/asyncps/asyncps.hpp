@@ -30,5 +30,6 @@
 #include "asyncps/transport.hpp"
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/transport/tcp.hpp"
+#include "asyncps/update_rule.hpp"
 #include "asyncps/wire.hpp"
 #include "asyncps/worker.hpp"

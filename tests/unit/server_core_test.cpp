@@ -27,6 +27,7 @@
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/server_options.hpp"
+#include "asyncps/update_rule.hpp"
 #include "asyncps/wire.hpp"
 
 namespace {
@@ -1258,4 +1259,68 @@ TEST_CASE("server_protocol: VAP acknowledges a writer's clock once every reader 
   // A count past the messages sent is refused.
   CHECK(!ack_from(w1, 1, 9));
   CHECK(error_code_of(w1) == errc::unexpected_message);
+}
+
+TEST_CASE("update rules: sum, mean, staleness-aware and linear scaling with warm-up") {
+  const push_context fresh{.worker = 0, .workers = 16, .clock = 5, .server_clock = 5};
+  push_context stale = fresh;
+  stale.staleness = 7;
+  CHECK(update_rule::sum{}.scale(stale) == 1.0f);
+  CHECK(update_rule::mean{}.scale(stale) == doctest::Approx(1.0 / 16));
+  CHECK(update_rule::staleness_aware{}.scale(fresh) == 1.0f);
+  CHECK(update_rule::staleness_aware{}.scale(stale) == doctest::Approx(1.0 / 8));
+  // Goyal et al.: from one worker's rate for the global batch (1/W per push) to W times it
+  // (1 per push), linearly over the warm-up clocks; a cap limits the global rate.
+  update_rule::linear_scaling lin{.warmup_clocks = 100};
+  push_context c = fresh;
+  c.server_clock = 0;
+  CHECK(lin.scale(c) == doctest::Approx(1.0 / 16));
+  c.server_clock = 50;
+  CHECK(lin.scale(c) == doctest::Approx(1.0 / 16 + 0.5 * 15.0 / 16));
+  c.server_clock = 100;
+  CHECK(lin.scale(c) == 1.0f);
+  lin.max_factor = 4;
+  CHECK(lin.scale(c) == doctest::Approx(0.25));
+  c.workers = 2;
+  CHECK(lin.scale(c) == 1.0f);  // the cap is above 2 workers' factor
+  update_rule::selectable sel;
+  CHECK(sel.chosen_name() == "sum");
+  CHECK(sel.choose("staleness-aware"));
+  CHECK(sel.scale(stale) == doctest::Approx(1.0 / 8));
+  CHECK(!sel.choose("median"));
+  CHECK(sel.chosen_name() == "staleness-aware");
+  for (std::string_view n : {"sum", "mean", "staleness-aware", "linear-scaling"}) {
+    CHECK(sel.choose(n));
+    CHECK(sel.chosen_name() == n);
+  }
+}
+
+TEST_CASE("shard_core: an update rule scales each push by its staleness from the vector clock") {
+  using rule_opt = optimizer::with_update_rule<optimizer::sgd, update_rule::staleness_aware>;
+  using rule_core = detail::shard_core<rule_opt, int, int>;
+  const std::vector<table_spec> layout{table_spec{0, 8, 2, 0.0f}};
+  rule_core core(0, 2, 3, layout, 42, rule_opt{optimizer::sgd{1.0f}, {}});
+  // Workers 1 and 2 finish clocks 0 and 1; worker 0's push of clock 0 then lacks their 4
+  // updates of clocks >= 0: staleness 4, so 1/5 of the step.
+  for (std::uint32_t w : {1u, 2u}) {
+    core.advance(w, 1);
+    core.advance(w, 2);
+  }
+  auto m = range_push(0, 0, 0, 1, 1.0f);
+  CHECK(core.context_of(m).staleness == 4);
+  CHECK(core.context_of(m).workers == 3);
+  std::string detail;
+  REQUIRE(!core.check_rows(m, detail));
+  REQUIRE(!core.check_update(m, detail));
+  core.apply(m);
+  CHECK(core.table(0).values[0] == doctest::Approx(-0.2));
+  // Worker 1's push of clock 2 is the newest: nothing newer applied, the full step.
+  auto fresh = range_push(1, 2, 1, 1, 1.0f);
+  CHECK(core.context_of(fresh).staleness == 0);
+  core.apply(fresh);
+  CHECK(core.table(0).values[2] == doctest::Approx(-1.0));
+  // A fresh push's read-my-writes step (the welcome's local_step) is the full step.
+  protocol::welcome w;
+  core.welcome_tables(0, w);
+  CHECK(w.local_step == doctest::Approx(1.0));
 }

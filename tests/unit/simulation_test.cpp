@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <span>
@@ -40,9 +41,12 @@
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/simulated.hpp"
+#include "asyncps/update_rule.hpp"
 #include "asyncps/worker.hpp"
+#include "bench/sim_cluster.hpp"
 #include "build_mode.hpp"
 #include "counter_model.hpp"
+#include "examples/tutorial/linear_regression.hpp"
 
 using namespace asyncps;
 using namespace std::chrono_literals;
@@ -1357,4 +1361,62 @@ TEST_CASE("simulation: a wait_group wakes every waiter once its last counted cor
   net.run();
   CHECK(woken == 4);
   CHECK(net.now() == simulated_clock::time_point(20ms));  // the waits never moved the clock
+}
+
+namespace {
+
+// Linear regression (examples/tutorial/linear_regression.hpp: 8 weights, Hessian about I,
+// so SGD is stable below a step of about 2) trained by `workers` workers under `Policy` for
+// `clocks` clocks each, with SGD of rate `lr` under update rule `rule`, on one shard of the
+// simulated network (compute 10 ms +- 50%, so the pushes interleave). Returns the distance of
+// the server's weights from the true ones, or +inf when a worker's run failed (a push the
+// server refused as non-finite ends it) or a weight is not finite.
+template <class Policy, class Rule>
+double regression_error(std::uint32_t workers, float lr, Rule rule, std::uint64_t clocks,
+                        std::uint64_t seed) {
+  using opt_t = optimizer::with_update_rule<optimizer::sgd, Rule>;
+  simulation_options so;
+  so.seed = seed;
+  so.compute.jitter = 0.5;
+  simulated_network net(so);
+  const std::vector<table_spec> layout(tutorial::linear_regression::layout.begin(),
+                                       tutorial::linear_regression::layout.end());
+  bench::sim_cluster<tutorial::linear_regression, Policy, opt_t> cluster(
+      net, 1, workers, layout, opt_t{optimizer::sgd{lr}, rule});
+  std::vector<tutorial::linear_regression> models;
+  models.reserve(workers);
+  for (std::uint32_t w = 0; w < workers; ++w) models.emplace_back(static_cast<unsigned>(w + 1));
+  for (auto& m : models) cluster.add_worker(m, {}, clocks);
+  cluster.run();
+  const auto v = cluster.server(0).values(0);
+  if (cluster.errors() != 0 ||
+      !std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); }))
+    return std::numeric_limits<double>::infinity();
+  return tutorial::linear_regression::error(v);
+}
+
+}  // namespace
+
+TEST_CASE("simulation: with 64 workers the sum of their pushes diverges; mean and "
+          "staleness-aware converge as 1 worker does (SSP(3), ASP); capped linear scaling too "
+          "under SSP(3), not ASP") {
+  constexpr float lr = 0.2f;  // one worker: stable; 64 full steps per clock: not
+  const double one = regression_error<consistency::ssp<3>>(1, lr, update_rule::sum{}, 200, 1);
+  CHECK(one < 0.01);
+  const update_rule::linear_scaling capped{.warmup_clocks = 5, .max_factor = 4};
+  const auto each_policy = [&]<class P>(std::type_identity<P>) {
+    CAPTURE(P::name);
+    CHECK(regression_error<P>(64, lr, update_rule::sum{}, 40, 1) > 1.0);
+    CHECK(regression_error<P>(64, lr, update_rule::mean{}, 200, 1) < 0.01);
+    CHECK(regression_error<P>(64, lr, update_rule::staleness_aware{}, 80, 1) < 0.01);
+    // Goyal et al.'s rule past its range (64 x the rate) diverges as the sum does.
+    CHECK(regression_error<P>(64, lr, update_rule::linear_scaling{.warmup_clocks = 5}, 40, 1) >
+          1.0);
+  };
+  each_policy(std::type_identity<consistency::ssp<3>>{});
+  each_policy(std::type_identity<consistency::asp>{});
+  // Capped at 4 x one worker's rate it converges with bounded staleness; under ASP (reads
+  // stale by about 64 pushes) the same rate does not: a rule for synchronous training.
+  CHECK(regression_error<consistency::ssp<3>>(64, lr, capped, 40, 1) < 0.01);
+  CHECK(regression_error<consistency::asp>(64, lr, capped, 200, 1) > 0.1);
 }

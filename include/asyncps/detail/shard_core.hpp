@@ -31,6 +31,7 @@
 #include "asyncps/protocol.hpp"
 #include "asyncps/shard_state.hpp"
 #include "asyncps/table.hpp"
+#include "asyncps/update_rule.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps::detail {
@@ -83,6 +84,16 @@ struct pending_pull {
 /// Thread safety: one thread at a time (the server's executor).
 template <optimizer_policy Optimizer, class Reader, class TimePoint>
 class shard_core {
+  // The optimizer one push is applied with: `Optimizer`, or for
+  // `optimizer::with_update_rule<Inner, Rule>` its `Inner` at the rule's rate for the push.
+  using step_optimizer = push_optimizer_t<Optimizer>;
+  decltype(auto) push_optimizer(const message& m) const noexcept {
+    if constexpr (has_update_rule_v<Optimizer>)
+      return optimizer_.for_push(context_of(m));
+    else
+      return (optimizer_);
+  }
+
  public:
   using pending_type = pending_pull<Reader, TimePoint>;  ///< a waiting pull
 
@@ -219,6 +230,7 @@ class shard_core {
     const auto grad = payload_floats(m);
     const std::uint32_t w = t.spec.width;
     const std::uint64_t step = t.step + 1;  // the step `apply` would use
+    const auto opt = push_optimizer(m);
     row_id bad = 0;
     std::error_code ec;
     // One chunk of `c` floats of the push at `g`, for values from `off`: finite, and so is
@@ -226,7 +238,7 @@ class shard_core {
     const auto chunk_ok = [&](std::size_t off, std::size_t c, const float* g) {
       if (!all_finite(std::span<const float>(g, c))) {
         ec = errc::non_finite_value;
-      } else if (!candidates_finite(t, off, c, g, step)) {
+      } else if (!candidates_finite(opt, t, off, c, g, step)) {
         ec = errc::non_finite_update;
       }
       return !ec;
@@ -271,17 +283,18 @@ class shard_core {
     auto& t = tables_[h.table];
     const auto grad = payload_floats(m);
     const std::uint32_t w = t.spec.width;
+    const auto opt = push_optimizer(m);
     ++t.step;
     if (h.has(frame_flags::range)) {
       const auto first = static_cast<row_id>(h.first_row);
-      apply_rows(t, std::size_t{first - t.range.begin} * w, std::size_t{h.row_count} * w,
+      apply_rows(opt, t, std::size_t{first - t.range.begin} * w, std::size_t{h.row_count} * w,
                  grad.data());
       changed(t, key_range{first, first + h.row_count});
     } else {
       const auto keys = payload_keys(m);
       ++t.version;
       for (std::uint32_t i = 0; i < h.row_count; ++i) {
-        apply_rows(t, std::size_t{keys[i] - t.range.begin} * w, w,
+        apply_rows(opt, t, std::size_t{keys[i] - t.range.begin} * w, w,
                    grad.data() + std::size_t{i} * w);
         t.row_version[keys[i] - t.range.begin] = t.version;
       }
@@ -361,6 +374,28 @@ class shard_core {
       w.tables.push_back({tables_[i].spec.rows, tables_[i].spec.width,
                           worker < applied_.size() ? applied_[worker][i] : 0});
     w.local_step = static_cast<float>(optimizer_.local_step());
+    if constexpr (has_update_rule_v<Optimizer>) {  // a fresh push of `worker` now
+      const push_context ctx{.worker = worker,
+                             .workers = std::max<std::uint32_t>(members(), 1),
+                             .clock = server_clock_,
+                             .server_clock = server_clock_,
+                             .staleness = 0};
+      w.local_step *= static_cast<float>(optimizer_.rule.scale(ctx));
+    }
+  }
+  /// The context of push `m` as its update rule sees it (`push_context`), from the vector
+  /// clock as it stands: deterministic, so every replica computes the same.
+  push_context context_of(const message& m) const noexcept {
+    const auto& h = m.header;
+    push_context c{.worker = h.sender,
+                   .workers = std::max<std::uint32_t>(members(), 1),
+                   .clock = h.clock,
+                   .server_clock = server_clock_,
+                   .staleness = 0};
+    for (std::uint32_t v = 0; v < num_workers_; ++v)
+      if (v != h.sender && member_[v] != 0 && clocks_[v] > h.clock)
+        c.staleness += static_cast<std::uint64_t>(clocks_[v] - h.clock);
+    return c;
   }
   /// A snapshot of rows of table `tid` (keys first when sparse), in a buffer from `alloc`.
   template <class Alloc>
@@ -601,15 +636,15 @@ class shard_core {
   // Whether the optimizer's update of values [off, off + n) of `t` (n <= check_chunk) with
   // gradient `g` at step `step` leaves every value and state finite: the optimizer's own
   // read-only check when it has one (`stays_finite`), otherwise `apply` on a copy in `scratch_`.
-  bool candidates_finite(const shard_table& t, std::size_t off, std::size_t n, const float* g,
-                         std::uint64_t step) {
+  bool candidates_finite(const step_optimizer& opt, const shard_table& t, std::size_t off,
+                         std::size_t n, const float* g, std::uint64_t step) {
     constexpr std::size_t planes = Optimizer::state_per_param;
     if constexpr (has_stays_finite) {
       optimizer_state<planes> st{};  // spans of float, as apply takes them; only read
       for (std::size_t k = 0; k < planes; ++k)
         st[k] = std::span<float>(const_cast<float*>(t.state.data()) + k * t.values.size() + off, n);
-      return optimizer_.stays_finite(std::span<const float>(t.values.data() + off, n),
-                                     std::span<const float>(g, n), st, step);
+      return opt.stays_finite(std::span<const float>(t.values.data() + off, n),
+                              std::span<const float>(g, n), st, step);
     }
     float* v = scratch_.data();
     std::memcpy(v, t.values.data() + off, n * sizeof(float));
@@ -619,18 +654,18 @@ class shard_core {
       std::memcpy(sk, t.state.data() + k * t.values.size() + off, n * sizeof(float));
       st[k] = std::span<float>(sk, n);
     }
-    optimizer_.apply(std::span<float>(v, n), std::span<const float>(g, n), st, step);
+    opt.apply(std::span<float>(v, n), std::span<const float>(g, n), st, step);
     if (!all_finite(std::span<const float>(v, n))) return false;
     for (std::size_t k = 0; k < planes; ++k)
       if (!all_finite(st[k])) return false;
     return true;
   }
-  void apply_rows(shard_table& t, std::size_t off, std::size_t n, const float* g) {
+  void apply_rows(const step_optimizer& opt, shard_table& t, std::size_t off, std::size_t n,
+                  const float* g) {
     optimizer_state<Optimizer::state_per_param> st{};
     for (std::size_t k = 0; k < Optimizer::state_per_param; ++k)
       st[k] = std::span<float>(t.state.data() + k * t.values.size() + off, n);
-    optimizer_.apply(std::span<float>(t.values.data() + off, n), std::span<const float>(g, n), st,
-                     t.step);
+    opt.apply(std::span<float>(t.values.data() + off, n), std::span<const float>(g, n), st, t.step);
   }
 
   std::uint32_t shard_;
@@ -657,7 +692,7 @@ class shard_core {
   /// returning whether `apply` would leave every value and state finite. The shipped
   /// optimizers have it; for one without it, `check_update` runs `apply` on a copy.
   static constexpr bool has_stays_finite =
-      requires(const Optimizer& o, std::span<const float> p, std::span<const float> g,
+      requires(const step_optimizer& o, std::span<const float> p, std::span<const float> g,
                const optimizer_state<Optimizer::state_per_param>& s, std::uint64_t step) {
         { o.stays_finite(p, g, s, step) } -> std::convertible_to<bool>;
       };
