@@ -195,7 +195,7 @@ struct monitor {
   float loss_ema = -1;
   float start_loss = -1;  // worker 0's first training loss
   // Set once worker 0's training loss turns non-finite, rises past twice its start, or is
-  // still at its start after an epoch: every worker then ends at its next clock, and the run
+  // still at its start or near chance level after an epoch: every worker then ends at its next clock, and the run
   // ends with an error naming the settings (`diverged_at`: the epoch, `diverged_loss`).
   std::atomic<bool> diverged{false};
   double diverged_at = 0;
@@ -219,8 +219,11 @@ struct monitor {
     const double epoch = m.epoch();
     const double t = elapsed();
     if (start_loss < 0 && std::isfinite(r.loss)) start_loss = r.loss;
+    // Chance level: the cross-entropy of a uniform guess over the 10 classes is ln 10; a run
+    // that learns is well below it after one epoch.
+    const float chance = 0.9f * std::log(10.0f);
     if (!diverged && (!std::isfinite(r.loss) || loss_ema > 2 * start_loss ||
-                      (epoch >= 1 && loss_ema >= start_loss))) {
+                      (epoch >= 1 && loss_ema >= std::min(start_loss, chance)))) {
       diverged_at = epoch;
       diverged_loss = std::isfinite(r.loss) ? loss_ema : r.loss;
       diverged = true;
