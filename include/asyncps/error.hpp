@@ -100,11 +100,21 @@ enum class errc {
   /// (recovery::stateless waiting for a worker's replica, recovery::replica_log replaying):
   /// what it holds is not the model yet; `async_read_model` asks again until its deadline
   recovering,
+  /// (remote input) a shard state to be installed (a checkpoint, a chain state transfer, a
+  /// replica-log replica) fits the shard's layout but is not a state a run can reach: a
+  /// non-finite value or optimizer state, a worker clock outside [0, `protocol::max_clock`],
+  /// or an optimizer step, applied count or sequence number above `protocol::max_seq`; the
+  /// detail names the field (`shard_core::restore_state`). Nothing is installed
+  bad_state,
+  /// (remote input) a replica-log position from a worker (a `replay` announcement or end, a
+  /// `commit`, a state replica's position) above `protocol::max_seq`, which no server can
+  /// have issued: the connection is refused, nothing of it is used
+  bad_position,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::recovering;
+inline constexpr errc last_errc = errc::bad_position;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -207,6 +217,11 @@ class error_category_impl final : public std::error_category {
                "counts, none left to assign, or no address to publish";
       case errc::recovering:
         return "the shard is rebuilding its state after a restart: read it again later";
+      case errc::bad_state:
+        return "invalid shard state: a non-finite value, or a clock, step or sequence number out "
+               "of range";
+      case errc::bad_position:
+        return "replica-log position above the highest a server can issue (protocol::max_seq)";
     }
     return "unknown asyncps error";
   }
@@ -256,7 +271,7 @@ constexpr bool is_protocol_violation(errc e) noexcept {
           static_cast<int>(e) <= static_cast<int>(errc::too_many_requests)) ||
          e == errc::policy_mismatch || e == errc::bad_key_order ||
          e == errc::authentication_failed || e == errc::bad_clock ||
-         e == errc::tls_handshake_failed;
+         e == errc::tls_handshake_failed || e == errc::bad_state || e == errc::bad_position;
 }
 
 namespace detail {

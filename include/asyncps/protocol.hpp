@@ -65,6 +65,14 @@ struct layout_entry {
 /// `clock + 1` and `clock + staleness` never overflow. docs/wire-format.md, "Clocks in hello".
 inline constexpr clock_value max_clock = (clock_value{1} << 32) - 1;
 
+/// The highest sequence number, optimizer step or replica-log apply position a shard state or
+/// a peer's frame may carry (2^62): a worker numbers one message per push or clock, a server
+/// one position per update and one step per push, so a real run stays far below it (2^62
+/// messages at 10^9 per second take 146 years), and counters that start from a value at or
+/// below it never wrap. A restored state above it is refused (`errc::bad_state`), a replay,
+/// commit or replica position above it too (`errc::bad_position`).
+inline constexpr std::uint64_t max_seq = std::uint64_t{1} << 62;
+
 /// How far a hello's clock may lead the connected workers beyond the staleness bound
 /// (clocks): a worker rejoins at the clock of its oldest unacknowledged push (strict chain
 /// replication), so a connected worker's clock at the server may lag its true clock by as

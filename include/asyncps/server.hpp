@@ -238,7 +238,10 @@ class basic_server {
 
   /// Installs `st` as this shard's state (a restored checkpoint or a transferred replica).
   /// Errors: `errc::layout_mismatch` when `st` was taken from a different shard, shard count,
-  /// worker count, optimizer or table layout (the state is then left unchanged). Connected
+  /// worker count, optimizer or table layout; `errc::bad_state` when it fits but no run can
+  /// reach it: a non-finite value or optimizer state, a worker clock outside [0,
+  /// `protocol::max_clock`], a step, applied count or `last_seq` above `protocol::max_seq`
+  /// (logged naming the field; the state is then left unchanged either way). Connected
   /// workers keep their connections; pulls waiting for a clock the restored state has passed
   /// are answered. Thread safety: on the server's executor.
   std::error_code restore_state(const shard_state& st) { return proto_.restore_state(st); }

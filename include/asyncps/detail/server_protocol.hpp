@@ -569,9 +569,15 @@ class server_protocol {
 
   /// Copies the shard's whole state into `out` (see `shard_core::save_state`).
   void save_state(shard_state& out) const { core_.save_state(out); }
-  /// Installs `st` and answers the pulls it satisfies; `errc::layout_mismatch` when foreign.
+  /// Installs `st` and answers the pulls it satisfies. Errors (nothing installed; logged with
+  /// the field and value at fault): `errc::layout_mismatch` when foreign, `errc::bad_state`
+  /// when no run can reach it (see `shard_core::restore_state`).
   std::error_code restore_state(const shard_state& st) {
-    if (auto ec = core_.restore_state(st)) return ec;
+    std::string detail;
+    if (auto ec = core_.restore_state(st, detail)) {
+      log("refused to install a shard state: " + ec.message() + detail);
+      return ec;
+    }
     answer_ready_pulls();
     return {};
   }

@@ -568,22 +568,37 @@ class shard_core {
       o.optimizer_state.assign(tables_[i].state.begin(), tables_[i].state.end());
     }
   }
-  /// Installs `st`. Errors: `errc::layout_mismatch` when it was taken from another shard,
-  /// shard count, worker count, optimizer or layout (nothing is changed then). The caller
-  /// answers the pulls it satisfies.
+  /// Installs `st`. Errors (nothing is changed then; the caller answers the pulls a success
+  /// satisfies): `errc::layout_mismatch` when it was taken from another shard, shard count,
+  /// worker count, optimizer or layout, or its `last_seq` has neither 0 nor `num_workers`
+  /// entries; `errc::bad_state` when it fits but no run can reach it (see `check_state`).
   std::error_code restore_state(const shard_state& st) {
+    std::string detail;
+    return restore_state(st, detail);
+  }
+  /// As `restore_state(st)`; `detail` says what was wrong (the field and its value).
+  std::error_code restore_state(const shard_state& st, std::string& detail) {
     if (st.shard != shard_ || st.num_shards != num_shards_ || st.num_workers != num_workers_ ||
         st.state_per_param != Optimizer::state_per_param || st.tables.size() != tables_.size() ||
         st.worker_clocks.size() != clocks_.size() ||
-        st.applied.size() != std::size_t{num_workers_} * tables_.size())
+        st.applied.size() != std::size_t{num_workers_} * tables_.size() ||
+        (!st.last_seq.empty() && st.last_seq.size() != last_seq_.size())) {
+      detail = " (shard " + std::to_string(st.shard) + " of " + std::to_string(st.num_shards) +
+               ", " + std::to_string(st.num_workers) + " workers, " +
+               std::to_string(st.tables.size()) + " tables, " + std::to_string(st.state_per_param) +
+               " optimizer planes)";
       return errc::layout_mismatch;
+    }
     for (std::size_t i = 0; i < tables_.size(); ++i) {
       const auto& t = st.tables[i];
       if (!(t.spec == tables_[i].spec) || !(t.range == tables_[i].range) ||
           t.values.size() != tables_[i].values.size() ||
-          t.optimizer_state.size() != tables_[i].state.size())
+          t.optimizer_state.size() != tables_[i].state.size()) {
+        detail = " (table " + std::to_string(i) + ")";
         return errc::layout_mismatch;
+      }
     }
+    if (auto ec = check_state(st, detail)) return ec;
     for (std::size_t i = 0; i < tables_.size(); ++i) {
       tables_[i].step = st.tables[i].step;
       std::copy(st.tables[i].values.begin(), st.tables[i].values.end(), tables_[i].values.begin());
@@ -595,13 +610,54 @@ class shard_core {
       clocks_[w] = st.worker_clocks[w];
       std::copy_n(st.applied.begin() + w * tables_.size(), tables_.size(), applied_[w].begin());
     }
-    if (st.last_seq.size() == last_seq_.size())
-      std::copy(st.last_seq.begin(), st.last_seq.end(), last_seq_.begin());
+    if (!st.last_seq.empty()) std::copy(st.last_seq.begin(), st.last_seq.end(), last_seq_.begin());
     // The restored clocks decide the server clock, also below 0 (settle_clock only raises
     // it); 0 when no member holds it (elastic, before any join).
     server_clock_ = std::numeric_limits<clock_value>::min();
     if (!settle_clock()) server_clock_ = 0;
     has_state_ = true;
+    return {};
+  }
+
+  /// Whether `st`, whose layout fits this shard, is a state a run can reach: every value and
+  /// optimizer-state float finite, every worker clock in [0, `protocol::max_clock`] (the
+  /// range a hello may claim), and every table's optimizer `step`, every `applied` count and
+  /// every `last_seq` at most `protocol::max_seq` (a `last_seq` of 2^64 - 1 would make the
+  /// shard drop every later message of its worker as a duplicate, a step near 2^64 would wrap
+  /// the optimizer's bias correction). Error: `errc::bad_state`, `detail` naming the field,
+  /// its index and value. Cost: one pass over the state's floats.
+  std::error_code check_state(const shard_state& st, std::string& detail) const {
+    const auto bad = [&](const std::string& field, const std::string& value,
+                         const std::string& range) {
+      detail = " (field '" + field + "' is " + value + "; " + range + ")";
+      return make_error_code(errc::bad_state);
+    };
+    for (std::size_t i = 0; i < st.tables.size(); ++i) {
+      const auto& t = st.tables[i];
+      if (!all_finite(t.values))
+        return bad("tables[" + std::to_string(i) + "].values", "not all finite",
+                   "a shard's values are finite");
+      if (!all_finite(t.optimizer_state))
+        return bad("tables[" + std::to_string(i) + "].optimizer_state", "not all finite",
+                   "the optimizer's state is finite");
+      if (t.step > protocol::max_seq)
+        return bad("tables[" + std::to_string(i) + "].step", std::to_string(t.step),
+                   "at most protocol::max_seq " + std::to_string(protocol::max_seq));
+    }
+    for (std::size_t w = 0; w < st.worker_clocks.size(); ++w) {
+      const clock_value c = st.worker_clocks[w];
+      if (c < 0 || c > protocol::max_clock)
+        return bad("worker_clocks[" + std::to_string(w) + "]", std::to_string(c),
+                   "clocks lie in [0, " + std::to_string(protocol::max_clock) + "]");
+    }
+    for (std::size_t i = 0; i < st.applied.size(); ++i)
+      if (st.applied[i] > protocol::max_seq)
+        return bad("applied[" + std::to_string(i) + "]", std::to_string(st.applied[i]),
+                   "at most protocol::max_seq " + std::to_string(protocol::max_seq));
+    for (std::size_t w = 0; w < st.last_seq.size(); ++w)
+      if (st.last_seq[w] > protocol::max_seq)
+        return bad("last_seq[" + std::to_string(w) + "]", std::to_string(st.last_seq[w]),
+                   "at most protocol::max_seq " + std::to_string(protocol::max_seq));
     return {};
   }
 

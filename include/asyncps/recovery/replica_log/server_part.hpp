@@ -112,12 +112,29 @@ struct replica_log_server_part {
 
   /// Every message of a worker: orders pushes and clock messages, holds them until confirmed,
   /// and holds whatever the worker sends after them (a pull is answered after the worker's
-  /// earlier pushes are applied); takes commits, replays and replicas.
+  /// earlier pushes are applied); takes commits, replays and replicas. Errors (the worker's
+  /// connection is refused): `errc::bad_position` for a commit, replay or replica naming a
+  /// position above `protocol::max_seq`; `errc::unexpected_message` for a replica while not
+  /// rebuilding, a replay announcing position 0; those of a push (`check_rows`, finiteness).
   template <class Ctx>
   std::optional<std::error_code> on_worker_message(Ctx ctx, detail::session_base& s, message& m,
                                                    std::string& detail) {
     const auto& h = m.header;
     const std::uint32_t w = s.worker;
+    // Every position a worker names (a commit, a replay announcement or end, a replica's) is
+    // one a server can have issued: at most protocol::max_seq, so that no counter derived
+    // from it (the next position, `missing_positions`) wraps.
+    if ((h.type == message_type::commit || h.type == message_type::replay ||
+         h.type == message_type::state) &&
+        h.seq > protocol::max_seq) {
+      detail = " (worker " + std::to_string(w) + "'s " +
+               (h.type == message_type::commit   ? "commit"
+                : h.type == message_type::replay ? "replay"
+                                                 : "state replica") +
+               " names position " + std::to_string(h.seq) + "; positions lie in [0, " +
+               std::to_string(protocol::max_seq) + "])";
+      return make_error_code(errc::bad_position);
+    }
     switch (h.type) {
       case message_type::commit:
         if (h.has(frame_flags::state)) {
@@ -147,8 +164,9 @@ struct replica_log_server_part {
           detail = " (a state replica while the shard is not rebuilding)";
           return make_error_code(errc::unexpected_message);
         }
-        if (!rt_.value.best_replica_ || h.seq > rt_.value.best_replica_->header.seq)
-          rt_.value.best_replica_ = message{h, std::move(m.payload)};
+        // Each worker's newest replica is kept (one per worker): which one is installed is
+        // decided when every log has arrived (see `choose_replica`).
+        rt_.value.replicas_[w] = message{h, std::move(m.payload)};
         return std::error_code{};
       case message_type::push:
       case message_type::clock: {
@@ -235,6 +253,8 @@ struct replica_log_server_part {
     rt_.value.met_.assign(n, 0);
     rt_.value.done_.assign(n, 0);
     rt_.value.expect_.assign(n, 0);
+    rt_.value.replicas_.clear();
+    rt_.value.replicas_.resize(n);
   }
 
   // Holds `m`; an ordered one gets the next position and its worker the order.
@@ -368,6 +388,7 @@ struct replica_log_server_part {
   template <class Ctx>
   std::optional<std::error_code> on_replay(Ctx ctx, std::uint32_t w, const frame_header& h) {
     if (!h.has(frame_flags::state)) {
+      if (h.seq == 0) return make_error_code(errc::unexpected_message);  // 0: no position
       rt_.value.expect_[w] = h.seq;  // the next push or clock message is the entry of position seq
       return std::error_code{};
     }
@@ -378,31 +399,83 @@ struct replica_log_server_part {
     return std::error_code{};
   }
 
-  // Installs the newest replica (or the initial state) and applies every logged entry after
-  // it in position order; then serves what was held meanwhile.
+  // Whether the logged entries (sorted by position) hold every position in (lo, hi].
+  bool logs_cover(std::uint64_t lo, std::uint64_t hi) const noexcept {
+    if (hi <= lo) return true;
+    std::uint64_t next = lo + 1;  // the next position to find
+    for (const auto& e : rt_.value.entries_) {
+      if (e.position < next) continue;
+      if (e.position != next) return false;
+      if (next == hi) return true;
+      ++next;
+    }
+    return false;
+  }
+
+  // The order in which the workers' replicas are tried (indices into replicas_): first the
+  // ones the logs back, newest first: at or above the newest stable position any worker
+  // reported, with every position between it and theirs logged (a replica above the stable
+  // position holds updates the dead server applied, each logged by its worker before it was
+  // applied and not yet truncated). Then the ones at or below the newest stable position,
+  // newest first (the rebuild is then not exact). A replica above the stable position with a
+  // position no log holds is never installed: it claims updates nobody logged (a forged
+  // replica, or one whose gaps were voided orders: the rebuild then starts lower).
+  std::vector<std::uint32_t> choose_replica() const {
+    const std::uint64_t stable = rt_.value.newest_stable_;
+    std::vector<std::uint32_t> backed, older;
+    for (std::uint32_t w = 0; w < rt_.value.replicas_.size(); ++w) {
+      const auto& r = rt_.value.replicas_[w];
+      if (!r) continue;
+      const std::uint64_t p = r->header.seq;
+      if (p >= stable && logs_cover(stable, p))
+        backed.push_back(w);
+      else if (p <= stable)
+        older.push_back(w);
+    }
+    const auto newest_first = [this](std::uint32_t a, std::uint32_t b) {
+      return rt_.value.replicas_[a]->header.seq > rt_.value.replicas_[b]->header.seq;
+    };
+    std::stable_sort(backed.begin(), backed.end(), newest_first);
+    std::stable_sort(older.begin(), older.end(), newest_first);
+    backed.insert(backed.end(), older.begin(), older.end());
+    return backed;
+  }
+
+  // Installs the newest replica the logs back (or the initial state) and applies every logged
+  // entry after it in position order; then serves what was held meanwhile.
   template <class Ctx>
   void finish_recovery(Ctx ctx, bool timed_out) {
     std::uint64_t base = 0;
     std::string why;
     bool installed = false;
-    if (rt_.value.best_replica_) {
-      if (auto ec = detail::decode_state(rt_.value.best_replica_->payload.bytes(),
-                                         rt_.value.scratch_, why)) {
-        ctx.log("a worker's state replica of position " +
-                std::to_string(rt_.value.best_replica_->header.seq) + " is invalid" + why +
-                "; rebuilding from the initial state");
-      } else if (auto ec2 = ctx.restore_state(rt_.value.scratch_)) {
-        ctx.log("a worker's state replica does not fit this shard (" + ec2.message() +
-                "); rebuilding from the initial state");
-      } else {
-        base = rt_.value.best_replica_->header.seq;
-        installed = true;
-      }
-    }
-    if (!installed) (void)ctx.restore_state(rt_.value.initial_);
-    if (on_replayed) on_replayed(base);
     std::sort(rt_.value.entries_.begin(), rt_.value.entries_.end(),
               [](const entry& a, const entry& b) { return a.position < b.position; });
+    std::uint32_t skipped = 0;  // replicas present but never tried (not backed by the logs)
+    for (const auto& r : rt_.value.replicas_) skipped += r ? 1 : 0;
+    for (const std::uint32_t w : choose_replica()) {
+      --skipped;
+      const message& r = *rt_.value.replicas_[w];
+      why.clear();
+      if (auto ec = detail::decode_state(r.payload.bytes(), rt_.value.scratch_, why)) {
+        ctx.log("the state replica of position " + std::to_string(r.header.seq) + " from worker " +
+                std::to_string(w) + " is invalid" + why);
+      } else if (auto ec2 = ctx.restore_state(rt_.value.scratch_)) {
+        ctx.log("the state replica of position " + std::to_string(r.header.seq) + " from worker " +
+                std::to_string(w) + " cannot be installed (" + ec2.message() + ")");
+      } else {
+        base = r.header.seq;
+        installed = true;
+        break;
+      }
+    }
+    if (skipped != 0)
+      ctx.log(std::to_string(skipped) + " state replica(s) above the newest stable position " +
+              std::to_string(rt_.value.newest_stable_) +
+              " claim positions no worker logged: not installed");
+    if (!installed) (void)ctx.restore_state(rt_.value.initial_);
+    if (on_replayed) on_replayed(base);
+    // Every position is at most protocol::max_seq = 2^62 (checked as it arrived), so neither
+    // `expected` nor `missing` (at most the highest position) can wrap.
     std::uint64_t expected = base + 1;
     std::uint64_t missing = 0;
     for (auto& e : rt_.value.entries_) {
@@ -422,8 +495,11 @@ struct replica_log_server_part {
     // Every worker's log arrived and the newest stable replica was installed: every position
     // the dead server applied was committed, hence logged, hence replayed. A position without
     // an entry then had its order lost on the way (the server could apply nothing after it):
-    // not applied, and its push is resent.
-    const bool exact = !timed_out && rt_.value.newest_stable_ <= base;
+    // not applied, and its push is resent. A replica above the newest stable position is
+    // installed only when the logs hold every position up to it (choose_replica): exactness
+    // is never taken on a replica's word.
+    const bool exact = !timed_out && rt_.value.newest_stable_ <= base &&
+                       (!installed || logs_cover(rt_.value.newest_stable_, base));
     if (!exact) ++rt_.value.stats_.incomplete_recoveries;
     rt_.value.stable_ = base;
     rt_.value.stats_.stable = rt_.value.stable_;
@@ -453,7 +529,7 @@ struct replica_log_server_part {
                                               : ", no log from worker(s) " + missing_workers) +
                      ")"));
     rt_.value.entries_.clear();
-    rt_.value.best_replica_.reset();
+    for (auto& r : rt_.value.replicas_) r.reset();
     rt_.value.mode_ = mode::serving;
     if (on_rebuilt) on_rebuilt();
     rt_.value.replica_clock_ = ctx.clock();
@@ -536,7 +612,7 @@ struct replica_log_server_part {
     std::vector<char> met_, done_;
     std::vector<std::uint64_t> expect_;
     std::vector<entry> entries_;
-    std::optional<message> best_replica_;
+    std::vector<std::optional<message>> replicas_;  // per worker: its newest replica
     std::uint64_t newest_stable_ = 0;
     shard_state initial_{}, scratch_{};
     std::chrono::steady_clock::time_point recovery_started_{};
