@@ -37,6 +37,7 @@
 #include <asio/io_context.hpp>
 #include <asio/ip/address_v4.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
 #include <asio/this_coro.hpp>
 
 #include "asyncps/consistency.hpp"
@@ -65,6 +66,10 @@ enum class cluster_threads {
   /// Every node on one `asio::io_context`, run by the thread that calls `run()` (nodes and
   /// gradients interleave; handy for debugging and allocation counting).
   single,
+  /// Every node on a strand of its own on one `asio::io_context` run by
+  /// `local_cluster_options::pool_threads` threads (default: the machine's cores): as many
+  /// nodes run at once as there are threads, whatever the number of nodes.
+  pool,
 };
 
 /// Configuration of a `local_cluster` (plain numbers and callbacks).
@@ -72,14 +77,16 @@ struct local_cluster_options {
   std::uint32_t servers = 1;  ///< server shards (> 0); shard s owns rows per `shard_range`
   std::uint32_t workers = 1;  ///< workers (> 0), ids 0..workers-1
   cluster_threads threads = cluster_threads::one_per_node;
+  /// Threads of `cluster_threads::pool` (0: `std::thread::hardware_concurrency()`).
+  unsigned pool_threads = 0;
   std::uint64_t seed = 42;  ///< the servers' initial-value seed (`server_options::seed`)
   /// Longest wait of a worker for fresh rows (`worker_options::wait_timeout`).
   std::chrono::milliseconds wait_timeout{std::chrono::seconds(60)};
   /// After the last worker finished, how long a server may wait for its connections to close
   /// (the workers' goodbyes) before it is stopped anyway.
   std::chrono::milliseconds drain_timeout{std::chrono::seconds(2)};
-  /// Called after each clock of each worker, on that worker's thread: with `one_per_node`,
-  /// calls for different workers may run concurrently. May be empty.
+  /// Called after each clock of each worker, on that worker's thread: with `one_per_node`
+  /// or `pool`, calls for different workers may run concurrently. May be empty.
   std::function<void(const clock_report&)> on_clock{};
   /// Receives the servers' and workers' log lines (connection events, rejected frames), from
   /// their threads (concurrently with `one_per_node`). Empty: stderr.
@@ -216,10 +223,15 @@ class local_cluster {
     report.workers.resize(num_workers);
 
     // Declared first, destroyed last: every node, transport and pipe is gone before them.
-    const bool single = opts_.threads == cluster_threads::single;
+    const bool pooled = opts_.threads == cluster_threads::pool;
+    const bool single = opts_.threads == cluster_threads::single || pooled;
+    const unsigned pool_threads =
+        opts_.pool_threads != 0 ? opts_.pool_threads
+                                : std::max(1u, std::thread::hardware_concurrency());
     std::vector<std::unique_ptr<asio::io_context>> contexts;
     for (std::uint32_t i = 0; i < (single ? 1u : num_servers + num_workers); ++i)
-      contexts.push_back(std::make_unique<asio::io_context>(1));
+      contexts.push_back(
+          std::make_unique<asio::io_context>(pooled ? static_cast<int>(pool_threads) : 1));
     auto server_context = [&](std::uint32_t s) -> asio::io_context& {
       return *contexts[single ? 0 : s];
     };
@@ -228,11 +240,14 @@ class local_cluster {
     };
     std::optional<in_process_network> network;
     if constexpr (std::same_as<Transport, in_process_transport>) network.emplace();
+    // Each node's transport on the context's executor, or with `pool` on a strand of it.
     auto make_transport = [&](asio::io_context& io) {
+      asio::any_io_executor ex = io.get_executor();
+      if (pooled) ex = asio::make_strand(io);
       if constexpr (std::same_as<Transport, in_process_transport>) {
-        return std::make_unique<Transport>(io.get_executor(), *network);
+        return std::make_unique<Transport>(ex, *network);
       } else {
-        return std::make_unique<Transport>(io.get_executor());
+        return std::make_unique<Transport>(ex);
       }
     };
 
@@ -330,6 +345,8 @@ class local_cluster {
     std::vector<std::thread> threads;
     for (std::size_t i = 1; i < contexts.size(); ++i)
       threads.emplace_back([&state, &io = *contexts[i]] { run_context(io, state); });
+    for (unsigned i = 1; pooled && i < pool_threads; ++i)
+      threads.emplace_back([&state, &io = *contexts[0]] { run_context(io, state); });
     run_context(*contexts[0], state);
     for (auto& t : threads) t.join();
 

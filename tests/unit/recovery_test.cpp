@@ -745,7 +745,11 @@ void check_exact_sum(cluster_threads threads) {
   constexpr std::uint32_t workers = 3;
   constexpr std::uint64_t clocks = 30;
   local_cluster<grid_model, consistency::bsp, recovery::none, optimizer::sgd, Transport> cluster(
-      {.servers = 2, .workers = workers, .threads = threads, .log = [](std::string_view) {}},
+      {.servers = 2,
+       .workers = workers,
+       .threads = threads,
+       .pool_threads = 2,
+       .log = [](std::string_view) {}},
       [](std::uint32_t w) { return grid_model(w, workers); }, optimizer::sgd{1.0f});
   const auto r = cluster.run(clocks);
   INFO(r.failure);
@@ -788,6 +792,12 @@ TEST_CASE("local_cluster: BSP server values are the exact sum of every worker's 
   }
   SUBCASE("loopback TCP, a thread per node") {
     check_exact_sum<tcp_transport>(cluster_threads::one_per_node);
+  }
+  SUBCASE("in-process, a strand per node on a pool of 2 threads") {
+    check_exact_sum<in_process_transport>(cluster_threads::pool);
+  }
+  SUBCASE("loopback TCP, a strand per node on a pool of 2 threads") {
+    check_exact_sum<tcp_transport>(cluster_threads::pool);
   }
 }
 
