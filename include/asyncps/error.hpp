@@ -110,11 +110,17 @@ enum class errc {
   /// `commit`, a state replica's position) above `protocol::max_seq`, which no server can
   /// have issued: the connection is refused, nothing of it is used
   bad_position,
+  /// (transient) a hello named a worker id that a live connection holds: one that has sent a
+  /// message within `server_options::takeover_silence` and is not an earlier connection of
+  /// the same worker process (same incarnation). The newcomer is refused, the live worker
+  /// keeps its id; a worker retries its hello (a restarted process gets in once its old
+  /// connection is closed or silent past that bound)
+  worker_id_in_use,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::bad_position;
+inline constexpr errc last_errc = errc::worker_id_in_use;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -169,7 +175,8 @@ class error_category_impl final : public std::error_category {
       case errc::bad_sender: return "frame header field 'sender' is not a valid worker id";
       case errc::unexpected_message: return "message type not valid in this protocol state";
       case errc::duplicate_worker:
-        return "worker id taken over by a newer connection of that worker";
+        return "worker id taken over by a newer connection (this one was silent, or the same "
+               "worker process reconnected)";
       case errc::layout_mismatch: return "worker and server table layouts differ";
       case errc::non_finite_value: return "pushed gradient holds NaN or infinity";
       case errc::too_many_requests: return "too many outstanding requests";
@@ -222,6 +229,8 @@ class error_category_impl final : public std::error_category {
                "of range";
       case errc::bad_position:
         return "replica-log position above the highest a server can issue (protocol::max_seq)";
+      case errc::worker_id_in_use:
+        return "another live connection holds this worker id: retry later";
     }
     return "unknown asyncps error";
   }
@@ -285,7 +294,7 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
       case condition::protocol_violation: return is_protocol_violation(e);
       case condition::transient:
         return e == errc::connection_closed || e == errc::timeout || e == errc::not_head ||
-               e == errc::recovering;
+               e == errc::recovering || e == errc::worker_id_in_use;
       case condition::fatal:
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
                e == errc::bad_gradient || e == errc::non_finite_update ||

@@ -73,6 +73,16 @@ struct server_options {
   /// first message or a write is in progress; a connection is closed at most 1/8 of the
   /// smaller timeout late.
   std::chrono::milliseconds hello_timeout{std::chrono::seconds(10)};
+  /// Who keeps a worker id when a second hello names it while a connection holds it. The
+  /// newcomer takes the id over (the old connection gets `errc::duplicate_worker` and is
+  /// closed) when it is the same worker process (the same hello `incarnation`: its old
+  /// connection is half-open) or when the holder has sent nothing for this long (its process
+  /// or host is gone); otherwise the newcomer is refused with the transient
+  /// `errc::worker_id_in_use` and the live worker trains on (a worker retries such a
+  /// refusal). So one hello cannot end a live worker's run. A worker that waits for a pull
+  /// or computes longer than this sends nothing meanwhile: keep it above
+  /// `worker_options::wait_timeout` (60 s) and the longest clock. 0: any hello takes over.
+  std::chrono::milliseconds takeover_silence{std::chrono::seconds(60)};
   /// How long one message's write to a worker or an unidentified connection may take: a peer
   /// that has stopped reading (its receive window stays closed) is closed at once when a write
   /// has not completed for this long (logged with its address and its queue, counted in
@@ -118,8 +128,10 @@ struct server_stats {
   std::uint64_t bytes_in = 0;        ///< payload bytes received
   std::uint64_t bytes_out = 0;       ///< payload bytes sent
   std::uint64_t rejoins = 0;         ///< hellos from workers ahead of their clock here
-  /// Hellos that took a worker id over from another connection (a restarted worker, or a
-  /// reconnect while the old connection was not yet seen to be dead); the old one is closed.
+  /// Hellos that took a worker id over from another connection (the same worker process
+  /// reconnecting while its old connection was not yet seen to be dead, or any hello once the
+  /// holder was silent for `takeover_silence`); the old one is closed. A hello refused with
+  /// `errc::worker_id_in_use` instead counts in `rejected`.
   std::uint64_t takeovers = 0;
   /// Connections closed because queuing a message would have exceeded
   /// `server_options::max_total_queued_bytes` (see there).

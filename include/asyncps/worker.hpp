@@ -92,10 +92,11 @@ class basic_worker {
   /// server reported it), `errc::bad_gradient`
   /// (`check_gradients`), `errc::unexpected_message` (a malformed handshake reply),
   /// `errc::not_head` (chain replication: no server of a shard accepted it within
-  /// `connect_timeout`), `errc::shard_lost` (chain replication: every server holding a
-  /// shard's state failed; `stats().lost_pushes` counts this worker's pushes lost with it),
-  /// or a connect error (the log names the endpoint; one that `is_final_connect_error` says
-  /// no retry can fix, such as a wrong secret or a refused certificate, ends the run at once
+  /// `connect_timeout`), `errc::worker_id_in_use` (a live connection held this worker's id
+  /// for all of `connect_timeout`: retried meanwhile), `errc::shard_lost` (chain replication: every
+  /// server holding a shard's state failed; `stats().lost_pushes` counts this worker's pushes lost
+  /// with it), or a connect error (the log names the endpoint; one that `is_final_connect_error`
+  /// says no retry can fix, such as a wrong secret or a refused certificate, ends the run at once
   /// instead of after `connect_timeout`). Precondition: runs
   /// on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
@@ -234,7 +235,9 @@ class basic_worker {
           conns_[l.shard] = std::move(conn);
           ec = co_await handshake(l.shard);
           if (!ec) break;
-          if (ec != errc::not_head) co_return ec;
+          // not_head: the chain's next server; worker_id_in_use: a live connection holds
+          // this id (e.g. this worker's previous process, not yet seen to be gone): retry.
+          if (ec != errc::not_head && ec != errc::worker_id_in_use) co_return ec;
         } else if (is_final_connect_error(ec)) {  // e.g. a wrong secret: no retry helps
           core_.log("cannot connect to " + core_.server_name(l) + ": " + ec.message());
           co_return ec;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -256,4 +257,210 @@ TEST_CASE("insider: a replay naming a position near 2^64 is refused (bad_positio
     CHECK(server.recovery().stats().missing_positions == 0);
     CHECK(!any_line_has(slog, "positions missing"));
   }
+}
+
+TEST_CASE("insider: a hello for a live worker's id is refused as transient; the live worker "
+          "trains on, and a worker retries that refusal until the id is free") {
+  // Worker 0 trains; an insider (another process: another incarnation) says hello as worker 0
+  // after worker 0's first clock. The live connection keeps the id: the insider is refused
+  // with worker_id_in_use, and nobody gets duplicate_worker. A real worker refused so (a
+  // restarted process whose old connection the server still holds) retries: the third
+  // worker, also id 0, gets in once worker 0 has said bye.
+  asio::io_context io(1);
+  in_process_network net;
+  test::log_lines slog, wlog;
+  server_options so;
+  so.num_workers = 2;
+  so.tables = {table_spec{0, 2, 4, 0.0f}};
+  so.log = [&](std::string_view l) { slog.emplace_back(l); };
+  in_process_transport st(io.get_executor(), net);
+  basic_server<in_process_transport, consistency::asp> server(st, so, optimizer::sgd{1.0f});
+  asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
+  using worker_t = basic_worker<test::counter_model, in_process_transport, consistency::asp>;
+  std::array<test::counter_model, 3> models{
+      test::counter_model(0, 2, 0), test::counter_model(1, 2, 0), test::counter_model(0, 2, 0)};
+  std::array<std::unique_ptr<in_process_transport>, 3> ts;
+  std::array<std::unique_ptr<worker_t>, 3> ws;
+  std::array<std::error_code, 3> errors;
+  std::optional<errc> insider_refusal;
+  int done = 0;
+  in_process_transport evil(io.get_executor(), net);
+  const auto run = [&](int i) {
+    asio::co_spawn(
+        io,
+        [&, i]() -> asio::awaitable<void> {
+          errors[i] = co_await ws[i]->async_run(4);
+          if (++done == 3) server.stop();
+        },
+        asio::detached);
+  };
+  for (int i = 0; i < 3; ++i) {
+    worker_t::options_type o;
+    o.id = i == 1 ? 1 : 0;
+    o.servers = {"shard0"};
+    o.wait_timeout = std::chrono::seconds(10);
+    o.connect_timeout = std::chrono::seconds(10);
+    o.log = [&](std::string_view l) { wlog.emplace_back(l); };
+    if (i == 0)
+      o.on_clock = [&](const clock_report& c) {
+        if (c.clock != 0) return;
+        run(2);  // the second process with id 0 starts while worker 0 lives
+        asio::co_spawn(
+            io,
+            [&]() -> asio::awaitable<void> {
+              auto [ec, c] = co_await evil.async_connect("shard0");
+              REQUIRE(!ec);
+              const std::vector<protocol::layout_entry> layout{{2, 4}};
+              (void)co_await c.async_send(
+                  hello_of<consistency::asp, recovery::none>(0, 0, layout, 0, evil, 12345));
+              auto [rec, m] = co_await c.async_receive();
+              REQUIRE(!rec);
+              REQUIRE(m.header.type == message_type::error);
+              protocol::error e;
+              std::string why;
+              REQUIRE(!protocol::decode(m, e, why));
+              insider_refusal = e.code;
+            },
+            asio::detached);
+      };
+    ts[i] = std::make_unique<in_process_transport>(io.get_executor(), net);
+    ws[i] = std::make_unique<worker_t>(*ts[i], models[i], o);
+  }
+  run(0);
+  run(1);
+  io.run_for(std::chrono::seconds(30));
+  INFO(joined(slog));
+  INFO(joined(wlog));
+  CHECK(insider_refusal == errc::worker_id_in_use);
+  CHECK(!errors[0]);  // the live worker trained to the end
+  CHECK(!errors[1]);
+  CHECK(!errors[2]);  // retried, then took the freed id
+  CHECK(server.stats().takeovers == 0);
+  CHECK(!any_line_has(wlog, "worker id taken over"));
+  CHECK(any_line_has(slog, "another live connection holds this worker id: retry later (worker 0 "
+                           "is held by a connection"));
+  CHECK(make_error_code(errc::worker_id_in_use) == condition::transient);
+}
+
+namespace {
+
+// A server protocol stepped by hand (as tests/unit/server_core_test.cpp does): the sessions
+// and a shell that records.
+using step_time = std::chrono::steady_clock::time_point;
+struct step_session : detail::server_session_state<step_time> {
+  explicit step_session(int t) : tag(t) {}
+  int tag;
+  std::list<step_session>::iterator self;
+};
+struct step_io {
+  struct ctx_type {};
+  ctx_type ctx() { return {}; }
+  void wake(step_session&) {}
+  void close(step_session&) {}
+  buffer allocate(std::size_t n) { return pool.allocate(n); }
+  step_time now() const { return time; }
+  void wake_watchdog() {}
+  void wake_sweeper() {}
+  step_io& server() { return *this; }
+  buffer_pool pool;
+  step_time time{};
+};
+using step_proto = detail::server_protocol<consistency::ssp<0>, recovery::none, optimizer::sgd,
+                                           step_session, step_time, step_io>;
+
+message step_hello(step_io& io, std::uint32_t w, clock_value c, std::uint64_t incarnation) {
+  return protocol::encode(
+      protocol::hello{.worker = w,
+                      .clock = c,
+                      .fingerprint = policy_fingerprint<consistency::ssp<0>, recovery::none>(),
+                      .incarnation = incarnation,
+                      .layout = {{8, 2}}},
+      [&](std::size_t n) { return io.allocate(n); });
+}
+std::optional<errc> refusal_of(const step_session& s) {
+  if (s.outbox.empty() || s.outbox.back().header.type != message_type::error) return {};
+  protocol::error e;
+  std::string why;
+  if (protocol::decode(s.outbox.back(), e, why)) return {};
+  return e.code;
+}
+protocol::welcome welcome_of(const step_session& s) {
+  protocol::welcome w;
+  std::string why;
+  REQUIRE(!s.outbox.empty());
+  REQUIRE(!protocol::decode(s.outbox.front(), w, why));
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("insider: a hello at an absurd clock leaves nothing behind; a connection that never "
+          "trained vetoes no rejoin; a silent holder's id is taken over") {
+  step_io io;
+  server_options o;
+  o.num_workers = 2;
+  o.tables = {table_spec{0, 8, 2, 0.0f}};
+  o.takeover_silence = std::chrono::seconds(60);
+  test::log_lines log;
+  o.log = [&](std::string_view l) { log.emplace_back(l); };
+  step_proto proto(io, o, optimizer::sgd{1.0f}, {});
+
+  // No worker is connected: an insider says hello as worker 0 at clock 10^6 (accepted: the
+  // shard cannot know the run's clock), and leaves without training. Worker 0's clock here
+  // goes back to 0, so the real worker 0 is welcomed at its own clock.
+  for (const clock_value absurd : {clock_value{1000000}, protocol::max_clock - 1}) {
+    CAPTURE(absurd);
+    auto& evil = proto.add_session(1);
+    auto h = step_hello(io, 0, absurd, 666);
+    REQUIRE(proto.receive(evil, h));
+    CHECK(proto.core().worker_clock(0) == absurd);
+    evil.open = false;
+    evil.running = 0;
+    proto.session_finished(evil);
+    CHECK(proto.core().worker_clock(0) == 0);
+  }
+  CHECK(any_line_has(log, "worker 0's clock goes back from 4294967294 to 0: the connection whose "
+                          "hello moved it up never trained"));
+
+  // The insider says hello again as worker 1 at clock 0 and stays (never trains). The real
+  // worker 0 rejoins at clock 4181 (the shard restarted while it trained): an idle
+  // connection's clock does not veto it (bad_clock).
+  auto& idle = proto.add_session(2);
+  auto h1 = step_hello(io, 1, 0, 666);
+  REQUIRE(proto.receive(idle, h1));
+  auto& real = proto.add_session(3);
+  auto h0 = step_hello(io, 0, 4181, 7);
+  CHECK(proto.receive(real, h0));
+  CHECK(proto.worker_session(0) == &real);
+  CHECK(welcome_of(real).worker_clock == 4181);
+
+  // A second process claims worker 0 while the real one lives: refused (transient), the real
+  // one keeps its id.
+  io.time += std::chrono::seconds(59);
+  message tick;  // worker 0 ends its clock 4181: it trains, and is heard from now
+  tick.header.type = message_type::clock;
+  tick.header.sender = 0;
+  tick.header.clock = 4181;
+  tick.header.seq = 1;
+  REQUIRE(proto.receive(real, tick));
+  io.time += std::chrono::seconds(59);
+  auto& impostor = proto.add_session(4);
+  auto hi = step_hello(io, 0, 4181, 8);
+  CHECK(!proto.receive(impostor, hi));
+  CHECK(refusal_of(impostor) == errc::worker_id_in_use);
+  CHECK(proto.worker_session(0) == &real);
+  CHECK(proto.stats().takeovers == 0);
+  // Once the holder has been silent for takeover_silence, a hello takes the id over (its
+  // process or host is gone); so does one of the same incarnation at any time.
+  io.time += std::chrono::seconds(2);
+  auto& successor = proto.add_session(5);
+  auto hs = step_hello(io, 0, 4182, 9);
+  CHECK(proto.receive(successor, hs));
+  CHECK(proto.worker_session(0) == &successor);
+  CHECK(refusal_of(real) == errc::duplicate_worker);
+  auto& again = proto.add_session(6);
+  auto ha = step_hello(io, 0, 4182, 9);
+  CHECK(proto.receive(again, ha));
+  CHECK(proto.worker_session(0) == &again);
+  CHECK(proto.stats().takeovers == 2);
 }

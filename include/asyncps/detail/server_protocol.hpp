@@ -123,6 +123,7 @@ class server_protocol {
   /// Both loops of `s` finished: forgets it (worker registry, waiting pulls, recovery part).
   void session_finished(Session& s) {
     if (s.is_worker() && worker_session(s.worker) == &s) {
+      undo_untrained_raise(s);
       registered_[s.worker] = nullptr;
       // Elastic: a member whose connection ended without bye leaves after the grace period,
       // unless it says hello again first.
@@ -254,6 +255,7 @@ class server_protocol {
   /// finishes); when not even the error frame can be allocated, `s` is closed without it.
   bool receive(Session& s, message& m) {
     stats_.bytes_in += m.payload.size();
+    s.heard = io_->now();
     std::string detail;
     std::error_code err;
     if (s.is_worker() && worker_session(s.worker) != &s) return false;  // taken over: ignored
@@ -302,8 +304,10 @@ class server_protocol {
     }
     // A push or clock message taken (applied, or held by the recovery part): the next
     // incarnation of the worker numbers its messages above it (see greet's welcome).
-    if (!err && s.is_worker() && numbered_type(m.header.type) && m.header.sender == s.worker)
+    if (!err && s.is_worker() && numbered_type(m.header.type) && m.header.sender == s.worker) {
       seen_seq_[s.worker] = std::max(seen_seq_[s.worker], m.header.seq);
+      s.trained = true;
+    }
     return err;
   }
 
@@ -347,8 +351,10 @@ class server_protocol {
       incarnation_.assign(opts_.num_workers, 0);
       seen_seq_.assign(opts_.num_workers, 0);
     }
-    if (Session* old = registered_[h.sender]; old != nullptr && old != &s)
+    if (Session* old = registered_[h.sender]; old != nullptr && old != &s) {
+      if (auto ec = may_take_over(*old, hello.incarnation, detail)) return ec;
       take_over(*old, s, hello.incarnation);
+    }
     incarnation_[h.sender] = hello.incarnation;
     registered_[h.sender] = &s;
     connected_once_[h.sender] = 1;
@@ -381,6 +387,7 @@ class server_protocol {
         part_.on_rejoin(io_->ctx(), s.worker, core_.worker_clock(s.worker),
                         h.clock);  // e.g. log the jump
       }
+      s.raised_from = core_.worker_clock(s.worker);
       advance(s.worker, h.clock);
     }
     return {};
@@ -750,10 +757,11 @@ class server_protocol {
   }
 
   // A hello's clock (docs/wire-format.md, "Clocks in hello"): in [0, protocol::max_clock],
-  // and, when the staleness bound s is known and another worker is connected, at most the
-  // highest clock of a connected worker here + s + 1 + protocol::rejoin_slack. A shard that
-  // knows no connected worker's clock (it restarted: checkpoint, stateless) takes the
-  // worker's clock as it comes.
+  // and, when the staleness bound s is known and another connected worker has trained here
+  // since its hello (a push or clock message taken: a connection that only said hello, at
+  // whatever clock, vetoes no rejoin), at most the highest clock of such a worker here + s +
+  // 1 + protocol::rejoin_slack. A shard that knows no such worker's clock (it restarted:
+  // checkpoint, stateless) takes the worker's clock as it comes.
   std::error_code check_hello_clock(std::uint32_t w, clock_value c, std::string& detail) const {
     if (c < 0 || c > protocol::max_clock) {
       detail = " (worker " + std::to_string(w) + " says hello at clock " + std::to_string(c) +
@@ -765,7 +773,7 @@ class server_protocol {
       if (*s > protocol::max_clock) return {};
       std::optional<clock_value> lead;  // the highest clock of another connected worker
       for (std::uint32_t v = 0; v < registered_.size(); ++v)
-        if (v != w && registered_[v] != nullptr && registered_[v]->open)
+        if (v != w && registered_[v] != nullptr && registered_[v]->open && registered_[v]->trained)
           lead = std::max(lead.value_or(0), core_.worker_clock(v));
       // lead <= max_clock + 1 and s <= max_clock: no overflow.
       if (lead && c > *lead + *s + 1 + protocol::rejoin_slack) {
@@ -788,9 +796,39 @@ class server_protocol {
     return errc::bad_clock;
   }
 
-  // `next` said hello with the id of `old`'s worker: the newest authenticated hello wins.
-  // Either the worker restarted (another incarnation: its old connection belongs to a dead
-  // process, or to a peer that must not hold the id) or it reconnected before this server
+  // Whether a hello of incarnation `incarnation` may take `old`'s worker id over (see
+  // `server_options::takeover_silence`): `old` is closing, is the same worker process (its
+  // connection is stale), or has sent nothing for takeover_silence. Otherwise
+  // `errc::worker_id_in_use` (transient: the worker retries), `detail` saying for how long
+  // the holder has been heard from.
+  std::error_code may_take_over(const Session& old, std::uint64_t incarnation,
+                                std::string& detail) const {
+    const auto silent = io_->now() - old.heard;
+    if (!old.open || incarnation == incarnation_[old.worker] || silent >= opts_.takeover_silence)
+      return {};
+    detail = " (worker " + std::to_string(old.worker) + " is held by a connection" +
+             (old.address.empty() ? std::string() : " at " + old.address) + " heard from " +
+             std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()) +
+             " ms ago, another incarnation; the id is taken over once it is closed or silent "
+             "for takeover_silence " +
+             std::to_string(opts_.takeover_silence.count()) + " ms)";
+    return errc::worker_id_in_use;
+  }
+  // `s`, a worker session ending or taken over, moved its worker's clock up with its hello and
+  // never trained: the clock goes back to what it was, unless the server clock has passed
+  // that (then it stays: the server clock never goes back).
+  void undo_untrained_raise(Session& s) {
+    if (s.raised_from < 0 || s.trained || core_.clock() > s.raised_from) return;
+    log("worker " + std::to_string(s.worker) + "'s clock goes back from " +
+        std::to_string(core_.worker_clock(s.worker)) + " to " + std::to_string(s.raised_from) +
+        ": the connection whose hello moved it up never trained");
+    core_.set_worker_clock(s.worker, s.raised_from);
+    s.raised_from = -1;
+  }
+
+  // `next` said hello with the id of `old`'s worker, and may take it over (may_take_over).
+  // Either the worker restarted (another incarnation, and the old connection has been silent
+  // for takeover_silence: it belongs to a dead process) or it reconnected before this server
   // saw its old connection die (the same incarnation: a half-open connection). `old` gets
   // an error (`duplicate_worker`), is closed once it is sent, and nothing more it sends is
   // read (`receive`); its waiting pulls are dropped.
@@ -814,6 +852,7 @@ class server_protocol {
     close_after_flush(old);
     core_.drop(&old);
     old.pending_pulls = 0;
+    undo_untrained_raise(old);
   }
 
   // The peer address of `s` for log lines, when the shell knows it (`io.address(s)`).

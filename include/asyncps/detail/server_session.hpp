@@ -54,6 +54,14 @@ struct server_session_state : session_base {
   bool cut = false;  ///< closed at once (`server_protocol::close`): its queue no longer counts
   /// When the session started (`server_options::hello_timeout` counts from here).
   TimePoint opened{};
+  /// When its last message arrived (`server_options::takeover_silence` counts from here).
+  TimePoint heard{};
+  /// A worker session whose hello moved its worker's clock up (a rejoin): the clock before
+  /// (-1: its hello moved nothing). Undone when the session ends or is taken over before it
+  /// trained (`trained`), so that a hello alone cannot leave an absurd clock behind.
+  clock_value raised_from = -1;
+  /// A worker session has had a push or clock message taken since its hello.
+  bool trained = false;
   /// When the write in progress began (`server_options::send_timeout` counts from here);
   /// `TimePoint::max()` while no write is in progress.
   TimePoint send_since = TimePoint::max();

@@ -324,6 +324,10 @@ class shard_core {
     return settle_clock();
   }
 
+  /// Sets worker `w`'s clock to `c`, also lower than it is (a rejoin's jump undone), without
+  /// moving the server clock (the caller checks `c >= clock()`).
+  void set_worker_clock(std::uint32_t w, clock_value c) noexcept { clocks_[w] = c; }
+
   // ---- membership (server_options::elastic) ----
 
   /// Elastic membership: no worker is a member until it joins, and the server clock stays
