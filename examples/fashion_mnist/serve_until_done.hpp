@@ -1,5 +1,5 @@
 // fashion_mnist: serve_until_done, the end of a `--role server` process (no recovery peers):
-// it serves until every expected worker has said hello and left again. Its own header so that
+// it serves until every expected worker has trained and left again. Its own header so that
 // tests/unit/transport_test.cpp can run it against bare connections (a port scan).
 #pragma once
 
@@ -19,11 +19,13 @@
 
 namespace fashion {
 
-// Serves until each of the `workers` worker ids has said hello and every worker session has
-// ended again (a bare connection, e.g. a port scan, counts as no worker), and then `linger`
-// longer, still answering readers (asyncps::async_read_model: the final model). `tick`, if
-// set, is called on the server's executor every 50 ms while workers train (with false), and
-// once when the last one has left, or the server stopped before that (true).
+// Serves until each of the `workers` worker ids has trained here (a push or clock message of it
+// taken: `workers_trained`) and every worker session has ended again, and then `linger`
+// longer. A bare connection (a port scan) counts as no worker, and neither does a hello, nor a
+// hello and a bye: a peer that says hello and bye as every id before training cannot end it
+// (issue 32). While it lingers it still answers readers (asyncps::async_read_model: the final
+// model). `tick`, if set, is called on the server's executor every 50 ms while workers train (with
+// false), and once when the last one has left, or the server stopped before that (true).
 template <class Server>
 asio::awaitable<void>
 serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor, std::uint32_t workers,
@@ -38,12 +40,12 @@ serve_until_done(Server& s, asyncps::tcp_transport::acceptor acceptor, std::uint
           poll.expires_after(std::chrono::milliseconds(50));
           if (auto [ec] = co_await poll.async_wait(asyncps::detail::use_tuple); ec) co_return;
           if (tick) tick(false);
-          if (s.workers_seen() >= workers && s.workers_connected() == 0) break;
+          if (s.workers_trained() >= workers && s.workers_connected() == 0) break;
         }
         ended = true;
         if (tick) tick(true);
         std::cerr << "server " << s.options().shard << ": all " << workers
-                  << " workers have connected and left; stopping in " << linger.count() / 1000.0
+                  << " workers have trained and left; stopping in " << linger.count() / 1000.0
                   << " s\n";
         poll.expires_after(linger);  // 0: at once
         if (auto [ec] = co_await poll.async_wait(asyncps::detail::use_tuple); ec) co_return;

@@ -116,11 +116,15 @@ enum class errc {
   /// keeps its id; a worker retries its hello (a restarted process gets in once its old
   /// connection is closed or silent past that bound)
   worker_id_in_use,
+  /// (remote input) a push's L2 norm exceeds `server_options::max_update_norm`: it is refused
+  /// whole (nothing applied) and the connection closed; retrying the same push will not help
+  /// (condition `fatal`, as `non_finite_update`)
+  update_too_large,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::worker_id_in_use;
+inline constexpr errc last_errc = errc::update_too_large;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -231,6 +235,8 @@ class error_category_impl final : public std::error_category {
         return "replica-log position above the highest a server can issue (protocol::max_seq)";
       case errc::worker_id_in_use:
         return "another live connection holds this worker id: retry later";
+      case errc::update_too_large:
+        return "push refused: its L2 norm exceeds the server's max_update_norm";
     }
     return "unknown asyncps error";
   }
@@ -300,7 +306,8 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
                e == errc::bad_gradient || e == errc::non_finite_update ||
                e == errc::authentication_required || e == errc::weak_secret ||
                e == errc::insecure_secret_file || e == errc::shard_lost ||
-               e == errc::tls_setup_failed || e == errc::rendezvous_refused;
+               e == errc::tls_setup_failed || e == errc::rendezvous_refused ||
+               e == errc::update_too_large;
     }
     return false;
   }

@@ -224,6 +224,10 @@ class basic_server {
   /// Distinct worker ids whose hello this server has accepted at least once (of
   /// `options().num_workers`).
   std::uint32_t workers_seen() const noexcept { return proto_.workers_seen(); }
+  /// Distinct worker ids that have trained here at least once (a push or clock message of the
+  /// id taken; of `options().num_workers`). A hello, or a hello and a bye, is not training: an
+  /// end condition on it cannot be met by ids that came and went without training.
+  std::uint32_t workers_trained() const noexcept { return proto_.workers_trained(); }
   /// The server part of the recovery policy (its counters, for reports).
   const typename Recovery::server_part& recovery() const noexcept { return proto_.part(); }
   /// The server part of the recovery policy, to configure it before `async_serve` (e.g.

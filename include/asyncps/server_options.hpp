@@ -112,6 +112,17 @@ struct server_options {
   /// `std::invalid_argument` otherwise): the other policies' state transfers and replays carry
   /// a fixed membership.
   std::optional<membership_options> elastic{};
+  /// Defence against a faulty or hostile worker: the largest L2 norm of one push's payload
+  /// (the gradient as the worker sent it, before the optimizer's learning rate; a stateless
+  /// backlog's delta after its merge scale), over the push's whole payload. A push above it is
+  /// refused whole with `errc::update_too_large` (nothing applied, the connection closed), so
+  /// finite but huge updates (in issue 32, 17 finite pushes put every parameter at 2.89e38,
+  /// after which every worker computed NaN) cannot reach the parameters. Deterministic: every chain
+  /// member and replica-log replay refuses the same pushes. 0 (the default): no bound. Cost: one
+  /// pass over each push's floats, in double precision. Size it well above the norms a healthy run
+  /// pushes (e.g. 100x the largest seen in a trial run): a clipped honest push ends its
+  /// worker's run.
+  double max_update_norm = 0;
 };
 
 /// Counters of a server (read on its executor).

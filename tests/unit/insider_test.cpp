@@ -464,3 +464,51 @@ TEST_CASE("insider: a hello at an absurd clock leaves nothing behind; a connecti
   CHECK(proto.worker_session(0) == &again);
   CHECK(proto.stats().takeovers == 2);
 }
+
+TEST_CASE("insider: max_update_norm refuses a finite but huge push whole; 0 bounds nothing") {
+  for (const double bound : {0.0, 10.0}) {
+    CAPTURE(bound);
+    step_io io;
+    server_options o;
+    o.num_workers = 1;
+    o.tables = {table_spec{0, 8, 2, 0.0f}};
+    o.max_update_norm = bound;
+    test::log_lines log;
+    o.log = [&](std::string_view l) { log.emplace_back(l); };
+    step_proto proto(io, o, optimizer::sgd{1.0f}, {});
+    auto& w = proto.add_session(0);
+    auto h = step_hello(io, 0, 0, 1);
+    REQUIRE(proto.receive(w, h));
+    // A range push of all 8 rows x 2 of `g`: L2 norm 4 |g|.
+    const auto push = [&](float g, std::uint64_t seq) {
+      message m;
+      m.header.type = message_type::push;
+      m.header.flags = frame_flags::range;
+      m.header.sender = 0;
+      m.header.first_row = 0;
+      m.header.row_count = 8;
+      m.header.width = 2;
+      m.header.seq = seq;
+      m.payload = io.allocate(16 * sizeof(float));
+      for (std::size_t i = 0; i < 16; ++i) m.payload.floats()[i] = g;
+      return m;
+    };
+    auto small = push(2.0f, 1);  // norm 8
+    CHECK(proto.receive(w, small));
+    CHECK(proto.core().table(0).values[0] == -2.0f);
+    auto huge = push(1e37f, 2);  // finite: norm 4e37
+    if (bound == 0) {
+      CHECK(proto.receive(w, huge));  // no bound: applied
+      CHECK(proto.core().table(0).values[0] < -1e36f);
+    } else {
+      CHECK(!proto.receive(w, huge));
+      CHECK(refusal_of(w) == errc::update_too_large);
+      CHECK(proto.core().table(0).values[0] == -2.0f);  // nothing applied
+      CHECK(proto.stats().pushes == 1);
+      CHECK(any_line_has(log, "push refused: its L2 norm exceeds the server's max_update_norm "
+                              "(table 0: L2 norm 4e+37 of the push from worker 0, "
+                              "max_update_norm 10)"));
+      CHECK(make_error_code(errc::update_too_large) == condition::fatal);
+    }
+  }
+}

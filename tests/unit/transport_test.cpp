@@ -1111,10 +1111,11 @@ TEST_CASE("condition::transient matches real Asio socket errors") {
 }
 
 // Issue 15, finding 5: two bare TCP connect/close (a port scan) used to end a trainer's
-// `--role server`: it counted every connection as a worker that came and left. It now waits for
-// the expected workers, counting only connections that said hello.
-TEST_CASE("trainer's serve_until_done: bare connections are no workers; it ends when the "
-          "workers that said hello have left") {
+// `--role server`: it counted every connection as a worker that came and left. Issue 32: so did
+// a hello and a bye as every id before training. It now waits for the expected workers to have
+// trained (a push or clock message taken) and left.
+TEST_CASE("trainer's serve_until_done: bare connections and hello+bye are no workers; it ends "
+          "when the workers that trained have left") {
   asio::io_context io;
   tcp_transport st(io.get_executor());
   server_options so;
@@ -1152,13 +1153,45 @@ TEST_CASE("trainer's serve_until_done: bare connections are no workers; it ends 
     co_await t.async_wait(detail::use_tuple);
     CHECK(!done);  // still serving: no worker has come yet
     CHECK(server.workers_seen() == 0);
-    // The real worker comes and leaves: now it ends.
+    {
+      // An insider says hello as worker 0 and bye, without training: still no worker.
+      tcp_transport it(io.get_executor());
+      auto [iec, ic] = co_await it.async_connect(ep);
+      REQUIRE(!iec);
+      co_await handshake(it, ic, 0, 8, 4);
+      message bye;
+      bye.header.type = message_type::bye;
+      REQUIRE(!(co_await ic.async_send(std::move(bye))));
+      auto [eof, none] = co_await ic.async_receive();
+      CHECK(eof);  // closed by the server after the bye
+      for (int i = 0; i < 40 && server.workers_connected() > 0; ++i) {
+        t.expires_after(std::chrono::milliseconds(10));
+        co_await t.async_wait(detail::use_tuple);
+      }
+      t.expires_after(std::chrono::milliseconds(200));  // several 50 ms polls
+      co_await t.async_wait(detail::use_tuple);
+      CHECK(!done);
+      CHECK(server.workers_seen() == 1);
+      CHECK(server.workers_trained() == 0);
+    }
+    // The real worker comes, trains a clock and leaves: now it ends.
     tcp_transport wt(io.get_executor());
     auto [ec, c] = co_await wt.async_connect(ep);
     REQUIRE(!ec);
     auto& conn = c;
     co_await handshake(wt, conn, 0, 8, 4);
     CHECK(server.workers_connected() == 1);
+    message tick;
+    tick.header.type = message_type::clock;
+    tick.header.sender = 0;
+    tick.header.clock = 0;
+    tick.header.seq = 1;
+    REQUIRE(!(co_await conn.async_send(std::move(tick))));
+    for (int i = 0; i < 100 && server.workers_trained() == 0; ++i) {
+      t.expires_after(std::chrono::milliseconds(10));
+      co_await t.async_wait(detail::use_tuple);
+    }
+    CHECK(server.workers_trained() == 1);
     conn.close();
     for (int i = 0; i < 300 && !done; ++i) {
       t.expires_after(std::chrono::milliseconds(10));

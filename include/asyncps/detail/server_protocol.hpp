@@ -26,7 +26,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <list>
 #include <new>
@@ -39,6 +41,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include <Eigen/Core>
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/accept_retry.hpp"
@@ -75,7 +79,7 @@ class server_protocol {
   server_protocol(Io& io, server_options opts, Optimizer opt, part_type part)
       : io_(&io), opts_(std::move(opts)), part_(std::move(part)),
         core_(opts_.shard, opts_.num_shards, opts_.num_workers, opts_.tables, opts_.seed, opt),
-        connected_once_(opts_.num_workers, 0), bounds_(opts_),
+        connected_once_(opts_.num_workers, 0), trained_once_(opts_.num_workers, 0), bounds_(opts_),
         membership_(opts_.elastic, opts_.num_workers) {
     if (opts_.elastic) {
       if (Recovery::name != std::string_view("none"))
@@ -307,6 +311,7 @@ class server_protocol {
     if (!err && s.is_worker() && numbered_type(m.header.type) && m.header.sender == s.worker) {
       seen_seq_[s.worker] = std::max(seen_seq_[s.worker], m.header.seq);
       s.trained = true;
+      trained_once_[s.worker] = 1;
     }
     return err;
   }
@@ -504,11 +509,33 @@ class server_protocol {
     a.header.seq = seq;
     enqueue(s, std::move(a));
   }
+  /// The L2 norm of push `m`'s floats (keys excluded), summed in double precision.
+  static double payload_norm(const message& m) noexcept {
+    const auto g = payload_floats(m);
+    const Eigen::Map<const Eigen::ArrayXf> a(g.data(), static_cast<Eigen::Index>(g.size()));
+    return std::sqrt(a.template cast<double>().square().sum());
+  }
+  /// `v` as text with 3 significant digits (e.g. "2.89e+38").
+  static std::string number_text(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", v);
+    return buf;
+  }
   /// Applies checked update `m` to the shard, then tells the recovery part (on_update).
-  /// Errors: `errc::non_finite_update` (`detail` says where) when the update would make a
-  /// value or the optimizer's state non-finite: then nothing is applied (see
-  /// `shard_core::check_update`).
+  /// Errors (nothing is applied then): `errc::update_too_large` when the L2 norm of its floats
+  /// exceeds `server_options::max_update_norm` (> 0); `errc::non_finite_update` when the
+  /// update would make a value or the optimizer's state non-finite (see
+  /// `shard_core::check_update`); `detail` says where.
   std::error_code apply(const message& m, std::string& detail) {
+    if (opts_.max_update_norm > 0) {
+      const double norm = payload_norm(m);
+      if (!(norm <= opts_.max_update_norm)) {
+        detail = " (table " + std::to_string(m.header.table) + ": L2 norm " + number_text(norm) +
+                 " of the push from worker " + std::to_string(m.header.sender) +
+                 ", max_update_norm " + number_text(opts_.max_update_norm) + ")";
+        return errc::update_too_large;
+      }
+    }
     if (auto ec = core_.check_update(m, detail)) return ec;
     core_.apply(m);
     const auto& h = m.header;
@@ -614,6 +641,12 @@ class server_protocol {
   std::uint32_t workers_seen() const noexcept {
     return static_cast<std::uint32_t>(
         std::count(connected_once_.begin(), connected_once_.end(), char{1}));
+  }
+  /// Distinct worker ids that have trained here at least once: a push or clock message of the
+  /// id taken on its own connection (a hello alone, or a hello and a bye, is not training).
+  std::uint32_t workers_trained() const noexcept {
+    return static_cast<std::uint32_t>(
+        std::count(trained_once_.begin(), trained_once_.end(), char{1}));
   }
   /// Whether some worker has never connected.
   bool some_never_connected() const {
@@ -1077,6 +1110,7 @@ class server_protocol {
   std::vector<std::uint64_t> incarnation_;  // per worker: its last accepted hello's
   std::vector<std::uint64_t> seen_seq_;     // per worker: highest seq received (any connection)
   std::vector<char> connected_once_;        // per worker: has connected at least once
+  std::vector<char> trained_once_;          // per worker: a push or clock of it taken
   std::list<Session> sessions_;
   server_bounds<Session, TimePoint> bounds_;  // queue budget, hello and send deadlines
   membership<TimePoint> membership_;          // elastic: when absent members leave
