@@ -33,7 +33,9 @@ run_one() {
   local acc secs sps
   acc=$(sed -n 's/^final test accuracy \([0-9.]*\).*/\1/p' "$out/$tag.log")
   secs=$(grep '"final":true' "$out/$tag.jsonl" 2>/dev/null | sed -n 's/.*"time_s":\([0-9.e+-]*\).*/\1/p')
-  sps=$(awk -v e="$epochs" -v s="${secs:-0}" 'BEGIN { if (s > 0) printf "%.0f", e * 60000 / s; else print "-" }')
+  # A run that stopped early (diverged, failed) has no rate over its epochs.
+  sps=$(awk -v e="$epochs" -v s="${secs:-0}" -v rc="$rc" \
+    'BEGIN { if (s > 0 && rc == 0) printf "%.0f", e * 60000 / s; else print "-" }')
   printf '%s rc=%s acc=%s wall=%.1f samples_per_s=%s load=%s nproc=%s :: %s\n' "$tag" "$rc" \
     "${acc:--}" "$(echo "$t1 - $t0" | bc)" "$sps" "$(cut -d' ' -f1 /proc/loadavg)" "$(nproc)" \
     "${args[*]}" >>"$out/runs.txt"

@@ -195,8 +195,9 @@ struct monitor {
   float loss_ema = -1;
   float start_loss = -1;  // worker 0's first training loss
   // Set once worker 0's training loss turns non-finite, rises past twice its start, or is
-  // still at its start or near chance level after an epoch: every worker then ends at its next clock, and the run
-  // ends with an error naming the settings (`diverged_at`: the epoch, `diverged_loss`).
+  // still at its start or near chance level after an epoch: every worker then ends at its next
+  // clock, and the run ends with an error naming the settings (`diverged_at`: the epoch,
+  // `diverged_loss`).
   std::atomic<bool> diverged{false};
   double diverged_at = 0;
   float diverged_loss = 0;

@@ -225,9 +225,9 @@ class local_cluster {
     // Declared first, destroyed last: every node, transport and pipe is gone before them.
     const bool pooled = opts_.threads == cluster_threads::pool;
     const bool single = opts_.threads == cluster_threads::single || pooled;
-    const unsigned pool_threads =
-        opts_.pool_threads != 0 ? opts_.pool_threads
-                                : std::max(1u, std::thread::hardware_concurrency());
+    const unsigned pool_threads = opts_.pool_threads != 0
+                                      ? opts_.pool_threads
+                                      : std::max(1u, std::thread::hardware_concurrency());
     std::vector<std::unique_ptr<asio::io_context>> contexts;
     for (std::uint32_t i = 0; i < (single ? 1u : num_servers + num_workers); ++i)
       contexts.push_back(
