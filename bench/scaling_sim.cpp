@@ -1,0 +1,151 @@
+// asyncps_scaling_sim — the Fashion-MNIST trainer's models (examples/fashion_mnist) with many
+// workers on the simulated transport (virtual time), to extend docs/results/scaling.md past
+// the cores of one machine: the unchanged basic_server / basic_worker, 4 server shards, W
+// workers each training on its 1/W of the 60,000 images, every gradient computed for real but
+// taking `--compute-ms` of virtual time (the measured time of one minibatch), SSP with a
+// run-time bound (0: BSP). Deterministic: the same arguments give the same figures. One JSON
+// object per run to stdout and to `--out`: workers, rule, bound, final test accuracy and loss
+// of the servers' model, virtual seconds, clocks per worker.
+//
+//   asyncps_scaling_sim [--model mlp|softmax|cnn] [--epochs E] [--workers 1,16,64]
+//       [--rules sum,staleness-aware,mean] [--staleness S] [--compute-ms MS] [--lr X]
+//       [--batch B] [--seed N] [--data DIR] [--out FILE.jsonl]
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "asyncps/consistency/policies.hpp"
+#include "asyncps/optimizer/optimizers.hpp"
+#include "asyncps/transport/simulated.hpp"
+#include "asyncps/update_rule.hpp"
+#include "bench/sim_cluster.hpp"
+#include "examples/fashion_mnist/any_model.hpp"
+#include "examples/fashion_mnist/config.hpp"
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace asyncps;
+  fashion::config c;
+  c.model = "mlp";
+  c.servers = 4;
+  std::string workers_list = "1,16,64", rules_list = "sum,staleness-aware,mean", out_path;
+  double compute_ms = 1.0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << "asyncps_scaling_sim: " << a << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model")
+      c.model = next();
+    else if (a == "--epochs")
+      c.epochs = std::stod(next());
+    else if (a == "--workers")
+      workers_list = next();
+    else if (a == "--rules")
+      rules_list = next();
+    else if (a == "--staleness")
+      c.staleness = std::stoll(next());
+    else if (a == "--compute-ms")
+      compute_ms = std::stod(next());
+    else if (a == "--lr")
+      c.lr = std::stof(next());
+    else if (a == "--batch")
+      c.batch = static_cast<std::uint32_t>(std::stoul(next()));
+    else if (a == "--seed")
+      c.seed = std::stoull(next());
+    else if (a == "--data")
+      c.data = next();
+    else if (a == "--out")
+      out_path = next();
+    else {
+      std::cerr << "asyncps_scaling_sim: unknown argument " << a << " (see the file's header)\n";
+      return 2;
+    }
+  }
+  std::ofstream out;
+  if (!out_path.empty()) out.open(out_path, std::ios::app);
+
+  for (const auto& ws : split(workers_list)) {
+    for (const auto& rule : split(rules_list)) {
+      fashion::config rc = c;
+      rc.workers = static_cast<std::uint32_t>(std::stoul(ws));
+      rc.update_rule = rule;
+      fashion::apply_defaults(rc);
+      fashion::dataset train, test;
+      std::vector<table_spec> layout;
+      if (!fashion::load_data(rc, train, test, layout)) return 2;
+      using opt_t = optimizer::with_update_rule<optimizer::sgd, update_rule::selectable>;
+      const opt_t opt{optimizer::sgd{rc.lr}, fashion::update_rule_of(rc)};
+      simulation_options so;
+      so.seed = rc.seed;
+      so.compute.base = std::chrono::microseconds(static_cast<std::int64_t>(compute_ms * 1000));
+      so.compute.jitter = 0.2;
+      simulated_network net(so);
+      bench::sim_cluster<fashion::any_model, consistency::ssp<>, opt_t> cluster(
+          net, rc.servers, rc.workers, layout, opt);
+      std::vector<fashion::any_model> models;
+      models.reserve(rc.workers);
+      for (std::uint32_t w = 0; w < rc.workers; ++w) models.emplace_back(rc, train, w, rc.workers);
+      const auto clocks = static_cast<std::uint64_t>(
+          rc.epochs * static_cast<double>(train.file_size() / rc.workers) / rc.batch);
+      for (std::uint32_t w = 0; w < rc.workers; ++w) {
+        typename decltype(cluster)::worker_options_type wo;
+        wo.local_step = opt.local_step() * opt.rule.scale({.worker = w, .workers = rc.workers});
+        auto& worker = cluster.add_worker(models[w], wo, clocks);
+        worker.consistency().staleness = rc.staleness;
+      }
+      const double seconds = cluster.run();
+      std::vector<float> params(layout_size(layout));
+      std::size_t off = 0;
+      for (std::size_t t = 0; t < layout.size(); ++t) {
+        for (std::uint32_t s = 0; s < rc.servers; ++s) {
+          const auto v = cluster.server(s).values(static_cast<table_id>(t));
+          const auto first = cluster.server(s).range(static_cast<table_id>(t)).begin;
+          std::copy(v.begin(), v.end(),
+                    params.begin() +
+                        static_cast<std::ptrdiff_t>(off + std::size_t{first} * layout[t].width));
+        }
+        off += layout[t].size();
+      }
+      const auto e = models.front().evaluate(parameter_view(layout, params.data()), test);
+      const nlohmann::json j{{"model", rc.model},
+                             {"workers", rc.workers},
+                             {"rule", rule},
+                             {"staleness", rc.staleness},
+                             {"lr", rc.lr},
+                             {"batch", rc.batch},
+                             {"epochs", rc.epochs},
+                             {"clocks", clocks},
+                             {"compute_ms", compute_ms},
+                             {"worker_errors", cluster.errors()},
+                             {"virtual_s", seconds},
+                             {"test_accuracy", e.accuracy},
+                             {"test_loss", e.loss}};
+      std::cout << j.dump() << std::endl;
+      if (out) out << j.dump() << '\n';
+    }
+  }
+  return 0;
+}
