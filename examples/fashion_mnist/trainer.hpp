@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -194,10 +195,15 @@ struct monitor {
   double last_accuracy = -1;
   float loss_ema = -1;
   float start_loss = -1;  // worker 0's first training loss
-  // Set once worker 0's training loss turns non-finite, rises past twice its start, or is
-  // still at its start or near chance level after an epoch: every worker then ends at its next
-  // clock, and the run ends with an error naming the settings (`diverged_at`: the epoch,
-  // `diverged_loss`).
+  // Worker 0's last `recent.size()` training losses (a ring) and their count: the divergence
+  // test reads their mean, which, unlike `loss_ema`, holds nothing of the start after an
+  // epoch even when an epoch is few clocks (many workers).
+  std::array<float, 16> recent{};
+  std::uint64_t recent_count = 0;
+  // Set once worker 0's training loss turns non-finite, or its recent mean rises past twice
+  // its start (or twice chance level), or is still near chance level after an epoch: every worker
+  // then ends at its next clock, and the run ends with an error naming the settings (`diverged_at`:
+  // the epoch, `diverged_loss`).
   std::atomic<bool> diverged{false};
   double diverged_at = 0;
   float diverged_loss = 0;
@@ -220,13 +226,19 @@ struct monitor {
     const double epoch = m.epoch();
     const double t = elapsed();
     if (start_loss < 0 && std::isfinite(r.loss)) start_loss = r.loss;
+    recent[recent_count++ % recent.size()] = r.loss;
+    const std::size_t n = std::min<std::uint64_t>(recent_count, recent.size());
+    float recent_mean = 0;
+    for (std::size_t k = 0; k < n; ++k) recent_mean += recent[k] / static_cast<float>(n);
     // Chance level: the cross-entropy of a uniform guess over the 10 classes is ln 10; a run
     // that learns is well below it after one epoch.
     const float chance = 0.9f * std::log(10.0f);
-    if (!diverged && (!std::isfinite(r.loss) || loss_ema > 2 * start_loss ||
-                      (epoch >= 1 && loss_ema >= std::min(start_loss, chance)))) {
+    // Relative to chance as well as to the start: a worker that joins a trained model (a
+    // late or restarted elastic worker) starts low, and its loss moves around that.
+    if (!diverged && (!std::isfinite(r.loss) || recent_mean > 2 * std::max(start_loss, chance) ||
+                      (epoch >= 1 && recent_mean >= chance))) {
       diverged_at = epoch;
-      diverged_loss = std::isfinite(r.loss) ? loss_ema : r.loss;
+      diverged_loss = std::isfinite(r.loss) ? recent_mean : r.loss;
       diverged = true;
     }
     if (epoch >= next_eval) {
@@ -1011,7 +1023,8 @@ int run(const config& c, Optimizer opt) {
   }
   if (mon.diverged) {
     std::fprintf(stderr,
-                 "fashion_mnist: training diverged at epoch %.2f (training loss %g, %g at the "
+                 "fashion_mnist: training diverged at epoch %.2f (training loss %g over the last "
+                 "16 clocks, %g at the "
                  "start; test accuracy %.4f) with learning rate %g, %u workers and update rule "
                  "%s: lower --lr, or pick --update-rule mean or staleness-aware\n",
                  mon.diverged_at, static_cast<double>(mon.diverged_loss),
