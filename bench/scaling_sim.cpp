@@ -118,17 +118,7 @@ int main(int argc, char** argv) {
       }
       const double seconds = cluster.run();
       std::vector<float> params(layout_size(layout));
-      std::size_t off = 0;
-      for (std::size_t t = 0; t < layout.size(); ++t) {
-        for (std::uint32_t s = 0; s < rc.servers; ++s) {
-          const auto v = cluster.server(s).values(static_cast<table_id>(t));
-          const auto first = cluster.server(s).range(static_cast<table_id>(t)).begin;
-          std::copy(v.begin(), v.end(),
-                    params.begin() +
-                        static_cast<std::ptrdiff_t>(off + std::size_t{first} * layout[t].width));
-        }
-        off += layout[t].size();
-      }
+      for (std::uint32_t s = 0; s < rc.servers; ++s) cluster.server(s).copy_values_into(params);
       const auto e = models.front().evaluate(parameter_view(layout, params.data()), test);
       const nlohmann::json j{{"model", rc.model},
                              {"workers", rc.workers},

@@ -804,18 +804,7 @@ int run(const config& c, Optimizer opt) {
   }
   if (!servers.empty() && servers.size() == c.servers) {
     final_params.resize(asyncps::layout_size(layout));
-    std::size_t off = 0;
-    for (std::size_t t = 0; t < layout.size(); ++t) {
-      for (auto& s : servers) {
-        const auto v = s->values(static_cast<asyncps::table_id>(t));
-        std::copy(v.begin(), v.end(),
-                  final_params.begin() +
-                      static_cast<std::ptrdiff_t>(
-                          off + std::size_t{s->range(static_cast<asyncps::table_id>(t)).begin} *
-                                    layout[t].width));
-      }
-      off += layout[t].size();
-    }
+    for (auto& s : servers) s->copy_values_into(final_params);
   } else if (std::string why = mon.reader ? mon.reader->read_now(final_params, clocks > 0 ? 1 : 0)
                                           : "--eval worker";
              !why.empty()) {

@@ -418,18 +418,7 @@ int run(const config& c, const dataset& data) {
 
   // The servers' final model, read in place (every push is applied: the workers are done).
   std::vector<float> final_params(asyncps::layout_size(layout));
-  std::size_t offset = 0;
-  for (std::size_t t = 0; t < layout.size(); ++t) {
-    const auto id = static_cast<asyncps::table_id>(t);
-    for (const auto& s : servers) {
-      const auto v = s->values(id);
-      std::copy(v.begin(), v.end(),
-                final_params.begin() +
-                    static_cast<std::ptrdiff_t>(offset +
-                                                std::size_t{s->range(id).begin} * layout[t].width));
-    }
-    offset += layout[t].size();
-  }
+  for (const auto& s : servers) s->copy_values_into(final_params);
   const rmse_pair fin = evaluate(layout, final_params, data);
 
   asyncps::staleness_histogram st;

@@ -196,6 +196,28 @@ class basic_server {
   key_range range(table_id t) const noexcept { return core().table(t).range; }
   /// This shard's values of table `t`: `range(t).size() x width` floats, row-major.
   std::span<const float> values(table_id t) const noexcept { return core().table(t).values; }
+  /// Copies this shard's rows of every table into `model`: the whole model, its tables one
+  /// after the other in table order, each `rows x width` floats row-major
+  /// (`layout_size(options().tables)` floats). The other shards' rows are left as they are, so
+  /// calling it on every shard assembles the model. Throws `std::invalid_argument` when
+  /// `model` has another size (nothing is copied then). On the server's executor.
+  void copy_values_into(std::span<float> model) const {
+    const auto& core = this->core();
+    std::size_t total = 0;
+    for (table_id t = 0; t < core.num_tables(); ++t) total += core.table(t).spec.size();
+    if (model.size() != total)
+      throw std::invalid_argument("asyncps::basic_server::copy_values_into: the model has " +
+                                  std::to_string(total) + " floats, got " +
+                                  std::to_string(model.size()));
+    std::size_t off = 0;
+    for (table_id t = 0; t < core.num_tables(); ++t) {
+      const auto& table = core.table(t);
+      std::copy(table.values.begin(), table.values.end(),
+                model.begin() + static_cast<std::ptrdiff_t>(off + std::size_t{table.range.begin} *
+                                                                      table.spec.width));
+      off += table.spec.size();
+    }
+  }
   /// Replaces this shard's values of table `t` (`range(t).size() x width` floats, row-major),
   /// e.g. a group server adopting the central model. Optimizer state, clocks and counts are
   /// kept; readers get the new values with their next rows. Throws `std::invalid_argument`

@@ -179,11 +179,6 @@ struct with_update_rule {
 
 }  // namespace optimizer
 
-/// Whether `O` is an `optimizer::with_update_rule` (its pushes are scaled by a rule).
-template <class O>
-inline constexpr bool has_update_rule_v =
-    requires(const O& o, const push_context& c) { o.for_push(c); };
-
 /// The optimizer type that applies one push: `O`, or `Inner` for
 /// `optimizer::with_update_rule<Inner, Rule>`.
 template <class O>
@@ -196,5 +191,9 @@ struct push_optimizer_of<optimizer::with_update_rule<Inner, Rule>> {
 };
 template <class O>
 using push_optimizer_t = typename push_optimizer_of<O>::type;
+
+/// Whether `O` is an `optimizer::with_update_rule` (its pushes are scaled by a rule).
+template <class O>
+inline constexpr bool has_update_rule_v = !std::same_as<push_optimizer_t<O>, O>;
 
 }  // namespace asyncps
