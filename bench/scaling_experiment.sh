@@ -37,7 +37,7 @@ run_one() {
   sps=$(awk -v e="$epochs" -v s="${secs:-0}" -v rc="$rc" \
     'BEGIN { if (s > 0 && rc == 0) printf "%.0f", e * 60000 / s; else print "-" }')
   printf '%s rc=%s acc=%s wall=%.1f samples_per_s=%s load=%s nproc=%s :: %s\n' "$tag" "$rc" \
-    "${acc:--}" "$(echo "$t1 - $t0" | bc)" "$sps" "$(cut -d' ' -f1 /proc/loadavg)" "$(nproc)" \
+    "${acc:--}" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')" "$sps" "$(cut -d' ' -f1 /proc/loadavg)" "$(nproc)" \
     "${args[*]}" >>"$out/runs.txt"
 }
 jobs_running=0
