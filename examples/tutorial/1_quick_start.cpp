@@ -1,12 +1,21 @@
 // Quick start: one parameter server and one worker, talking TCP on loopback in one process,
 // fit y = a x + b to points of the line y = 3x + 1.
+// Include what you use (docs/build_time.md): each asyncps header compiles alone;
+// <asyncps/asyncps.hpp> includes them all, at a cost in compile time.
+#include <array>
 #include <cmath>
 #include <cstdio>
+#include <span>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
-#include <asyncps/asyncps.hpp>
+#include <asyncps/consistency/policies.hpp>  // bsp, ssp<N>, essp<N>, asp, vap
+#include <asyncps/optimizer/optimizers.hpp>  // sgd, momentum, adagrad, adam
+#include <asyncps/server.hpp>                // server<Consistency>: basic_server over TCP
+#include <asyncps/table.hpp>                 // table_spec, parameter_view, gradient_view
+#include <asyncps/transport/tcp.hpp>         // tcp_transport (its TLS and secret options too)
+#include <asyncps/worker.hpp>                // worker<Model, Consistency>, clock_report
 
 struct line_fit {  // a model: a parameter layout and a gradient
   std::array<asyncps::table_spec, 1> layout{{{.id = 0, .rows = 1, .width = 2}}};  // (a, b)
