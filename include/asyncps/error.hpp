@@ -120,11 +120,16 @@ enum class errc {
   /// whole (nothing applied) and the connection closed; retrying the same push will not help
   /// (condition `fatal`, as `non_finite_update`)
   update_too_large,
+  /// (transient) a `chain_hello` named the member id of a chain link that is live: its
+  /// predecessor sent something (an entry, a state, a heartbeat) within
+  /// `chain_options::link_silence`. The newcomer is refused and the live link stays; a real
+  /// predecessor retries (it gets in once the old link is closed or silent past that bound)
+  member_id_in_use,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
 /// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::update_too_large;
+inline constexpr errc last_errc = errc::member_id_in_use;
 
 /// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
 /// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
@@ -237,6 +242,7 @@ class error_category_impl final : public std::error_category {
         return "another live connection holds this worker id: retry later";
       case errc::update_too_large:
         return "push refused: its L2 norm exceeds the server's max_update_norm";
+      case errc::member_id_in_use: return "a live chain link holds this member id: retry later";
     }
     return "unknown asyncps error";
   }
@@ -300,7 +306,7 @@ inline bool condition_category_impl::equivalent(const std::error_code& code,
       case condition::protocol_violation: return is_protocol_violation(e);
       case condition::transient:
         return e == errc::connection_closed || e == errc::timeout || e == errc::not_head ||
-               e == errc::recovering || e == errc::worker_id_in_use;
+               e == errc::recovering || e == errc::worker_id_in_use || e == errc::member_id_in_use;
       case condition::fatal:
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
                e == errc::bad_gradient || e == errc::non_finite_update ||

@@ -341,6 +341,11 @@ class basic_server {
       if (ec && ws != nullptr) p().reject(*ws, ec, detail);
       return ec;
     }
+    /// How long ago the last message arrived on `s` (its silence), in the transport clock's
+    /// duration (from the clock's epoch when nothing has arrived on it yet).
+    auto silent_for(const detail::session_base& s) const {
+      return clock_type::now() - static_cast<const session&>(s).heard;
+    }
     /// Closes `s` now / after its queued messages.
     void close(detail::session_base& s) const { p().close(as_session(s)); }
     void close_after_flush(detail::session_base& s) const { p().close_after_flush(as_session(s)); }

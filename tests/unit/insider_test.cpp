@@ -27,6 +27,8 @@
 #include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/master.hpp"
+#include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
@@ -511,4 +513,221 @@ TEST_CASE("insider: max_update_norm refuses a finite but huge push whole; 0 boun
       CHECK(make_error_code(errc::update_too_large) == condition::fatal);
     }
   }
+}
+
+namespace {
+
+using strict_chain = recovery::chain_replication<recovery::chain_mode::strict>;
+using chain_server_t = basic_server<in_process_transport, consistency::bsp, strict_chain>;
+
+// A chain_hello of `member` of shard 0 with the strict chain's fingerprint under BSP.
+message chain_hello_of(std::uint32_t member, in_process_transport& t) {
+  return protocol::encode(
+      protocol::chain_hello{.shard = 0,
+                            .member = member,
+                            .fingerprint = policy_fingerprint<consistency::bsp, strict_chain>()},
+      [&](std::size_t n) { return t.allocate(n); });
+}
+
+// The error code of the error frame `c` receives next; nullopt when it receives something
+// else first, or the connection ends without one.
+template <class Connection>
+asio::awaitable<std::optional<errc>> refusal_on(Connection& c) {
+  auto [ec, m] = co_await c.async_receive();
+  if (ec || m.header.type != message_type::error) co_return std::nullopt;
+  protocol::error e;
+  std::string why;
+  if (protocol::decode(m, e, why)) co_return std::nullopt;
+  co_return e.code;
+}
+
+// Waits on `io` (in 5 ms steps, at most `limit`) until `pred()` holds.
+template <class Pred>
+asio::awaitable<void> wait_until(asio::io_context& io, Pred pred,
+                                 std::chrono::milliseconds limit = 5s) {
+  asio::steady_timer t(io);
+  for (auto waited = 0ms; !pred() && waited < limit; waited += 5ms) {
+    t.expires_after(5ms);
+    co_await t.async_wait(detail::use_tuple);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("insider: the chain master registers only the configured member ids, and a live "
+          "member's id is not taken over") {
+  // A chain of 3. Before the real servers register, an insider registers members 7 and
+  // 2^32 - 1: before the check they filled two of the three places, and the chain started
+  // with them (0 -> 7 -> 4294967295) as soon as member 0 registered. Then, with the chain
+  // running, an insider registers as member 0 (the live head): before the check the master
+  // removed the real head ("registered again") and appended the insider as the tail.
+  asio::io_context io(1);
+  in_process_network net;
+  test::log_lines slog, mlog;
+  in_process_transport mt(io.get_executor(), net);
+  chain_master_options mo;
+  mo.members = 3;
+  mo.log = [&](std::string_view l) { mlog.emplace_back(l); };
+  basic_chain_master<in_process_transport> master(mt, mo);
+  asio::co_spawn(io, test::listen_and_serve(mt, "master", master), asio::detached);
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {table_spec{0, 4, 2, 0.0f}};
+  so.log = [&](std::string_view l) { slog.emplace_back(l); };
+  so.watchdog_interval = 0ms;
+  strict_chain::server_part part;
+  part.options.heartbeat_interval = 20ms;
+  const std::vector<std::string> names{"s0", "s1", "s2"};
+  std::vector<std::unique_ptr<in_process_transport>> sts;
+  std::vector<std::unique_ptr<chain_server_t>> servers;
+  in_process_transport evil(io.get_executor(), net);
+  std::vector<bool> bogus_closed;
+  std::vector<std::uint32_t> chain_before_servers, chain_after_claim;
+  std::uint64_t failures_after_claim = 1;
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        for (const std::uint32_t bogus : {7u, 0xffffffffu}) {
+          auto [ec, c] = co_await evil.async_connect("master");
+          REQUIRE(!ec);
+          (void)co_await c.async_send(chain_hello_of(bogus, evil));
+          auto [rec, m] = co_await c.async_receive();  // closed without a configuration
+          bogus_closed.push_back(static_cast<bool>(rec));
+        }
+        chain_before_servers = master.chain(0);
+        for (std::uint32_t m = 0; m < 3; ++m) {
+          sts.push_back(std::make_unique<in_process_transport>(io.get_executor(), net));
+          servers.push_back(
+              std::make_unique<chain_server_t>(*sts.back(), so, optimizer::sgd{1.0f}, part));
+          servers.back()->recovery().set_chain(std::string("master"), names, m);
+          asio::co_spawn(io, test::listen_and_serve(*sts.back(), names[m], *servers.back()),
+                         asio::detached);
+        }
+        co_await wait_until(io, [&] { return master.started(); });
+        REQUIRE(master.chain(0) == std::vector<std::uint32_t>{0, 1, 2});
+        // The head is live (heartbeats every 20 ms): a second claim of its id is refused.
+        auto [ec, c] = co_await evil.async_connect("master");
+        REQUIRE(!ec);
+        (void)co_await c.async_send(chain_hello_of(0, evil));
+        auto [rec, m] = co_await c.async_receive();
+        CHECK(rec);  // closed, no configuration
+        chain_after_claim = master.chain(0);
+        failures_after_claim = master.stats().failures;
+        for (auto& s : servers) s->stop();
+        master.stop();
+      },
+      10s);
+  INFO(joined(mlog));
+  INFO(joined(slog));
+  CHECK(bogus_closed == std::vector<bool>{true, true});
+  CHECK(chain_before_servers.empty());  // the bogus ids hold no place
+  CHECK(master.stats().refused == 3);
+  CHECK(failures_after_claim == 0);  // the real head was never removed
+  CHECK(chain_after_claim == std::vector<std::uint32_t>{0, 1, 2});
+  CHECK(master.stats().joins == 0);
+  CHECK(any_line_has(mlog, "chain_hello names member 7 of shard 0; member ids lie in [0, 3)"));
+  CHECK(any_line_has(mlog, "chain_hello names member 4294967295 of shard 0"));
+  CHECK(any_line_has(mlog, "chain_hello names shard 0 server 0, which a live registration holds"));
+  CHECK(!any_line_has(mlog, "registered again"));
+}
+
+TEST_CASE("insider: a chain_hello for a live predecessor's id is refused (member_id_in_use); a "
+          "silent link is replaced; member ids and state positions are range-checked") {
+  // A chain of 2 whose member 0 is an insider registered with the master (so member 1's
+  // predecessor is "0"); member 1 is a real server. The insider links to member 1 as member 0
+  // and keeps the link live with heartbeats. A second claim of member 0 is refused while that
+  // link is live (before the check it replaced the link), and taken once the link has been
+  // silent for link_silence. A claim of member 9 is refused by range, and a state transfer at
+  // log position 2^64 - 1 is refused with bad_position (nothing installed).
+  asio::io_context io(1);
+  in_process_network net;
+  test::log_lines slog, mlog;
+  in_process_transport mt(io.get_executor(), net);
+  chain_master_options mo;
+  mo.members = 2;
+  mo.heartbeat_timeout = 30s;  // the insider's registration sends no heartbeats
+  mo.log = [&](std::string_view l) { mlog.emplace_back(l); };
+  basic_chain_master<in_process_transport> master(mt, mo);
+  asio::co_spawn(io, test::listen_and_serve(mt, "master", master), asio::detached);
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {table_spec{0, 4, 2, 0.0f}};
+  so.log = [&](std::string_view l) { slog.emplace_back(l); };
+  so.watchdog_interval = 0ms;
+  strict_chain::server_part part;
+  part.options.heartbeat_interval = 20ms;
+  part.options.link_silence = 300ms;
+  in_process_transport st(io.get_executor(), net);
+  chain_server_t member1(st, so, optimizer::sgd{1.0f}, part);
+  member1.recovery().set_chain(std::string("master"), std::vector<std::string>{"s0", "s1"}, 1);
+  asio::co_spawn(io, test::listen_and_serve(st, "s1", member1), asio::detached);
+  in_process_transport evil(io.get_executor(), net);
+  std::optional<errc> live_claim, range_claim, state_refusal;
+  bool first_acked = false, silent_claim_acked = false;
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto [mec, reg] = co_await evil.async_connect("master");
+        REQUIRE(!mec);
+        (void)co_await reg.async_send(chain_hello_of(0, evil));
+        co_await wait_until(io, [&] { return master.started(); });
+        co_await wait_until(io, [&] { return member1.recovery().stats().configs > 0; });
+        REQUIRE(master.chain(0) == std::vector<std::uint32_t>{0, 1});
+        // The first link as member 0: accepted (no live link holds the id).
+        auto [ec1, link1] = co_await evil.async_connect("s1");
+        REQUIRE(!ec1);
+        (void)co_await link1.async_send(chain_hello_of(0, evil));
+        auto [aec, ack] = co_await link1.async_receive();
+        first_acked = !aec && ack.header.type == message_type::ack;
+        // A second claim right after a heartbeat on the live link: refused.
+        message hb;
+        hb.header.type = message_type::heartbeat;
+        (void)co_await link1.async_send(std::move(hb));
+        auto [ec2, link2] = co_await evil.async_connect("s1");
+        REQUIRE(!ec2);
+        (void)co_await link2.async_send(chain_hello_of(0, evil));
+        live_claim = co_await refusal_on(link2);
+        // A member id outside the chain.
+        auto [ec3, link3] = co_await evil.async_connect("s1");
+        REQUIRE(!ec3);
+        (void)co_await link3.async_send(chain_hello_of(9, evil));
+        range_claim = co_await refusal_on(link3);
+        // link1 goes silent past link_silence: a new claim replaces it.
+        asio::steady_timer t(io);
+        t.expires_after(400ms);
+        co_await t.async_wait(detail::use_tuple);
+        auto [ec4, link4] = co_await evil.async_connect("s1");
+        REQUIRE(!ec4);
+        (void)co_await link4.async_send(chain_hello_of(0, evil));
+        auto [a4ec, ack4] = co_await link4.async_receive();
+        silent_claim_acked = !a4ec && ack4.header.type == message_type::ack;
+        // A state transfer claiming log position 2^64 - 1.
+        shard_state st_forged;
+        member1.save_state(st_forged);
+        message state;
+        state.header.type = message_type::state;
+        state.header.seq = std::numeric_limits<std::uint64_t>::max();
+        state.payload = evil.allocate(detail::encoded_state_size(st_forged));
+        detail::encode_state(st_forged,
+                             std::span<std::byte>(state.payload.data(), state.payload.size()));
+        (void)co_await link4.async_send(std::move(state));
+        state_refusal = co_await refusal_on(link4);
+        member1.stop();
+        master.stop();
+      },
+      10s);
+  INFO(joined(slog));
+  INFO(joined(mlog));
+  CHECK(first_acked);
+  CHECK(live_claim == errc::member_id_in_use);
+  CHECK(range_claim == errc::unexpected_message);
+  CHECK(silent_claim_acked);
+  CHECK(state_refusal == errc::bad_position);
+  CHECK(member1.recovery().stats().claims_refused == 1);
+  CHECK(member1.recovery().stats().states_installed == 0);
+  CHECK(member1.recovery().log_position() == 0);
+  CHECK(any_line_has(slog, "a live chain link holds this member id: retry later"));
+  CHECK(any_line_has(slog, "member ids of this chain lie in [0, 2)"));
+  CHECK(any_line_has(slog, "a new link replaces one silent for"));
+  CHECK(make_error_code(errc::member_id_in_use) == condition::transient);
 }

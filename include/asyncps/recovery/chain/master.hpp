@@ -44,9 +44,16 @@ namespace asyncps {
 struct chain_master_options {
   std::uint32_t num_shards = 1;  ///< shards (one chain each)
   /// Servers per chain at start: a shard's first configuration is sent once this many of its
-  /// servers registered (ordered by member id: member 0 is the first head).
+  /// servers registered (ordered by member id: member 0 is the first head). Member ids lie
+  /// in [0, members) (each server's `set_chain` lists that many endpoints): a `chain_hello`
+  /// naming another id is refused (counted in `refused`, logged), so it never holds a place
+  /// in a chain or blocks its start or a failover.
   std::uint32_t members = 2;
   /// A registered server silent for this long is declared failed (its connection is closed).
+  /// Until then its member id is its own: a `chain_hello` naming the id of a live
+  /// registration (open and heard from within this bound) is refused and the holder stays,
+  /// so a peer with the secret cannot displace a live member. A restarted server gets in
+  /// once its old registration is closed or silent this long (it retries its registration).
   std::chrono::milliseconds heartbeat_timeout{1000};
   /// A connection that has not registered (`chain_hello`) this long after its accept is
   /// closed, logged with its address (the transport's handshake counts in it). Checked by the
@@ -219,6 +226,29 @@ class basic_chain_master {
                 ": expected chain_hello with shard < " + std::to_string(opts_.num_shards) + why);
           break;
         }
+        if (hello.member >= opts_.members) {
+          ++stats_.refused;
+          if (may_log(detail::log_kind::refused_request, s))
+            log("refusing a connection" + detail::peer_address(s.conn) +
+                ": chain_hello names member " + std::to_string(hello.member) + " of shard " +
+                std::to_string(hello.shard) + "; member ids lie in [0, " +
+                std::to_string(opts_.members) + ")");
+          break;
+        }
+        if (const session* holder = live_holder(s, hello.shard, hello.member)) {
+          ++stats_.refused;
+          if (may_log(detail::log_kind::refused_request, s))
+            log("refusing a connection" + detail::peer_address(s.conn) +
+                ": chain_hello names shard " + std::to_string(hello.shard) + " server " +
+                std::to_string(hello.member) + ", which a live registration holds (heard from " +
+                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   clock_type::now() - holder->last_seen)
+                                   .count()) +
+                " ms ago" + detail::peer_address(holder->conn) +
+                "); it is taken over once closed or silent for heartbeat_timeout " +
+                std::to_string(opts_.heartbeat_timeout.count()) + " ms");
+          break;
+        }
         enroll(s, hello.shard, hello.member);
       } else if (h.type != message_type::heartbeat) {
         log("closing the connection of shard " + std::to_string(s.shard) + " server " +
@@ -265,9 +295,22 @@ class basic_chain_master {
     running_.done();
   }
 
+  // The registration of `member` of shard `shard_id` other than `s` that is live: open and
+  // heard from within heartbeat_timeout (the watchdog removes it at that silence anyway).
+  // Null when none holds it.
+  const session* live_holder(const session& s, std::uint32_t shard_id, std::uint32_t member) const {
+    const auto now = clock_type::now();
+    for (const auto& o : sessions_)
+      if (&o != &s && o.registered && o.open && o.shard == shard_id && o.member == member &&
+          now - o.last_seen < opts_.heartbeat_timeout)
+        return &o;
+    return nullptr;
+  }
+
   void enroll(session& s, std::uint32_t shard_id, std::uint32_t member) {
     auto& sh = shards_[shard_id];
-    // A new registration of a member the master still lists: the old one is gone.
+    // A new registration of a member the master still lists, whose registration is closing
+    // or silent (live_holder refused the others): the old one is gone.
     for (auto& o : sessions_)
       if (&o != &s && o.registered && o.shard == shard_id && o.member == member) {
         remove(o, "registered again");

@@ -19,6 +19,14 @@ enum class chain_mode {
 struct chain_options {
   /// How often a server sends a heartbeat to the chain master.
   std::chrono::milliseconds heartbeat_interval{100};
+  /// How long a chain link (predecessor to successor) may carry nothing before a new
+  /// `chain_hello` claiming the predecessor's member id may replace it. A predecessor sends its
+  /// successor a heartbeat every `heartbeat_interval` besides its entries and states, so a link
+  /// silent this long belongs to a process or host that is gone. Until then a second claim of
+  /// the live predecessor's id is refused with the transient `errc::member_id_in_use` and the
+  /// live link stays (a real predecessor retries; it gets in once its old link is closed or
+  /// silent this long). Keep it several times `heartbeat_interval`. 0: any claim replaces it.
+  std::chrono::milliseconds link_silence{1000};
   /// Relaxed mode: pushes the head applies between two state copies to its successor.
   std::uint64_t replicate_every = 200;
   /// How long a worker keeps trying the shard's servers before failing with

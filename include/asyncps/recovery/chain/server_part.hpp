@@ -307,8 +307,10 @@ class chain_server_part {
         backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
       } else if (r.succ != nullptr && r.succ->ready) {
         backoff = std::chrono::milliseconds(1);
+        // Tells the successor this link is live (chain_options::link_silence).
+        ctx.send_peer(*r.succ, chain_message(ctx, message_type::heartbeat, 0));
       }
-      timer.expires_after(r.succ == nullptr ? backoff : std::chrono::seconds(1));
+      timer.expires_after(r.succ == nullptr ? backoff : options.heartbeat_interval);
       co_await timer.async_wait(detail::use_tuple);
     }
     r.succ_wake = detail::chain_waker{};
@@ -413,12 +415,36 @@ class chain_server_part {
                std::string(ctx.policy_name()) + "')";
       return errc::policy_mismatch;
     }
+    if (h.member >= members_) {
+      detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
+               std::to_string(h.shard) + "; member ids of this chain lie in [0, " +
+               std::to_string(members_) + "), as set_chain lists them)";
+      return errc::unexpected_message;
+    }
     if (!r.serving || h.shard != ctx.options().shard || r.pred_member == no_member ||
         h.member != r.pred_member) {
       detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
                std::to_string(h.shard) + "; this server's predecessor in epoch " +
                std::to_string(r.epoch) + " is " + member_name(r.pred_member) + ")";
       return errc::unexpected_message;
+    }
+    if (r.pred != nullptr && r.pred != &s && r.pred->open) {
+      // A second claim of the live predecessor's id: the real predecessor reconnecting before
+      // this server saw its old link end, or a peer with the secret posing as it. The live
+      // link stays unless it has been silent for link_silence (its predecessor heartbeats).
+      const auto silent =
+          std::chrono::duration_cast<std::chrono::milliseconds>(ctx.silent_for(*r.pred));
+      if (silent < options.link_silence) {
+        detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
+                 std::to_string(h.shard) + ": the live link of predecessor " +
+                 std::to_string(h.member) + " was heard from " + std::to_string(silent.count()) +
+                 " ms ago; it is replaced once closed or silent for link_silence " +
+                 std::to_string(options.link_silence.count()) + " ms)";
+        ++r.stats.claims_refused;
+        return errc::member_id_in_use;
+      }
+      ctx.log("chain predecessor " + std::to_string(h.member) + ": a new link replaces one " +
+              "silent for " + std::to_string(silent.count()) + " ms");
     }
     if (r.pred != nullptr) ctx.close(*r.pred);
     r.pred = &s;
@@ -473,6 +499,12 @@ class chain_server_part {
     if (auto ec = detail::decode_state(m.payload.bytes(), r.incoming, why)) {
       detail = why;
       return ec;
+    }
+    if (m.header.seq > protocol::max_seq) {
+      detail = " (state transfer from the predecessor at log position " +
+               std::to_string(m.header.seq) + "; positions lie in [0, " +
+               std::to_string(protocol::max_seq) + "])";
+      return errc::bad_position;
     }
     if (auto ec = ctx.restore_state(r.incoming)) {
       detail = " (state transfer from the predecessor)";

@@ -13,6 +13,9 @@ struct chain_stats {
   std::uint64_t states_sent = 0;       ///< state transfers sent to a successor
   std::uint64_t states_installed = 0;  ///< state transfers installed from a predecessor
   std::uint64_t configs = 0;           ///< configurations received from the chain master
+  /// `chain_hello`s refused because a live link holds the predecessor's member id
+  /// (`errc::member_id_in_use`, `chain_options::link_silence`).
+  std::uint64_t claims_refused = 0;
 };
 
 }  // namespace asyncps::recovery
