@@ -6,6 +6,7 @@
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/group.hpp"
+#include "asyncps/layout.hpp"
 #include "asyncps/local_cluster.hpp"
 #include "asyncps/model.hpp"
 #include "asyncps/optimizer.hpp"

@@ -12,7 +12,7 @@
 #include <limits>
 #include <string_view>
 
-#include "asyncps/table.hpp"
+#include "asyncps/layout.hpp"
 
 namespace asyncps {
 

@@ -23,7 +23,7 @@
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/endian.hpp"
 #include "asyncps/error.hpp"
-#include "asyncps/table.hpp"
+#include "asyncps/layout.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "asyncps/detail/text.hpp"
+#include "asyncps/layout.hpp"
 #include "asyncps/log.hpp"
-#include "asyncps/table.hpp"
 
 namespace asyncps {
 

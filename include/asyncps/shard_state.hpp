@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "asyncps/table.hpp"
+#include "asyncps/layout.hpp"
 
 namespace asyncps {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "asyncps/table.hpp"
+#include "asyncps/layout.hpp"
 
 namespace asyncps {
 

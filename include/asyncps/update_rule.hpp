@@ -10,8 +10,8 @@
 #include <span>
 #include <string_view>
 
+#include "asyncps/layout.hpp"
 #include "asyncps/optimizer.hpp"
-#include "asyncps/table.hpp"
 
 namespace asyncps {
 

@@ -15,7 +15,7 @@
 #include <system_error>
 #include <utility>
 
-#include "asyncps/table.hpp"
+#include "asyncps/layout.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps::detail {

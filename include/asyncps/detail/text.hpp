@@ -10,7 +10,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "asyncps/table.hpp"
+#include "asyncps/layout.hpp"
 
 namespace asyncps {
 

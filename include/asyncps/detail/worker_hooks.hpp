@@ -19,8 +19,8 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/layout.hpp"
 #include "asyncps/protocol.hpp"
-#include "asyncps/table.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps {

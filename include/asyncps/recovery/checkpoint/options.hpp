@@ -9,9 +9,9 @@
 #include <string_view>
 #include <system_error>
 
+#include "asyncps/layout.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/shard_state.hpp"
-#include "asyncps/table.hpp"
 
 namespace asyncps::recovery {
 

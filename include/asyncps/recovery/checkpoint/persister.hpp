@@ -12,10 +12,10 @@
 #include <thread>
 #include <utility>
 
+#include "asyncps/layout.hpp"
 #include "asyncps/recovery/checkpoint/options.hpp"
 #include "asyncps/recovery/checkpoint/store.hpp"
 #include "asyncps/shard_state.hpp"
-#include "asyncps/table.hpp"
 
 namespace asyncps::recovery {
 

@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "asyncps/table.hpp"
+#include "asyncps/layout.hpp"
 
 namespace asyncps::recovery {
 

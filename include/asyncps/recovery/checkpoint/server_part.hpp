@@ -13,12 +13,12 @@
 #include <system_error>
 #include <utility>
 
+#include "asyncps/layout.hpp"
 #include "asyncps/recovery/checkpoint/options.hpp"
 #include "asyncps/recovery/checkpoint/persister.hpp"
 #include "asyncps/recovery/checkpoint/schedule.hpp"
 #include "asyncps/recovery/checkpoint/store.hpp"
 #include "asyncps/shard_state.hpp"
-#include "asyncps/table.hpp"
 
 namespace asyncps::recovery {
 

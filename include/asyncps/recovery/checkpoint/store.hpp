@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "asyncps/detail/checkpoint_file.hpp"
+#include "asyncps/layout.hpp"
 #include "asyncps/recovery/checkpoint/options.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/shard_state.hpp"
-#include "asyncps/table.hpp"
 
 namespace asyncps::recovery {
 

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "asyncps/table.hpp"
+#include "asyncps/layout.hpp"
 
 namespace asyncps::recovery {
 
