@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <list>
 #include <memory>
@@ -30,6 +31,7 @@
 #include "asyncps/recovery/chain/master.hpp"
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/replica_log.hpp"
+#include "asyncps/recovery/stateless.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/worker.hpp"
@@ -730,4 +732,91 @@ TEST_CASE("insider: a chain_hello for a live predecessor's id is refused (member
   CHECK(any_line_has(slog, "member ids of this chain lie in [0, 2)"));
   CHECK(any_line_has(slog, "a new link replaces one silent for"));
   CHECK(make_error_code(errc::member_id_in_use) == condition::transient);
+}
+
+TEST_CASE("insider: a stateless shard installs no implausible replica; the table waits for a "
+          "plausible one") {
+  // A restarted (fresh) stateless shard asks the workers that say hello at a clock > 0 for
+  // their replicas. Before the checks it installed the first replica push of each table
+  // whatever it held. Now a replica from the future (clock 99, its sender is at clock 5) and
+  // one with values above max_replica_value are refused with bad_state and not installed; the
+  // third, plausible one is.
+  asio::io_context io(1);
+  in_process_network net;
+  test::log_lines slog;
+  server_options so;
+  so.num_workers = 3;
+  so.tables = {table_spec{0, 4, 2, 0.0f}};
+  so.log = [&](std::string_view l) { slog.emplace_back(l); };
+  so.watchdog_interval = 0ms;
+  in_process_transport st(io.get_executor(), net);
+  using server_t = basic_server<in_process_transport, consistency::asp, recovery::stateless>;
+  recovery::stateless::server_part part;
+  part.options.max_replica_value = 100.0f;
+  server_t server(st, so, optimizer::sgd{1.0f}, part);
+  asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
+  in_process_transport evil(io.get_executor(), net);
+  std::vector<std::optional<errc>> outcomes;  // per replica: the refusal, or none
+  std::vector<bool> asked;                    // per hello: the welcome asked for state
+  std::vector<bool> recovering_after;
+  std::list<in_process_transport::connection_type> conns;
+  const auto replica = [&](std::uint32_t w, clock_value c, float value) {
+    message m;
+    m.header.type = message_type::push;
+    m.header.flags = static_cast<std::uint8_t>(frame_flags::range | frame_flags::state);
+    m.header.sender = w;
+    m.header.table = 0;
+    m.header.clock = c;
+    m.header.first_row = 0;
+    m.header.row_count = 4;
+    m.header.width = 2;
+    m.payload = evil.allocate(8 * sizeof(float));
+    const std::vector<float> v(8, value);
+    std::memcpy(m.payload.data(), v.data(), 8 * sizeof(float));
+    return m;
+  };
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        const std::vector<std::pair<clock_value, float>> tries{{99, 1.0f}, {5, 1.0e30f}, {5, 1.0f}};
+        for (std::uint32_t w = 0; w < 3; ++w) {
+          auto [ec, c] = co_await evil.async_connect("shard0");
+          REQUIRE(!ec);
+          const std::vector<protocol::layout_entry> layout{{4, 2}};
+          (void)co_await c.async_send(
+              hello_of<consistency::asp, recovery::stateless>(w, 5, layout, 0, evil, 7 + w));
+          auto [wec, welcome] = co_await c.async_receive();
+          REQUIRE(!wec);
+          REQUIRE(welcome.header.type == message_type::welcome);
+          asked.push_back(welcome.header.has(frame_flags::state));
+          (void)co_await c.async_send(replica(w, tries[w].first, tries[w].second));
+          // The refusal, or (when the replica was installed) none: the table stops waiting.
+          outcomes.emplace_back();
+          bool answered = false;
+          conns.push_back(std::move(c));
+          asio::co_spawn(
+              io,
+              [&, w, &conn = conns.back()]() -> asio::awaitable<void> {
+                outcomes[w] = co_await refusal_on(conn);
+                answered = true;
+              },
+              asio::detached);
+          co_await wait_until(io, [&] { return answered || !server.recovery().recovering(); }, 2s);
+          recovering_after.push_back(server.recovery().recovering());
+        }
+        server.stop();
+      },
+      10s);
+  INFO(joined(slog));
+  CHECK(asked == std::vector<bool>{true, true, true});
+  REQUIRE(outcomes.size() == 3);
+  CHECK(outcomes[0] == errc::bad_state);
+  CHECK(outcomes[1] == errc::bad_state);
+  CHECK(recovering_after == std::vector<bool>{true, true, false});
+  CHECK(server.recovery().stats().replicas_installed == 1);
+  CHECK(server.values(0)[0] == 1.0f);
+  CHECK(any_line_has(slog, "refused the replica of table 0 from worker 0 (replica at clock 99; "
+                           "worker 0 is at clock 5 here"));
+  CHECK(any_line_has(slog, "exceeds max_replica_value"));
+  CHECK(any_line_has(slog, "rebuilt table 0 from the replica of worker 2 (clock 5)"));
 }

@@ -24,6 +24,12 @@ struct stateless_options {
   merge_rule rule = merge_rule::lr_scaled;
   std::uint64_t large_backlog = 50;  ///< clocks; beyond this `lr_scaled` scales the backlog
   float large_backlog_scale = 0.1f;  ///< the scale `lr_scaled` applies to a large backlog
+  /// A bound on the magnitude of every value of a replica a restarted server installs (0: no
+  /// bound). A replica with a value above it is implausible: it is refused with
+  /// `errc::bad_state` (its sender's connection is closed) and the table waits for another
+  /// worker's replica. Set it above any value the model's parameters can reach: a real
+  /// worker's replica refused so is sent again on every reconnect and refused again.
+  float max_replica_value = 0.0f;
   /// How long a worker keeps reconnecting (while training on) before failing with
   /// `errc::server_lost`.
   std::chrono::milliseconds reconnect_timeout{std::chrono::minutes(10)};

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -72,7 +74,20 @@ struct stateless_server_part {
   /// A replica (flag `state`: the first one of a table rebuilds it, later ones are dropped)
   /// or a backlog (flag `backlog`: scaled by `backlog_scale` and applied, unless it comes from
   /// the worker whose replica was installed, which already holds it). Either must cover the
-  /// shard's whole range of its table. Errors: `errc::unexpected_message`.
+  /// shard's whole range of its table.
+  ///
+  /// A replica is validated before it is installed, and one that fails is never installed
+  /// (the table waits for the next worker's replica): its payload must hold exactly the
+  /// shard's rows of the table (`range.size() x width` floats; the server has checked table
+  /// and width, and that every float is finite), its clock must lie in [0,
+  /// `protocol::max_clock`] and not above its sender's clock at this server (a worker sends
+  /// its replica after the clock messages of its rejoin, at its current clock), and, when
+  /// `stateless_options::max_replica_value` is set, no value may exceed it in magnitude. So
+  /// the first replica is installed only when it is plausible; a finite, in-bound replica of
+  /// the right clock from a peer with the secret still is (docs/security.md).
+  ///
+  /// Errors: `errc::unexpected_message` (flags or range), `errc::bad_state` (a replica that
+  /// fails the checks above; logged naming what was wrong).
   template <class Ctx>
   std::error_code on_recovery_push(Ctx ctx, detail::session_base& s, message& m,
                                    std::string& detail) {
@@ -89,6 +104,11 @@ struct stateless_server_part {
       // The first replica of a table rebuilds it; later ones are dropped. Their senders'
       // backlogs are then merged, while the installed sender's own updates are already in it.
       if (needs_state_[h.table]) {
+        if (auto ec = check_replica(ctx, s, m, vals, detail)) {
+          ctx.log("refused the replica of table " + std::to_string(h.table) + " from worker " +
+                  std::to_string(s.worker) + detail + "; the table waits for another replica");
+          return ec;
+        }
         ctx.install_replica(h.table, vals);
         needs_state_[h.table] = false;
         state_source_[h.table] = s.worker;
@@ -116,6 +136,37 @@ struct stateless_server_part {
   }
 
  private:
+  // The checks a replica passes before it is installed (see on_recovery_push).
+  template <class Ctx>
+  std::error_code check_replica(Ctx ctx, const detail::session_base& s, const message& m,
+                                std::span<const float> vals, std::string& detail) const {
+    const auto& h = m.header;
+    const std::size_t want = std::size_t{ctx.range(h.table).size()} * h.width;
+    if (vals.size() != want) {
+      detail = " (" + std::to_string(vals.size()) + " floats, the shard's rows of the table hold " +
+               std::to_string(want) + ")";
+      return errc::bad_state;
+    }
+    if (h.clock < 0 || h.clock > protocol::max_clock || h.clock > ctx.worker_clock(s.worker)) {
+      detail = " (replica at clock " + std::to_string(h.clock) + "; worker " +
+               std::to_string(s.worker) + " is at clock " +
+               std::to_string(ctx.worker_clock(s.worker)) +
+               " here, and a replica is sent at its sender's clock)";
+      return errc::bad_state;
+    }
+    if (const float bound = options.max_replica_value; bound > 0.0f) {
+      const auto big = std::find_if(vals.begin(), vals.end(),
+                                    [bound](float v) { return !(std::abs(v) <= bound); });
+      if (big != vals.end()) {
+        detail = " (value " + std::to_string(*big) + " at index " +
+                 std::to_string(big - vals.begin()) + " exceeds max_replica_value " +
+                 std::to_string(bound) + ")";
+        return errc::bad_state;
+      }
+    }
+    return {};
+  }
+
   template <class Ctx>
   void size_for(Ctx ctx) {
     if (needs_state_.size() == ctx.num_tables()) return;
