@@ -346,6 +346,14 @@ class basic_server {
     auto silent_for(const detail::session_base& s) const {
       return clock_type::now() - static_cast<const session&>(s).heard;
     }
+    /// Logs `line` as this server unless lines of `kind` (a `detail::log_kind` constant or a
+    /// literal: static storage) are over their rate (a few every 10 s, then a count of the
+    /// rest, as the server's refusals; detail::log_limiter). Returns whether it was logged.
+    bool log_limited(std::string_view kind, const std::string& line) const {
+      if (!p().log_allowed(kind, "")) return false;
+      p().log(line);
+      return true;
+    }
     /// Closes `s` now / after its queued messages.
     void close(detail::session_base& s) const { p().close(as_session(s)); }
     void close_after_flush(detail::session_base& s) const { p().close_after_flush(as_session(s)); }

@@ -820,3 +820,67 @@ TEST_CASE("insider: a stateless shard installs no implausible replica; the table
   CHECK(any_line_has(slog, "exceeds max_replica_value"));
   CHECK(any_line_has(slog, "rebuilt table 0 from the replica of worker 2 (clock 5)"));
 }
+
+TEST_CASE("insider: a held replica-log push refused when its turn comes is counted and logged, "
+          "never dropped silently") {
+  // Under replica_log a push is held until its worker confirms the position it was ordered
+  // at; only then is it dispatched. One that the server refuses at that point (here: above
+  // max_update_norm) used to be dropped without a count or a line (`(void)dispatch_of`).
+  asio::io_context io(1);
+  in_process_network net;
+  test::log_lines slog;
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {table_spec{0, 4, 2, 0.0f}};
+  so.max_update_norm = 1.0;
+  so.log = [&](std::string_view l) { slog.emplace_back(l); };
+  so.watchdog_interval = 0ms;
+  in_process_transport st(io.get_executor(), net);
+  using server_t = basic_server<in_process_transport, consistency::asp, recovery::replica_log>;
+  server_t server(st, so, optimizer::sgd{1.0f});
+  asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
+  in_process_transport evil(io.get_executor(), net);
+  std::optional<errc> refusal;
+  std::uint64_t position = 0;
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto [ec, c] = co_await evil.async_connect("shard0");
+        REQUIRE(!ec);
+        const std::vector<protocol::layout_entry> layout{{4, 2}};
+        (void)co_await c.async_send(
+            hello_of<consistency::asp, recovery::replica_log>(0, 0, layout, 0, evil));
+        auto [wec, welcome] = co_await c.async_receive();
+        REQUIRE(!wec);
+        REQUIRE(welcome.header.type == message_type::welcome);
+        message push;
+        push.header.type = message_type::push;
+        push.header.flags = frame_flags::range;
+        push.header.sender = 0;
+        push.header.seq = 1;
+        push.header.row_count = 4;
+        push.header.width = 2;
+        push.payload = evil.allocate(8 * sizeof(float));
+        const std::vector<float> v(8, 10.0f);  // L2 norm 28.3 > max_update_norm 1
+        std::memcpy(push.payload.data(), v.data(), 8 * sizeof(float));
+        (void)co_await c.async_send(std::move(push));
+        auto [oec, om] = co_await c.async_receive();
+        REQUIRE(!oec);
+        REQUIRE(om.header.type == message_type::order);
+        protocol::order o;
+        std::string why;
+        REQUIRE(!protocol::decode(om, o, why));
+        position = o.position;
+        (void)co_await c.async_send(header_only(message_type::commit, 0, o.position));
+        refusal = co_await refusal_on(c);
+        server.stop();
+      },
+      10s);
+  INFO(joined(slog));
+  CHECK(position == 1);
+  CHECK(refusal == errc::update_too_large);
+  CHECK(server.recovery().stats().dropped == 1);
+  CHECK(server.stats().pushes == 0);
+  CHECK(any_line_has(slog, "dropped a held message of worker 0 (type 3, clock 0, position 1): "
+                           "push refused: its L2 norm exceeds the server's max_update_norm"));
+}

@@ -30,6 +30,9 @@ inline constexpr std::string_view failed_accept = "failed accepts";
 inline constexpr std::string_view refused_connection = "refused connections";
 /// A request refused by the protocol (an error frame naming why, then the connection closes).
 inline constexpr std::string_view refused_request = "refused requests";
+/// A message a recovery part held (or replayed) and dispatched later was refused, so it was
+/// dropped (e.g. `recovery::replica_log`'s held pushes).
+inline constexpr std::string_view dropped_message = "dropped messages";
 }  // namespace log_kind
 
 /// The host part of `address` as log lines print it: "10.0.0.7" of "10.0.0.7:51234", "::1" of

@@ -17,6 +17,7 @@
 #include <asio/awaitable.hpp>
 
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
@@ -50,7 +51,13 @@ struct replica_log_stats {
   /// Worker clocks whose updates an inexact rebuild lacked: a worker's clock moved up to its
   /// next update's (0 after exact rebuilds).
   std::uint64_t skipped_clocks = 0;
-  std::uint64_t max_held = 0;        ///< most messages held at once
+  std::uint64_t max_held = 0;  ///< most messages held at once
+  /// Held or replayed messages dropped because the server refused them when they were
+  /// dispatched (a push that fails the server's checks once its turn came, e.g. its values
+  /// are not finite or too large, or its clock does not fit): their position is used, their
+  /// update is not applied. Each is logged (rate-limited: a few lines every 10 s, then a
+  /// count); the worker's session, when connected, is refused with the reason.
+  std::uint64_t dropped = 0;
   std::uint64_t position = 0;        ///< the last position applied
   std::uint64_t stable = 0;          ///< the stable position (newest replica stored)
   double last_recovery_seconds = 0;  ///< first hello to serving again, last rebuild
@@ -275,6 +282,21 @@ struct replica_log_server_part {
         std::max<std::uint64_t>(rt_.value.stats_.max_held, rt_.value.held_.size());
   }
 
+  // A held or replayed message `m` of worker `w` at position `position` (0: not ordered) was
+  // refused with `ec` when dispatched: counted in stats().dropped, logged rate-limited.
+  template <class Ctx>
+  void count_drop(Ctx ctx, const char* what, std::uint32_t w, std::uint64_t position,
+                  const message& m, std::error_code ec) {
+    ++rt_.value.stats_.dropped;
+    (void)ctx.log_limited(detail::log_kind::dropped_message,
+                          std::string("dropped a ") + what + " message of worker " +
+                              std::to_string(w) + " (type " +
+                              std::to_string(static_cast<int>(m.header.type)) + ", clock " +
+                              std::to_string(m.header.clock) + ", position " +
+                              std::to_string(position) + "): " + ec.message() + " (" +
+                              std::to_string(rt_.value.stats_.dropped) + " dropped so far)");
+  }
+
   // Worker `w` logged position `p`.
   void confirm(std::uint32_t w, std::uint64_t p) {
     for (std::size_t i = 0; i < rt_.value.held_.size(); ++i) {
@@ -303,9 +325,11 @@ struct replica_log_server_part {
         rt_.value.position_ = it.position;
         rt_.value.stats_.position = rt_.value.position_;
         catch_up(ctx, it.worker, it.m);
-        (void)ctx.dispatch_of(it.worker, it.m);
+        if (auto ec = ctx.dispatch_of(it.worker, it.m))
+          count_drop(ctx, "held", it.worker, it.position, it.m, ec);
       } else if (it.session != nullptr && it.session->open) {
-        (void)ctx.dispatch(*it.session, it.m);
+        if (auto ec = ctx.dispatch(*it.session, it.m))
+          count_drop(ctx, "held", it.worker, 0, it.m, ec);
       }
     }
     rt_.value.releasing_ = false;
@@ -482,7 +506,8 @@ struct replica_log_server_part {
       if (e.position < expected) continue;  // in the replica, or a duplicate
       missing += e.position - expected;
       catch_up(ctx, e.worker, e.m);
-      (void)ctx.dispatch_of(e.worker, e.m);
+      if (auto ec = ctx.dispatch_of(e.worker, e.m))
+        count_drop(ctx, "replayed", e.worker, e.position, e.m, ec);
       ++rt_.value.stats_.replayed;
       expected = e.position + 1;
       rt_.value.position_ = e.position;
