@@ -1,20 +1,28 @@
 // asyncps bench — a user-space TCP delay proxy: the one-way delay this kernel's missing netem
 // would add (docs/multi-host.md). It listens, connects upstream for each accepted connection,
 // and forwards both directions; each chunk it reads is written on no earlier than `delay`
-// after it was read. Standalone Asio, one thread; no asyncps dependency.
+// after it was read. Standalone Asio, one thread; of asyncps only the accept retry and the
+// log limiter (header-only, detail/).
 //
 // Granularity: a chunk is what one read returned (at most `chunk_bytes`), so the delay applies
 // per chunk, not per packet; timers fire late by the scheduler's wake-up latency (the proxy
 // sets its timer slack to 1 ns, Linux), never early. Buffering is bounded: a direction holds
 // at most `max_buffered` bytes in flight and stops reading until its writer drains (TCP's own
 // flow control then slows the sender), so its throughput is at most max_buffered / delay.
+//
+// Its accept loop survives a descriptor flood as the library's do (detail/accept_retry.hpp):
+// a transient accept failure (out of descriptors or memory, a connection that died in the
+// backlog) pauses it, 1 ms doubling to 1 s, is logged rate-limited, and the loop accepts
+// again; only closing the acceptor or another error ends it.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -31,6 +39,9 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/write.hpp>
 
+#include "asyncps/detail/accept_retry.hpp"
+#include "asyncps/detail/log_limiter.hpp"
+
 namespace asyncps::bench {
 
 /// Settings of `delay_proxy`.
@@ -42,12 +53,16 @@ struct delay_proxy_options {
   /// The most bytes one direction of one connection holds (read, not yet written), >=
   /// chunk_bytes. Bounds the proxy's memory at 2 x max_buffered per connection.
   std::size_t max_buffered = 8 * 1024 * 1024;
+  /// Where failed accepts are reported (rate-limited: a few lines every 10 s, then a count);
+  /// empty: stderr.
+  std::function<void(const std::string&)> log{};
 };
 
 /// Counters of one `delay_proxy` (read on its thread, or after it stopped).
 struct delay_proxy_stats {
   std::uint64_t connections = 0;      ///< connections accepted
   std::uint64_t upstream_failed = 0;  ///< accepted, but the upstream connect failed
+  std::uint64_t failed_accepts = 0;   ///< transient accept failures, each retried
   std::uint64_t bytes = 0;            ///< bytes forwarded, both directions
   std::uint64_t chunks = 0;           ///< chunks forwarded
   std::uint64_t full_waits = 0;       ///< times a reader stopped: max_buffered reached
@@ -69,12 +84,38 @@ class delay_proxy {
 
   const delay_proxy_stats& stats() const { return stats_; }
 
-  /// Accepts until `acceptor` is closed or fails; each connection runs detached.
+  /// Accepts until `acceptor` is closed or fails with an error that is not transient; each
+  /// connection runs detached. A transient failure (`detail::accept_backoff::transient`: out
+  /// of descriptors, ...) is counted in `stats().failed_accepts`, logged rate-limited, and
+  /// retried after a pause (1 ms doubling to 1 s; reset by an accept that succeeds).
   asio::awaitable<void> run(tcp::acceptor& acceptor) {
+    asyncps::detail::accept_backoff backoff;
+    asyncps::detail::log_limiter<clock::time_point> limiter;
+    asio::steady_timer pause(acceptor.get_executor());
+    const auto log = [this](const std::string& line) {
+      if (opts_.log) {
+        opts_.log("delay proxy: " + line);
+      } else {
+        std::fprintf(stderr, "delay proxy: %s\n", line.c_str());
+      }
+    };
     for (;;) {
       auto [ec, sock] =
           co_await acceptor.async_accept(asio::experimental::as_tuple(asio::use_awaitable));
-      if (ec) co_return;
+      if (ec) {
+        if (!acceptor.is_open() || !asyncps::detail::accept_backoff::transient(ec)) {
+          limiter.flush_all(clock::now(), log);
+          co_return;
+        }
+        ++stats_.failed_accepts;
+        const auto wait_for = backoff.failed();
+        asyncps::detail::log_accept_failure(limiter, clock::now(), ec, wait_for, log);
+        pause.expires_after(wait_for);
+        co_await pause.async_wait(asio::experimental::as_tuple(asio::use_awaitable));
+        continue;
+      }
+      backoff.succeeded();
+      limiter.flush(clock::now(), log);
       ++stats_.connections;
       asio::co_spawn(acceptor.get_executor(), serve(std::move(sock)), asio::detached);
     }

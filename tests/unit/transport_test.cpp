@@ -36,6 +36,7 @@
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/transport/tcp.hpp"
 #include "asyncps/worker.hpp"
+#include "bench/delay_proxy.hpp"
 #include "counter_model.hpp"
 #include "descriptor_flood.hpp"
 #include "examples/fashion_mnist/serve_until_done.hpp"
@@ -1019,6 +1020,85 @@ TEST_CASE("chain master: a descriptor flood (EMFILE) is retried with backoff and
           co_return !hec && config && config->type == message_type::chain_config &&
               master.chain(0) == std::vector<std::uint32_t>{0};
         });
+  });
+  CHECK_MESSAGE(status == 0, flood_message(status));
+}
+
+TEST_CASE("delay proxy: a descriptor flood (EMFILE) is retried with backoff and logged "
+          "rate-limited; a connection is forwarded afterwards") {
+  // bench/delay_proxy's accept loop ended on its first accept error: under a descriptor
+  // flood the proxy stopped forwarding for good.
+  if (test::address_sanitized) {
+    MESSAGE("skipped under AddressSanitizer (tests/support/descriptor_flood.hpp)");
+    return;
+  }
+  const int status = test::run_with_descriptor_limit(256, [] {
+    using asio::ip::tcp;
+    asio::io_context io;
+    const tcp::endpoint loopback(asio::ip::make_address("127.0.0.1"), 0);
+    tcp::acceptor echo_acc(io, loopback);
+    tcp::acceptor proxy_acc(io, loopback);
+    std::vector<std::string> logs;
+    bench::delay_proxy_options o;
+    o.log = [&](const std::string& line) { logs.push_back(line); };
+    bench::delay_proxy proxy(echo_acc.local_endpoint(), o);
+    // The upstream: echoes every connection's bytes back.
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          for (;;) {
+            auto [ec, sock] = co_await echo_acc.async_accept(detail::use_tuple);
+            if (ec) co_return;
+            asio::co_spawn(
+                io,
+                [s = std::move(sock)]() mutable -> asio::awaitable<void> {
+                  std::array<char, 64> buf{};
+                  for (;;) {
+                    auto [rec, n] =
+                        co_await s.async_read_some(asio::buffer(buf), detail::use_tuple);
+                    if (rec) co_return;
+                    auto [wec, m] =
+                        co_await asio::async_write(s, asio::buffer(buf, n), detail::use_tuple);
+                    if (wec || m != n) co_return;
+                  }
+                },
+                asio::detached);
+          }
+        },
+        asio::detached);
+    bool serve_ended = false;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          co_await proxy.run(proxy_acc);
+          serve_ended = true;
+        },
+        asio::detached);
+    int status = test::flood_probe_failed;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          status = co_await test::flood_then_probe(
+              proxy_acc.local_endpoint(), logs, serve_ended, [&]() -> asio::awaitable<bool> {
+                tcp::socket c(io);
+                auto [cec] =
+                    co_await c.async_connect(proxy_acc.local_endpoint(), detail::use_tuple);
+                if (cec) co_return false;
+                const std::string ping = "ping";
+                auto [wec, wn] =
+                    co_await asio::async_write(c, asio::buffer(ping), detail::use_tuple);
+                std::array<char, 4> back{};
+                auto [rec, rn] =
+                    co_await asio::async_read(c, asio::buffer(back), detail::use_tuple);
+                co_return !wec && !rec && wn == 4 && rn == 4 &&
+                    std::string(back.data(), 4) == ping && proxy.stats().failed_accepts > 0;
+              });
+          proxy_acc.close();
+          echo_acc.close();
+        },
+        asio::detached);
+    io.run_for(std::chrono::seconds(20));
+    return status;
   });
   CHECK_MESSAGE(status == 0, flood_message(status));
 }
