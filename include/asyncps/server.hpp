@@ -27,6 +27,7 @@
 #include <cstring>
 #include <functional>
 #include <list>
+#include <new>
 #include <optional>
 #include <ostream>
 #include <random>
@@ -36,6 +37,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -508,7 +510,30 @@ class basic_server {
 
   asio::awaitable<void> read_loop(session& s) {
     while (s.open) {
-      auto [ec, m] = co_await s.conn.async_receive();
+      std::error_code ec;
+      message m;
+      bool no_memory = false;
+      // The transport allocates each frame's buffer as it receives it: an allocation failure
+      // there (e.g. many large frames under an address-space limit) closes this session only,
+      // logged; it must not end the coroutine without finish() (the server would never stop).
+      try {
+        auto r = co_await s.conn.async_receive();
+        ec = std::get<0>(r);
+        m = std::move(std::get<1>(r));
+      } catch (const std::bad_alloc&) {
+        no_memory = true;
+      } catch (const std::length_error&) {
+        no_memory = true;
+      }
+      if (no_memory) {
+        ++proto_.stats().rejected;
+        if (proto_.log_allowed(detail::log_kind::refused_connection, s.address))
+          proto_.log("closing connection of " + proto_.who(s) + detail::peer_address(s.conn) +
+                     ": " + make_error_code(errc::resource_exhausted).message() +
+                     " (no memory for a received frame)");
+        proto_.close(s);
+        break;
+      }
       if (ec) {
         if (!s.open) {
           // The server closed it meanwhile (a deadline, the queue budget, a takeover, stop),

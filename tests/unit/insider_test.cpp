@@ -11,10 +11,12 @@
 #include <limits>
 #include <list>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include <asio/co_spawn.hpp>
@@ -883,4 +885,117 @@ TEST_CASE("insider: a held replica-log push refused when its turn comes is count
   CHECK(server.stats().pushes == 0);
   CHECK(any_line_has(slog, "dropped a held message of worker 0 (type 3, clock 0, position 1): "
                            "push refused: its L2 norm exceeds the server's max_update_norm"));
+}
+
+namespace {
+
+// An in-process transport whose receive throws std::bad_alloc for a heartbeat with seq
+// `no_memory_seq`, as a real transport's frame allocation does when the heap is exhausted.
+struct alloc_failing_transport {
+  static constexpr std::uint64_t no_memory_seq = 0xbad;
+  using executor_type = in_process_transport::executor_type;
+  using endpoint_type = in_process_transport::endpoint_type;
+  struct connection_type {
+    in_process_transport::connection_type inner;
+    asio::awaitable<std::error_code> async_send(message m) {
+      co_return co_await inner.async_send(std::move(m));
+    }
+    asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
+      auto r = co_await inner.async_receive();
+      const auto& h = std::get<1>(r).header;
+      if (!std::get<0>(r) && h.type == message_type::heartbeat && h.seq == no_memory_seq)
+        throw std::bad_alloc();
+      co_return r;
+    }
+    void close() noexcept { inner.close(); }
+    bool is_open() const { return inner.is_open(); }
+  };
+  struct acceptor_type {
+    in_process_transport::acceptor_type inner;
+    asio::awaitable<std::tuple<std::error_code, connection_type>> async_accept() {
+      auto [ec, c] = co_await inner.async_accept();
+      co_return std::tuple{ec, connection_type{std::move(c)}};
+    }
+    void close() noexcept { inner.close(); }
+  };
+  in_process_transport& inner;
+  executor_type get_executor() const { return inner.get_executor(); }
+  result<acceptor_type> listen(const endpoint_type& ep) {
+    auto r = inner.listen(ep);
+    if (!r) return r.error();
+    return acceptor_type{std::move(r).value()};
+  }
+  asio::awaitable<std::tuple<std::error_code, connection_type>> async_connect(endpoint_type ep) {
+    auto [ec, c] = co_await inner.async_connect(std::move(ep));
+    co_return std::tuple{ec, connection_type{std::move(c)}};
+  }
+  buffer allocate(std::size_t n) { return inner.allocate(n); }
+  const wire_limits& limits() const { return inner.limits(); }
+};
+static_assert(transport<alloc_failing_transport>);
+
+}  // namespace
+
+TEST_CASE("memory: a std::bad_alloc while receiving a frame closes that session, logged; the "
+          "server serves on and stops") {
+  // The read loop used to let the exception end its coroutine (detached: swallowed) without
+  // finishing the session: no log line, the worker id held, and a server that never stopped.
+  asio::io_context io(1);
+  in_process_network net;
+  test::log_lines slog;
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {table_spec{0, 4, 2, 0.0f}};
+  so.log = [&](std::string_view l) { slog.emplace_back(l); };
+  so.watchdog_interval = 0ms;
+  in_process_transport inner(io.get_executor(), net);
+  alloc_failing_transport st{inner};
+  basic_server<alloc_failing_transport, consistency::asp> server(st, so, optimizer::sgd{1.0f});
+  bool served = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        co_await test::listen_and_serve(st, std::string("shard0"), server);
+        served = true;
+      },
+      asio::detached);
+  in_process_transport client(io.get_executor(), net);
+  bool first_closed = false, second_welcomed = false;
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        const std::vector<protocol::layout_entry> layout{{4, 2}};
+        {
+          auto [ec, c] = co_await client.async_connect("shard0");
+          REQUIRE(!ec);
+          (void)co_await c.async_send(
+              hello_of<consistency::asp, recovery::none>(0, 0, layout, 0, client, 1));
+          auto [wec, welcome] = co_await c.async_receive();
+          REQUIRE(!wec);
+          REQUIRE(welcome.header.type == message_type::welcome);
+          (void)co_await c.async_send(
+              header_only(message_type::heartbeat, 0, alloc_failing_transport::no_memory_seq));
+          auto [rec, m] = co_await c.async_receive();
+          first_closed = static_cast<bool>(rec);
+        }
+        // The server serves on: the same worker id gets in again (its session finished).
+        co_await wait_until(io, [&] { return server.workers_connected() == 0; }, 2s);
+        auto [ec, c] = co_await client.async_connect("shard0");
+        REQUIRE(!ec);
+        (void)co_await c.async_send(
+            hello_of<consistency::asp, recovery::none>(0, 0, layout, 0, client, 2));
+        auto [wec, welcome] = co_await c.async_receive();
+        second_welcomed = !wec && welcome.header.type == message_type::welcome;
+        c.close();
+        server.stop();
+        co_await wait_until(io, [&] { return served; }, 2s);
+      },
+      10s);
+  INFO(joined(slog));
+  CHECK(first_closed);
+  CHECK(second_welcomed);
+  CHECK(served);  // async_serve completed: every session finished
+  CHECK(server.stats().rejected >= 1);
+  CHECK(any_line_has(slog, "closing connection of worker 0: out of memory while handling the "
+                           "peer's message (no memory for a received frame)"));
 }
