@@ -2,13 +2,15 @@
 // workers on the simulated transport (virtual time), to extend docs/results/scaling.md past
 // the cores of one machine: the unchanged basic_server / basic_worker, 4 server shards, W
 // workers each training on its 1/W of the 60,000 images, every gradient computed for real but
-// taking `--compute-ms` of virtual time (the measured time of one minibatch), SSP with a
-// run-time bound (0: BSP). Deterministic: the same arguments give the same figures. One JSON
-// object per run to stdout and to `--out`: workers, rule, bound, final test accuracy and loss
-// of the servers' model, virtual seconds, clocks per worker.
+// taking its share of `--compute-ms` of virtual time (the measured time of 64 samples), SSP with a
+// run-time bound (0: BSP). `--rules default` takes the trainer's defaults for each worker count
+// (its update rule, batch and learning rate: examples/fashion_mnist/config.hpp). Deterministic: the
+// same arguments give the same figures. One JSON object per run to stdout and to `--out`: workers,
+// rule, bound, final test accuracy and loss of the servers' model, virtual seconds, clocks per
+// worker.
 //
 //   asyncps_scaling_sim [--model mlp|softmax|cnn] [--epochs E] [--workers 1,16,64]
-//       [--rules sum,staleness-aware,mean] [--staleness S] [--compute-ms MS] [--lr X]
+//       [--rules default,sum,staleness-aware,mean] [--staleness S] [--compute-ms MS] [--lr X]
 //       [--batch B] [--seed N] [--data DIR] [--out FILE.jsonl]
 #include <cstdint>
 #include <cstdio>
@@ -91,7 +93,7 @@ int main(int argc, char** argv) {
     for (const auto& rule : split(rules_list)) {
       fashion::config rc = c;
       rc.workers = static_cast<std::uint32_t>(std::stoul(ws));
-      rc.update_rule = rule;
+      rc.update_rule = rule == "default" ? "" : rule;  // "default": the trainer's
       fashion::apply_defaults(rc);
       fashion::dataset train, test;
       std::vector<table_spec> layout;
@@ -100,7 +102,9 @@ int main(int argc, char** argv) {
       const opt_t opt{optimizer::sgd{rc.lr}, fashion::update_rule_of(rc)};
       simulation_options so;
       so.seed = rc.seed;
-      so.compute.base = std::chrono::microseconds(static_cast<std::int64_t>(compute_ms * 1000));
+      // --compute-ms is the time of 64 samples; a minibatch of `batch` takes its share.
+      so.compute.base =
+          std::chrono::microseconds(static_cast<std::int64_t>(compute_ms * 1000 * rc.batch / 64));
       so.compute.jitter = 0.2;
       simulated_network net(so);
       bench::sim_cluster<fashion::any_model, consistency::ssp<>, opt_t> cluster(
@@ -122,7 +126,7 @@ int main(int argc, char** argv) {
       const auto e = models.front().evaluate(parameter_view(layout, params.data()), test);
       const nlohmann::json j{{"model", rc.model},
                              {"workers", rc.workers},
-                             {"rule", rule},
+                             {"rule", rc.update_rule},
                              {"staleness", rc.staleness},
                              {"lr", rc.lr},
                              {"batch", rc.batch},

@@ -3,6 +3,7 @@
 // compiles quickly; the instantiations live in train_*.cpp (see trainer.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -122,33 +123,50 @@ struct config {
 };
 
 /// Fills the settings left at their "default" values (0, or < 0 for `decay_at`) with the ones
-/// tuned per model (docs/results/fashion_mnist.md): `batch` 64; `hidden` 128 (MLP, CNN) unless
-/// `hidden_given`; `lr` for SGD 0.1 (MLP) or 0.05 (softmax, CNN), 1e-3 for Adam, 0.05 for
-/// momentum and AdaGrad; `epochs` 20 (MLP), 40 (CNN) or 30 (softmax); `decay_at` the last
-/// quarter (MLP, CNN) or third (softmax) of the epochs; `vap_magnitude` 0.5 (MLP, CNN) or 0.15
-/// (softmax). The CNN's (one run: 0.9038 test accuracy after 40 epochs with the hidden layer)
-/// and its VAP bound (the MLP's) are not tuned further.
-/// main.cpp calls it after parsing the flags; bench/end_to_end.cpp too, so that its baseline
-/// trains with the trainer's settings.
+/// tuned per model (docs/results/fashion_mnist.md) and scaled to the worker count
+/// (docs/results/scaling.md): `batch` 64 per worker up to 2 workers, beyond that the share of a
+/// global batch of 128 (128 / workers, at least 8; 64 with group servers); `update_rule`
+/// "mean"; `hidden` 128 (MLP, CNN) unless `hidden_given`; `lr` for SGD 0.1 (MLP) or 0.05
+/// (softmax, CNN) per 64 samples, scaled linearly with the global batch up to 256 samples
+/// under the mean rule (and momentum's 0.05 likewise), 1e-3 for Adam, 0.05 for AdaGrad; `epochs` 20
+/// (MLP), 40 (CNN) or 30 (softmax); `decay_at` the last quarter (MLP, CNN) or third (softmax) of
+/// the epochs; `vap_magnitude` 0.5 (MLP, CNN) or 0.15 (softmax). The CNN's (one run: 0.9038 test
+/// accuracy after 40 epochs with the hidden layer) and its VAP bound (the MLP's) are not tuned
+/// further. main.cpp calls it after parsing the flags; bench/end_to_end.cpp too, so that its
+/// baseline trains with the trainer's settings.
 inline void apply_defaults(config& c) {
   const bool mlp = c.model == "mlp";
   const bool cnn = c.model == "cnn";
-  if (c.batch == 0) c.batch = 64;
+  // Global batch: a clock is one step of the workers' pushes, W x `batch` samples. The learning
+  // rates below were tuned at 64 samples per step; with 64 per worker, 16 workers make steps of
+  // 1,024 samples, 16x fewer in the same epochs, and end 3 points lower however their rate is
+  // scaled (docs/results/scaling.md). So past 2 workers each one takes a smaller share of a
+  // global batch of 128 (at least 8 samples, as smaller minibatches cost a message each).
+  const std::uint32_t w = std::max<std::uint32_t>(1, c.workers);
+  if (c.batch == 0) c.batch = c.groups >= 2 ? 64 : std::clamp<std::uint32_t>(128 / w, 8, 64);
   if (!c.hidden_given && (mlp || cnn)) c.hidden = 128;
-  // SGD 0.05 (softmax, CNN) or 0.1 (MLP), scaled by 0.1 for the last third (softmax) or
-  // quarter (MLP, CNN) of the epochs.
-  if (c.lr == 0)
+  // Update rule: the mean of a clock's pushes (1/W each); with a fixed learning rate the sum
+  // of 16 workers' pushes diverges (docs/results/scaling.md).
+  if (c.update_rule.empty()) c.update_rule = "mean";
+  // SGD 0.05 (softmax, CNN) or 0.1 (MLP) for a step of 64 samples, scaled by 0.1 for the last
+  // third (softmax) or quarter (MLP, CNN) of the epochs. Under the mean rule a clock is one
+  // step of W x batch samples: the linear scaling rule (Goyal et al., "Accurate, Large
+  // Minibatch SGD: Training ImageNet in 1 Hour", 2017) scales the rate with it, up to 256
+  // samples (4x), past which one worker at batch 1,024 diverges at the scaled rate.
+  if (c.lr == 0) {
+    const bool sgd_family = c.optimizer == "sgd" || c.optimizer == "momentum";
     c.lr = c.optimizer == "sgd" ? (mlp ? 0.1f : 0.05f) : (c.optimizer == "adam" ? 1e-3f : 0.05f);
+    if (sgd_family && c.update_rule == "mean" && c.groups < 2) {
+      const double global_batch = static_cast<double>(w) * c.batch;
+      c.lr = static_cast<float>(c.lr * std::min(global_batch, 256.0) / 64.0);
+    }
+  }
   if (c.epochs == 0) c.epochs = mlp ? 20 : (cnn ? 40 : 30);
   if (c.decay_at < 0) c.decay_at = c.epochs * (mlp || cnn ? 0.75 : 2.0 / 3.0);
   // VAP bound: about two clocks of updates in transit. With the default SGD learning rates and
   // batch 64, one clock's update lr x |g| (summed over 2 shards' slices, as the worker counts
   // it) has a median of 0.06-0.09 (softmax) and 0.18-0.26 (MLP) over the first 3 epochs.
   if (c.vap_magnitude == 0) c.vap_magnitude = mlp || cnn ? 0.5f : 0.15f;
-  // Update rule: the default learning rates were tuned with up to 4 workers summing their
-  // pushes (a global batch of up to 256); past that, staleness-aware scaling keeps 16 workers
-  // converging where the sum diverges (docs/results/scaling.md).
-  if (c.update_rule.empty()) c.update_rule = c.workers <= 4 ? "sum" : "staleness-aware";
   if (c.warmup_epochs < 0) c.warmup_epochs = 2;
 }
 

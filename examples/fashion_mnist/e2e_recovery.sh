@@ -178,6 +178,8 @@ if [[ "$policy" == none ]]; then
   # A lost server ends the run with a clear error, not a hang, and the metrics say so.
   [[ $rc -ne 0 ]] || fail "exit status 0 after losing a server"
   grep -q 'parameter server lost' "$dir/out.log" || fail "no 'parameter server lost' error"
+  ! grep -q '^final test accuracy' "$dir/out.log" || fail "a failed run printed a final accuracy"
+  grep -q '^test accuracy when the run failed' "$dir/out.log" || fail "no accuracy at the failure"
   [[ "$(field failed)" == true ]] || fail "the final record does not say the run failed: $final"
   (( clock < planned )) || fail "the final record claims clock $clock of $planned: $final"
   echo "e2e_recovery(none): ok, the run ended with 'parameter server lost' (exit status $rc)" \

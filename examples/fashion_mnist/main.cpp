@@ -329,8 +329,15 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--epochs", c.epochs, "passes over each worker's shard")
       ->check(CLI::PositiveNumber);
-  app.add_option("--batch", c.batch, "minibatch size per worker")->check(CLI::Range(1, 60000));
-  app.add_option("--lr", c.lr, "learning rate")->check(CLI::PositiveNumber);
+  app.add_option("--batch", c.batch,
+                 "minibatch size per worker (default: 64 up to 2 workers; beyond, 128 / "
+                 "workers and at least 8, so that a clock's global batch stays near 128)")
+      ->check(CLI::Range(1, 60000));
+  app.add_option("--lr", c.lr,
+                 "learning rate (default SGD: 0.1 MLP, 0.05 softmax and CNN per 64 samples, "
+                 "scaled under the mean rule with the global batch of workers x batch, up to "
+                 "256: Goyal et al. 2017's linear scaling)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--l2", c.l2, "weight decay")->check(CLI::NonNegativeNumber);
   app.add_flag("--flip", c.flip,
                "--model cnn: mirror each training image left-right with probability 1/2");
@@ -364,8 +371,7 @@ int main(int argc, char** argv) {
                  "how each push's step scales with the workers W and its staleness: sum (full "
                  "step per push), mean (1/W: one step of the mean per clock), staleness-aware "
                  "(1/(1+staleness), Zhang et al. 2016), linear-scaling (Goyal et al. 2017: full "
-                 "step after a warm-up from 1/W). Default: sum up to 4 workers, staleness-aware "
-                 "beyond")
+                 "step after a warm-up from 1/W). Default: mean")
       ->check(CLI::IsMember({"sum", "mean", "staleness-aware", "linear-scaling"}));
   app.add_option("--warmup-epochs", c.warmup_epochs,
                  "--update-rule linear-scaling: epochs of warm-up (default 2)")

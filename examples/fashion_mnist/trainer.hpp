@@ -778,8 +778,8 @@ int run(const config& c, Optimizer opt) {
   if (c.slow_factor > 1) std::cout << ", worker " << c.slow_worker << " slowed x" << c.slow_factor;
   std::cout << ", recovery " << Recovery::name << ", " << c.servers << " servers, " << c.workers
             << " workers, " << epochs << " epochs (" << clocks << " clocks of " << c.batch
-            << " per worker), update rule " << opt.rule.chosen_name() << ", role " << c.role
-            << std::endl;
+            << " per worker), update rule " << opt.rule.chosen_name() << ", lr " << c.lr
+            << ", role " << c.role << std::endl;
 
   std::vector<std::thread> pool;
   for (unsigned i = 1; i < threads; ++i) pool.emplace_back([&] { io.run(); });
@@ -1021,9 +1021,14 @@ int run(const config& c, Optimizer opt) {
                  c.workers, c.update_rule.c_str());
     return 3;
   }
+  if (failed) {  // what the servers' model reached, but not a final result of the run
+    std::printf("test accuracy when the run failed %.4f (loss %.4f) after %.1f s; metrics in %s\n",
+                e.accuracy, e.loss, secs, c.metrics.c_str());
+    return 1;
+  }
   std::printf("final test accuracy %.4f (loss %.4f) after %.1f s; metrics in %s\n", e.accuracy,
               e.loss, secs, c.metrics.c_str());
-  return failures == 0 ? 0 : 1;
+  return 0;
 }
 
 /// Runs `Consistency` and `Recovery` with the server optimizer `c.optimizer` names, for the

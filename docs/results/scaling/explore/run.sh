@@ -1,7 +1,7 @@
 #!/bin/bash
 # usage: run.sh tag args...
 tag=$1; shift
-B=build/release/examples/fashion_mnist/fashion_mnist
+B=${FM_BIN:-build/release/examples/fashion_mnist/fashion_mnist}
 start=$(date +%s.%N)
 $B --quiet --metrics docs/results/scaling/explore/$tag.jsonl "$@" > docs/results/scaling/explore/$tag.log 2>&1
 rc=$?
