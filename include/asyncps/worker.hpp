@@ -11,7 +11,8 @@
 // This file is the coroutine shell: connections, the wake timer, reconnects. What to send and
 // when is decided by the sans-io core (detail/worker_fsm.hpp, detail/worker_protocol.hpp,
 // detail/worker_cache.hpp, detail/push_builder.hpp); the recovery policy plugs in through the
-// hooks of its worker part (detail/worker_hooks.hpp).
+// hooks of its worker part (detail/worker_hooks.hpp). Its options and counters
+// (`worker_options`, `worker_stats`, `clock_report`) are in asyncps/worker_options.hpp.
 #pragma once
 
 #include <algorithm>
@@ -40,6 +41,7 @@
 #include "asyncps/recovery/none.hpp"  // the default template argument only
 #include "asyncps/transport.hpp"
 #include "asyncps/transport/tcp.hpp"
+#include "asyncps/worker_options.hpp"
 
 namespace asyncps {
 
