@@ -6,7 +6,7 @@
 // acceptor's) and dir[1] the other way, freed by its network once both sides let go. What the
 // queues are differs, and so do sending, receiving and closing: Asio concurrent channels
 // between threads (in_process.hpp) or virtual-time flights with scheduled deliveries
-// (detail/sim_pipe.hpp, detail/sim_connections.hpp). The handle below is the common part.
+// (transport/sim/pipe.hpp, transport/sim/connections.ipp). The handle below is the common part.
 #pragma once
 
 #include <utility>

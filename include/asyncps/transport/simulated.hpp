@@ -12,7 +12,7 @@
 //
 // This header (the one to include) defines `simulated_transport`; the network, its timer and
 // compute executor are in simulated_network.hpp, the options, models, counters and clock in
-// simulation_options.hpp, and the internals in detail/sim_*.hpp.
+// simulation_options.hpp, and the internals in transport/sim/.
 #pragma once
 
 #include <cstddef>
@@ -29,12 +29,12 @@
 #include "asyncps/buffer.hpp"
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/pipe_connection.hpp"
-#include "asyncps/detail/sim_handlers.hpp"
-#include "asyncps/detail/sim_pipe.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/options.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/transport.hpp"
+#include "asyncps/transport/sim/handlers.hpp"
+#include "asyncps/transport/sim/pipe.hpp"
 #include "asyncps/transport/simulated_network.hpp"
 #include "asyncps/transport/simulation_options.hpp"
 #include "asyncps/wire.hpp"

@@ -33,8 +33,8 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/detail/pipe_connection.hpp"
-#include "asyncps/detail/sim_handlers.hpp"
-#include "asyncps/detail/sim_pipe.hpp"
+#include "asyncps/transport/sim/handlers.hpp"
+#include "asyncps/transport/sim/pipe.hpp"
 #include "asyncps/transport/simulation_options.hpp"
 #include "asyncps/wire.hpp"
 
@@ -293,7 +293,7 @@ class simulated_network {
     c.post(std::forward<V>(args)...);
   }
 
-  // --- connections (defined in detail/sim_connections.hpp) -----------------------------
+  // --- connections (defined in transport/sim/connections.ipp) -----------------------------
 
   void schedule_delivery(detail::sim_pipe& p, int d);
   void unschedule_delivery(detail::sim_direction& dir);
@@ -521,4 +521,4 @@ simulated_network::compute_executor(std::uint32_t worker) {
 }  // namespace asyncps
 
 // The member functions of simulated_network declared above and defined out of line.
-#include "asyncps/detail/sim_connections.hpp"
+#include "asyncps/transport/sim/connections.ipp"

@@ -1,7 +1,9 @@
 // asyncps — simulated_network's connection mechanics (internal): delivery of the messages in
 // flight, receive, send, close, reset by a fault, connect (SYN, SYN-ACK) and accept; and its
-// teardown. Out-of-line definitions of members declared in asyncps/transport/simulated_network.hpp,
-// which includes this file at its end.
+// teardown. Out-of-line definitions of members declared in asyncps/transport/simulated_network.hpp.
+//
+// Not a header to include on its own: simulated_network.hpp includes it at its end, after the
+// class it defines members of (so this file does not include simulated_network.hpp back).
 #pragma once
 
 #include <string>
@@ -9,10 +11,9 @@
 #include <utility>
 #include <vector>
 
-#include "asyncps/detail/sim_handlers.hpp"
-#include "asyncps/detail/sim_pipe.hpp"
 #include "asyncps/error.hpp"
-#include "asyncps/transport/simulated_network.hpp"
+#include "asyncps/transport/sim/handlers.hpp"
+#include "asyncps/transport/sim/pipe.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps {

@@ -1,6 +1,6 @@
 // asyncps — the state of the simulated network's connections and listeners: messages in
 // flight, arrived and awaited on each direction of a connection (internal; the mechanics that
-// move them are simulated_network's, detail/sim_connections.hpp).
+// move them are simulated_network's, transport/sim/connections.ipp).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 
 #include <asio/execution_context.hpp>
 
-#include "asyncps/detail/sim_handlers.hpp"
+#include "asyncps/transport/sim/handlers.hpp"
 #include "asyncps/transport/simulation_options.hpp"
 #include "asyncps/wire.hpp"
 
