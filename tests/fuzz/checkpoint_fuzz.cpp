@@ -22,8 +22,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "asyncps/detail/checkpoint_file.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/recovery/checkpoint/file.hpp"
 #include "asyncps/shard_state.hpp"
 #include "fuzz_support.hpp"
 

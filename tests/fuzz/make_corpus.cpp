@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "asyncps/consistency/policies.hpp"
-#include "asyncps/detail/checkpoint_file.hpp"
 #include "asyncps/detail/shard_core.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/checkpoint/file.hpp"
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/shard_state.hpp"
 #include "asyncps/wire.hpp"

@@ -1,4 +1,4 @@
-// recovery::checkpoint and its file format (detail/checkpoint_file.hpp, a framing around
+// recovery::checkpoint and its file format (recovery/checkpoint/file.hpp, a framing around
 // detail/shard_state_codec.hpp): bit-identical round trips, rejection of truncated/corrupt/
 // hostile/old-version files, atomic writes, pruning, restore fallback, the fixed and adaptive
 // schedule driven by made-up times (recovery/checkpoint/schedule.hpp) and by an injected clock,
@@ -24,10 +24,10 @@
 #include <unistd.h>
 
 #include "asyncps/consistency/policies.hpp"
-#include "asyncps/detail/checkpoint_file.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery/checkpoint.hpp"
+#include "asyncps/recovery/checkpoint/file.hpp"
 #include "asyncps/recovery/checkpoint/schedule.hpp"
 #include "asyncps/recovery/checkpoint/store.hpp"
 #include "asyncps/server.hpp"

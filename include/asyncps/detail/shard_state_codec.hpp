@@ -1,6 +1,6 @@
 // asyncps — detail: the one encoding of a `shard_state`, shared by chain replication's state
 // transfer (a `state` message's payload) and checkpoint files (which only frame it with a
-// header and a checksum, see detail/checkpoint_file.hpp). Little-endian, no padding:
+// header and a checksum, see recovery/checkpoint/file.hpp). Little-endian, no padding:
 //
 //   u32 shard, u32 num_shards, u32 num_workers, u32 state_per_param, u32 tables,
 //   u32 has_last_seq (0/1), i64 server_clock,

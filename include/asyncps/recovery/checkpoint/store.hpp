@@ -1,5 +1,5 @@
 // asyncps — recovery::checkpoint: the directory of checkpoint files (names, listing, pruning,
-// the restore scan). The file format itself is detail/checkpoint_file.hpp's.
+// the restore scan). The file format itself is recovery/checkpoint/file.hpp's.
 //
 // Files of a directory are named `shard-<shard>-clock-<clock, 12 digits zero-padded>.ckpt`;
 // writes go to `<name>.tmp` first, which is fsync'ed and then renamed over `<name>`, so a
@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "asyncps/detail/checkpoint_file.hpp"
 #include "asyncps/layout.hpp"
+#include "asyncps/recovery/checkpoint/file.hpp"
 #include "asyncps/recovery/checkpoint/options.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/shard_state.hpp"

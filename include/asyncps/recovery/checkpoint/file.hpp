@@ -1,4 +1,5 @@
-// asyncps — detail: the checkpoint file format, one `shard_state` per file, written atomically.
+// asyncps — the checkpoint file format of recovery::checkpoint (internal, namespace detail): one
+// `shard_state` per file, written atomically.
 //
 // A file is a framing around the one encoding of `shard_state` (detail/shard_state_codec.hpp,
 // the same record a chain `state` message carries). Little-endian. Format version 2:
