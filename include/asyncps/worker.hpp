@@ -9,9 +9,9 @@
 // without copying it, the last push of a shard marking the end of the clock.
 //
 // This file is the coroutine shell: connections, the wake timer, reconnects. What to send and
-// when is decided by the sans-io core (detail/worker_fsm.hpp, detail/worker_protocol.hpp,
-// detail/worker_cache.hpp, detail/push_builder.hpp); the recovery policy plugs in through the
-// hooks of its worker part (detail/worker_hooks.hpp). Its options and counters
+// when is decided by the sans-io core (detail/worker/fsm.hpp, detail/worker/protocol.hpp,
+// detail/worker/cache.hpp, detail/worker/push_builder.hpp); the recovery policy plugs in through
+// the hooks of its worker part (detail/worker/hooks.hpp). Its options and counters
 // (`worker_options`, `worker_stats`, `clock_report`) are in asyncps/worker_options.hpp.
 #pragma once
 
@@ -35,7 +35,7 @@
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/detail/wait_group.hpp"
-#include "asyncps/detail/worker_fsm.hpp"
+#include "asyncps/detail/worker/fsm.hpp"
 #include "asyncps/model.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/none.hpp"  // the default template argument only

@@ -1,6 +1,6 @@
 // The worker's sans-io pieces stepped message by message, without a transport: the cache
-// (detail/worker_cache.hpp), push building (detail/push_builder.hpp) and the recovery
-// policies' worker parts (detail/worker_hooks.hpp).
+// (detail/worker/cache.hpp), push building (detail/worker/push_builder.hpp) and the recovery
+// policies' worker parts (detail/worker/hooks.hpp).
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -17,10 +17,10 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/consistency/policies.hpp"
-#include "asyncps/detail/push_builder.hpp"
-#include "asyncps/detail/worker_cache.hpp"
-#include "asyncps/detail/worker_fsm.hpp"
-#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/detail/worker/cache.hpp"
+#include "asyncps/detail/worker/fsm.hpp"
+#include "asyncps/detail/worker/hooks.hpp"
+#include "asyncps/detail/worker/push_builder.hpp"
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/recovery/stateless.hpp"

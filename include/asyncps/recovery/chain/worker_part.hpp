@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/chain/options.hpp"
 

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <system_error>
 
-#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/recovery.hpp"
 
 namespace asyncps::recovery {

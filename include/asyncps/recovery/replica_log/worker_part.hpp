@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery.hpp"
@@ -44,7 +44,7 @@ struct replica_log_worker_part {
   /// The counters.
   const replica_log_worker_stats& stats() const noexcept { return stats_; }
 
-  // ---- hooks (detail/worker_hooks.hpp) ----
+  // ---- hooks (detail/worker/hooks.hpp) ----
 
   /// One log per shard.
   void on_start(const worker_setup& s) {

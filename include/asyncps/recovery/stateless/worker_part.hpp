@@ -9,7 +9,7 @@
 
 #include <Eigen/Core>
 
-#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/stateless/options.hpp"
 

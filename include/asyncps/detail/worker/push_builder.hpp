@@ -20,7 +20,7 @@
 #include <Eigen/Core>
 
 #include "asyncps/buffer.hpp"
-#include "asyncps/detail/worker_cache.hpp"
+#include "asyncps/detail/worker/cache.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/wire.hpp"
 

@@ -23,8 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include "asyncps/detail/push_builder.hpp"
-#include "asyncps/detail/worker_protocol.hpp"
+#include "asyncps/detail/worker/protocol.hpp"
+#include "asyncps/detail/worker/push_builder.hpp"
 
 namespace asyncps {
 

@@ -23,7 +23,7 @@
 #include <Eigen/Core>
 
 #include "asyncps/consistency.hpp"
-#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/staleness.hpp"
 #include "asyncps/table.hpp"

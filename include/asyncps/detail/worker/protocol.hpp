@@ -5,7 +5,7 @@
 // numbers, VAP updates in transit, the server's last heartbeat report), the recovery policy's
 // worker part and the counters. It builds the hello, checks the handshake reply, installs
 // received messages and queues a rejoining link's messages; it touches no socket, timer or
-// executor. `worker_core` (worker_fsm.hpp) adds the clock loop; `basic_worker` executes both.
+// executor. `worker_core` (fsm.hpp) adds the clock loop; `basic_worker` executes both.
 #pragma once
 
 #include <algorithm>
@@ -28,8 +28,8 @@
 #include "asyncps/detail/endian.hpp"
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/text.hpp"
-#include "asyncps/detail/worker_cache.hpp"
-#include "asyncps/detail/worker_hooks.hpp"
+#include "asyncps/detail/worker/cache.hpp"
+#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/log.hpp"
 #include "asyncps/model.hpp"
