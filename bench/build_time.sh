@@ -7,6 +7,8 @@
 #
 #   bench/build_time.sh [file.cpp ...]   (default: examples/tutorial/1_quick_start.cpp)
 #   MODES="gcc-O2 clang-O2" bench/build_time.sh file.cpp
+#   EXTRA_FLAGS=-DASYNCPS_SEPARATE_COMPILATION bench/build_time.sh   (separate compilation; the
+#     one-off cost of the library: EXTRA_FLAGS=... bench/build_time.sh src/asyncps_compiled.cpp)
 #
 # Prints one line per (file, mode): wall seconds, CPU seconds (user + system: less sensitive to
 # other processes than wall time), MB, load before -> after (1-minute average).
@@ -16,7 +18,8 @@ cd "$(dirname "$0")/.."
 files=("$@")
 [[ ${#files[@]} -eq 0 ]] && files=(examples/tutorial/1_quick_start.cpp)
 modes=(${MODES:-gcc-O2 gcc-O0 clang-O2})
-common=(-std=c++20 -Iinclude -isystem /usr/include/eigen3 -DASIO_STANDALONE -DASIO_NO_DEPRECATED)
+common=(-std=c++20 -Iinclude -isystem /usr/include/eigen3 -DASIO_STANDALONE -DASIO_NO_DEPRECATED
+  ${EXTRA_FLAGS:-})
 clang_defs=(-DASIO_HAS_CO_AWAIT=1 -DASIO_HAS_STD_COROUTINE=1)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -24,6 +27,7 @@ trap 'rm -rf "$out"' EXIT
 load() { cut -d' ' -f1 /proc/loadavg; }
 
 echo "# $(uname -n), nproc $(nproc), $(g++ --version | head -1), $(clang++-14 --version | head -1)"
+echo "# EXTRA_FLAGS: ${EXTRA_FLAGS:-(none)}"
 printf '%-44s %-9s %8s %8s %6s  %s\n' file mode wall_s cpu_s MB "load before -> after"
 for f in "${files[@]}"; do
   for mode in "${modes[@]}"; do

@@ -20,6 +20,7 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+#include "asyncps/detail/config.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/result.hpp"
 
@@ -53,19 +54,7 @@ struct ssl_ctx_deleter {
 };
 
 // "what 'path': reason" from errno (when the file cannot be opened) or OpenSSL's error queue.
-inline std::string tls_file_problem(const char* what, const std::string& path) {
-  std::string out = std::string(what) + " '" + path + "': ";
-  if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
-    std::fclose(f);
-  } else {
-    ERR_clear_error();
-    return out + std::strerror(errno);
-  }
-  const unsigned long e = ERR_peek_last_error();
-  const char* reason = e != 0 ? ERR_reason_error_string(e) : nullptr;
-  ERR_clear_error();
-  return out + (reason != nullptr ? reason : "not valid") + " (OpenSSL)";
-}
+ASYNCPS_DECL std::string tls_file_problem(const char* what, const std::string& path);
 }  // namespace detail
 
 /// An owned OpenSSL context (`SSL_CTX_free` on destruction).
@@ -83,36 +72,10 @@ using ssl_ctx_ptr = std::unique_ptr<SSL_CTX, detail::ssl_ctx_deleter>;
 /// parsed, a key that does not match the certificate, or no `ca_file` while `verify_peer`.
 /// `why` is left as it is on success. Blocking file I/O: call it at start-up. Thread safety:
 /// any thread (OpenSSL's error queue is per thread).
-inline result<ssl_ctx_ptr> make_tls_context(const tls_options& o, std::string& why) {
-  const auto fail = [&](std::string text) -> result<ssl_ctx_ptr> {
-    why = std::move(text);
-    return make_error_code(errc::tls_setup_failed);
-  };
-  if (o.certificate_file.empty()) return fail("TLS needs a certificate file (none given)");
-  if (o.private_key_file.empty()) return fail("TLS needs a private key file (none given)");
-  if (o.verify_peer && o.ca_file.empty())
-    return fail("TLS with peer verification needs a CA file (none given)");
-  ERR_clear_error();
-  ssl_ctx_ptr ctx(SSL_CTX_new(TLS_method()));
-  if (!ctx || SSL_CTX_set_min_proto_version(ctx.get(), TLS1_3_VERSION) != 1) {
-    ERR_clear_error();
-    return fail("TLS: OpenSSL cannot make a TLS 1.3 context");
-  }
-  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_TICKET);
-  SSL_CTX_set_num_tickets(ctx.get(), 0);
-  SSL_CTX_set_session_cache_mode(ctx.get(), SSL_SESS_CACHE_OFF);
-  if (SSL_CTX_use_certificate_chain_file(ctx.get(), o.certificate_file.c_str()) != 1)
-    return fail(detail::tls_file_problem("certificate file", o.certificate_file));
-  if (SSL_CTX_use_PrivateKey_file(ctx.get(), o.private_key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_check_private_key(ctx.get()) != 1)
-    return fail(detail::tls_file_problem("private key file", o.private_key_file));
-  if (!o.ca_file.empty() &&
-      SSL_CTX_load_verify_locations(ctx.get(), o.ca_file.c_str(), nullptr) != 1)
-    return fail(detail::tls_file_problem("CA file", o.ca_file));
-  SSL_CTX_set_verify(
-      ctx.get(),
-      o.verify_peer ? SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT : SSL_VERIFY_NONE, nullptr);
-  return result<ssl_ctx_ptr>(std::move(ctx));
-}
+ASYNCPS_DECL result<ssl_ctx_ptr> make_tls_context(const tls_options& o, std::string& why);
 
 }  // namespace asyncps
+
+#if !defined(ASYNCPS_SEPARATE_COMPILATION)
+#include "asyncps/impl/tls.ipp"
+#endif

@@ -1,0 +1,17 @@
+// asyncps — the definitions compiled once under separate compilation: include this file in
+// exactly one .cpp of the program, compiled with ASYNCPS_SEPARATE_COMPILATION defined (as every
+// other translation unit that includes asyncps), or link the CMake target
+// asyncps::asyncps_compiled, which does both (docs/build_time.md, "Separate compilation").
+// It compiles `tcp_transport` (listen, accept, connect, the handshakes, send, receive), the error
+// categories (error.hpp) and `make_tls_context` (tls.hpp).
+#pragma once
+
+#include "asyncps/detail/config.hpp"
+
+#if !defined(ASYNCPS_SEPARATE_COMPILATION)
+#error "define ASYNCPS_SEPARATE_COMPILATION to compile asyncps/src.hpp (see its comment)"
+#endif
+
+#include "asyncps/impl/error.ipp"
+#include "asyncps/impl/tls.ipp"
+#include "asyncps/transport/impl/tcp.ipp"
