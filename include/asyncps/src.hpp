@@ -12,6 +12,12 @@
 #error "define ASYNCPS_SEPARATE_COMPILATION to compile asyncps/src.hpp (see its comment)"
 #endif
 
+// The declarations first (with the macro defined they do not include their definitions), then
+// the definitions, which do not include their headers back.
+#include "asyncps/error.hpp"
+#include "asyncps/tls.hpp"
+#include "asyncps/transport/tcp.hpp"
+
 #include "asyncps/impl/error.ipp"
 #include "asyncps/impl/tls.ipp"
 #include "asyncps/transport/impl/tcp.ipp"

@@ -2,7 +2,8 @@
 //
 // Not a header to include on its own: error.hpp includes it (header-only, the default), or
 // asyncps/src.hpp compiles it once (ASYNCPS_SEPARATE_COMPILATION defined; docs/build_time.md,
-// "Separate compilation").
+// "Separate compilation"). It does not include that header back (no include cycle): whoever
+// includes this file has included the header first.
 #pragma once
 
 #include <string>
@@ -10,7 +11,6 @@
 #include <system_error>
 
 #include "asyncps/detail/config.hpp"
-#include "asyncps/error.hpp"
 
 namespace asyncps::detail {
 

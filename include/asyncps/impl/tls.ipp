@@ -2,7 +2,8 @@
 //
 // Not a header to include on its own: tls.hpp includes it (header-only, the default), or
 // asyncps/src.hpp compiles it once (ASYNCPS_SEPARATE_COMPILATION defined; docs/build_time.md,
-// "Separate compilation").
+// "Separate compilation"). It does not include that header back (no include cycle): whoever
+// includes this file has included the header first.
 #pragma once
 
 #include <cerrno>
@@ -15,7 +16,6 @@
 #include <openssl/ssl.h>
 
 #include "asyncps/detail/config.hpp"
-#include "asyncps/tls.hpp"
 
 namespace asyncps {
 

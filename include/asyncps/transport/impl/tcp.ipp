@@ -2,7 +2,8 @@
 //
 // Not a header to include on its own: transport/tcp.hpp includes it (header-only, the
 // default), or asyncps/src.hpp compiles it once (ASYNCPS_SEPARATE_COMPILATION defined;
-// docs/build_time.md, "Separate compilation").
+// docs/build_time.md, "Separate compilation"). It does not include that header back (no include
+// cycle): whoever includes this file has included the header first.
 #pragma once
 
 #include <bit>
@@ -18,7 +19,6 @@
 
 #include "asyncps/detail/auth.hpp"
 #include "asyncps/detail/config.hpp"
-#include "asyncps/transport/tcp.hpp"
 
 // Compiled once (separate compilation), these coroutines are not inline; g++ 12 then reports
 // their frames' fields of lambda type (with_deadline's `deadline`, the operations that
