@@ -205,8 +205,7 @@ class basic_server {
   /// `model` has another size (nothing is copied then). On the server's executor.
   void copy_values_into(std::span<float> model) const {
     const auto& core = this->core();
-    std::size_t total = 0;
-    for (table_id t = 0; t < core.num_tables(); ++t) total += core.table(t).spec.size();
+    const std::size_t total = layout_size(options().tables);
     if (model.size() != total)
       throw std::invalid_argument("asyncps::basic_server::copy_values_into: the model has " +
                                   std::to_string(total) + " floats, got " +

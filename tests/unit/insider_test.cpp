@@ -51,6 +51,17 @@ using test::any_line_has;
 using test::joined;
 using core_t = detail::shard_core<optimizer::momentum, int, int>;
 
+// The server options of these tests: `workers` workers, one table of 4 rows x 2 (zeros), log
+// lines into `slog`, no watchdog.
+server_options logged_options(std::uint32_t workers, test::log_lines& slog) {
+  server_options so;
+  so.num_workers = workers;
+  so.tables = {table_spec{0, 4, 2, 0.0f}};
+  so.log = [&slog](std::string_view l) { slog.emplace_back(l); };
+  so.watchdog_interval = std::chrono::milliseconds(0);
+  return so;
+}
+
 // One table of 8 rows x 2, shard 0 of 1, 2 workers.
 core_t make_core() {
   const std::vector<table_spec> layout{table_spec{0, 8, 2, 0.5f}};
@@ -161,11 +172,7 @@ TEST_CASE("insider: a replica-log replica claiming positions no worker logged is
   asio::io_context io(1);
   in_process_network net;
   test::log_lines slog;
-  server_options so;
-  so.num_workers = 1;
-  so.tables = {table_spec{0, 4, 2, 0.0f}};
-  so.log = [&](std::string_view l) { slog.emplace_back(l); };
-  so.watchdog_interval = 0ms;
+  const server_options so = logged_options(1, slog);
   in_process_transport st(io.get_executor(), net);
   using server_t = basic_server<in_process_transport, consistency::bsp, recovery::replica_log>;
   server_t server(st, so, optimizer::sgd{1.0f});
@@ -221,11 +228,7 @@ TEST_CASE("insider: a replay naming a position near 2^64 is refused (bad_positio
     asio::io_context io(1);
     in_process_network net;
     test::log_lines slog;
-    server_options so;
-    so.num_workers = 1;
-    so.tables = {table_spec{0, 4, 2, 0.0f}};
-    so.log = [&](std::string_view l) { slog.emplace_back(l); };
-    so.watchdog_interval = 0ms;
+    const server_options so = logged_options(1, slog);
     in_process_transport st(io.get_executor(), net);
     using server_t = basic_server<in_process_transport, consistency::bsp, recovery::replica_log>;
     server_t server(st, so, optimizer::sgd{1.0f});
@@ -574,11 +577,7 @@ TEST_CASE("insider: the chain master registers only the configured member ids, a
   mo.log = [&](std::string_view l) { mlog.emplace_back(l); };
   basic_chain_master<in_process_transport> master(mt, mo);
   asio::co_spawn(io, test::listen_and_serve(mt, "master", master), asio::detached);
-  server_options so;
-  so.num_workers = 1;
-  so.tables = {table_spec{0, 4, 2, 0.0f}};
-  so.log = [&](std::string_view l) { slog.emplace_back(l); };
-  so.watchdog_interval = 0ms;
+  const server_options so = logged_options(1, slog);
   strict_chain::server_part part;
   part.options.heartbeat_interval = 20ms;
   const std::vector<std::string> names{"s0", "s1", "s2"};
@@ -653,11 +652,7 @@ TEST_CASE("insider: a chain_hello for a live predecessor's id is refused (member
   mo.log = [&](std::string_view l) { mlog.emplace_back(l); };
   basic_chain_master<in_process_transport> master(mt, mo);
   asio::co_spawn(io, test::listen_and_serve(mt, "master", master), asio::detached);
-  server_options so;
-  so.num_workers = 1;
-  so.tables = {table_spec{0, 4, 2, 0.0f}};
-  so.log = [&](std::string_view l) { slog.emplace_back(l); };
-  so.watchdog_interval = 0ms;
+  const server_options so = logged_options(1, slog);
   strict_chain::server_part part;
   part.options.heartbeat_interval = 20ms;
   part.options.link_silence = 300ms;
@@ -746,11 +741,7 @@ TEST_CASE("insider: a stateless shard installs no implausible replica; the table
   asio::io_context io(1);
   in_process_network net;
   test::log_lines slog;
-  server_options so;
-  so.num_workers = 3;
-  so.tables = {table_spec{0, 4, 2, 0.0f}};
-  so.log = [&](std::string_view l) { slog.emplace_back(l); };
-  so.watchdog_interval = 0ms;
+  const server_options so = logged_options(3, slog);
   in_process_transport st(io.get_executor(), net);
   using server_t = basic_server<in_process_transport, consistency::asp, recovery::stateless>;
   recovery::stateless::server_part part;
@@ -831,12 +822,8 @@ TEST_CASE("insider: a held replica-log push refused when its turn comes is count
   asio::io_context io(1);
   in_process_network net;
   test::log_lines slog;
-  server_options so;
-  so.num_workers = 1;
-  so.tables = {table_spec{0, 4, 2, 0.0f}};
+  server_options so = logged_options(1, slog);
   so.max_update_norm = 1.0;
-  so.log = [&](std::string_view l) { slog.emplace_back(l); };
-  so.watchdog_interval = 0ms;
   in_process_transport st(io.get_executor(), net);
   using server_t = basic_server<in_process_transport, consistency::asp, recovery::replica_log>;
   server_t server(st, so, optimizer::sgd{1.0f});
@@ -943,11 +930,7 @@ TEST_CASE("memory: a std::bad_alloc while receiving a frame closes that session,
   asio::io_context io(1);
   in_process_network net;
   test::log_lines slog;
-  server_options so;
-  so.num_workers = 1;
-  so.tables = {table_spec{0, 4, 2, 0.0f}};
-  so.log = [&](std::string_view l) { slog.emplace_back(l); };
-  so.watchdog_interval = 0ms;
+  const server_options so = logged_options(1, slog);
   in_process_transport inner(io.get_executor(), net);
   alloc_failing_transport st{inner};
   basic_server<alloc_failing_transport, consistency::asp> server(st, so, optimizer::sgd{1.0f});
