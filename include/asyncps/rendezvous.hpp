@@ -15,6 +15,11 @@
 // announces again and replaces its entry, and a later lookup gets the current directory. It is
 // not replicated and keeps no state on disk: run it where it outlives the job's servers (the
 // root process), as the chain master.
+//
+// This header declares the service and the clients; the service's member functions are defined
+// by idea in detail/rendezvous/ (sessions.ipp: refusals, read and write loops, the watchdog;
+// directory.ipp: announces, lookups, worker ids), included at the end of this file, and the
+// clients' request and retry loop is detail/rendezvous/client.hpp.
 #pragma once
 
 #include <algorithm>
@@ -30,19 +35,18 @@
 #include <system_error>
 #include <tuple>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include <asio/awaitable.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
-#include <asio/experimental/awaitable_operators.hpp>
 
 #include "asyncps/detail/accept_loop.hpp"
 #include "asyncps/detail/accept_retry.hpp"
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
+#include "asyncps/detail/rendezvous/client.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/detail/wait_group.hpp"
@@ -243,257 +247,20 @@ class basic_rendezvous {
     s.outbox.push_back(std::move(m));
     s.wake.cancel();
   }
-  // Refuses `s`'s request: an error frame naming `reason`, then the connection is closed.
-  void refuse(session& s, std::error_code code, const std::string& reason) {
-    ++stats_.refused;
-    if (may_log(detail::log_kind::refused_request, s))
-      log("refusing a request" + detail::peer_address(s.conn) + ": " + reason);
-    std::optional<errc> wire_code;
-    if (code.category() == error_category()) wire_code = static_cast<errc>(code.value());
-    unwait(s);
-    s.closing = true;
-    reply(s, encode(protocol::error{.sender = 0, .code = wire_code, .reason = reason}));
-  }
-
-  asio::awaitable<void> write_loop(session& s) {
-    std::vector<message> sending;
-    for (;;) {
-      if (!s.open) break;
-      if (s.outbox.empty()) {
-        if (s.closing) break;
-        co_await s.wake.async_wait(detail::use_tuple);
-        continue;
-      }
-      std::swap(s.outbox, sending);
-      bool failed = false;
-      for (auto& m : sending)
-        if (!failed && co_await s.conn.async_send(std::move(m))) failed = true;
-      sending.clear();
-      if (failed) break;
-      s.last_seen = clock_type::now();  // register_timeout counts from the last reply
-    }
-    close(s);
-    finish(s);
-  }
-
-  asio::awaitable<void> read_loop(session& s) {
-    while (s.open && !s.closing) {
-      auto [ec, m] = co_await s.conn.async_receive();
-      if (ec) {
-        if (!s.open || s.closing) break;
-        if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
-            (ec == errc::timeout && s.requests == 0)) {
-          ++stats_.refused;
-          if (may_log(detail::log_kind::refused_connection, s))
-            log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
-                ec.message() + detail::tls_failure_note(s.conn));
-        } else if (ec != errc::connection_closed && ec == condition::protocol_violation) {
-          // A frame the transport refused (its header names the field): say so, then close.
-          refuse(s, ec, "malformed frame: " + ec.message());
-        }
-        break;
-      }
-      s.last_seen = clock_type::now();
-      handle(s, m);
-    }
-    if (s.closing) {
-      s.wake.cancel();  // the write loop sends the error frame, then closes
-    } else {
-      close(s);
-    }
-    finish(s);
-  }
-
-  void finish(session& s) {
-    if (--s.running > 0) return;
-    sessions_.erase(s.self);
-    running_.done();
-  }
-
-  asio::awaitable<void> watchdog() {
-    const auto limit = opts_.register_timeout;
-    while (!stopped_) {
-      watchdog_timer_.expires_after(std::max(limit / 4, std::chrono::milliseconds(1)));
-      co_await watchdog_timer_.async_wait(detail::use_tuple);
-      if (stopped_) break;
-      const auto now = clock_type::now();
-      limiter_.flush(now, sink());  // the counts of a flood that has stopped
-      for (auto& s : sessions_) {
-        if (!s.open || s.waiting || now - s.last_seen <= limit) continue;
-        if (s.requests == 0 && !s.closing) {
-          ++stats_.refused;
-          if (may_log(detail::log_kind::refused_connection, s))
-            log("closing the connection" + detail::peer_address(s.conn) + ": no request within " +
-                std::to_string(limit.count()) + " ms (register_timeout)");
-        }
-        close(s);
-      }
-    }
-    running_.done();
-  }
-
-  void handle(session& s, const message& m) {
-    if (s.waiting) {
-      refuse(s, errc::unexpected_message,
-             "message type " + std::to_string(static_cast<int>(m.header.type)) +
-                 " while its lookup waits (one request at a time)");
-      return;
-    }
-    switch (m.header.type) {
-      case message_type::announce: on_announce(s, m); return;
-      case message_type::lookup: on_lookup(s, m); return;
-      case message_type::heartbeat: return;
-      case message_type::bye:
-        s.closing = true;  // nothing queued: the write loop closes the connection
-        return;
-      default:
-        refuse(s, errc::unexpected_message,
-               "unexpected message type " + std::to_string(static_cast<int>(m.header.type)) +
-                   " (a rendezvous takes announce and lookup)");
-    }
-  }
-
-  std::string missing_shards() const {
-    std::string out;
-    std::size_t listed = 0;
-    for (std::uint32_t i = 0; i < shards_.size(); ++i) {
-      if (shards_[i].announced) continue;
-      if (listed++ == 8) {
-        out += ", ...";
-        break;
-      }
-      out += (out.empty() ? "" : ", ") + std::to_string(i);
-    }
-    return out;
-  }
-  std::string progress() const {
-    return std::to_string(announced_) + " of " + std::to_string(opts_.num_servers) +
-           " shards announced";
-  }
-
-  void on_announce(session& s, const message& m) {
-    protocol::announce a;
-    std::string why;
-    if (auto ec = protocol::decode(m, a, why)) {
-      refuse(s, ec, "malformed announce" + why);
-      return;
-    }
-    std::string host = a.host.empty() ? detail::peer_host(s.conn) : std::move(a.host);
-    if (host.empty() || host.size() > max_host_bytes) {
-      refuse(s, errc::rendezvous_refused,
-             "an announce without a host, and the transport knows no address of the peer");
-      return;
-    }
-    std::uint32_t shard = a.shard;
-    if (shard == protocol::any_id) {
-      // A server restarted at the same address gets its shard back; else the lowest free one.
-      shard = opts_.num_servers;
-      for (std::uint32_t i = 0; i < shards_.size() && shard == opts_.num_servers; ++i)
-        if (shards_[i].announced && shards_[i].host == host && shards_[i].port == a.port) shard = i;
-      for (std::uint32_t i = 0; i < shards_.size() && shard == opts_.num_servers; ++i)
-        if (!shards_[i].announced) shard = i;
-      if (shard == opts_.num_servers) {
-        refuse(s, errc::rendezvous_refused,
-               "an announce of any shard from " + host_port_string(host, a.port) + ": all " +
-                   std::to_string(opts_.num_servers) +
-                   " shards are announced (announce a shard index to replace one)");
-        return;
-      }
-    } else if (shard >= opts_.num_servers) {
-      refuse(s, errc::rendezvous_refused,
-             "an announce of shard " + std::to_string(shard) + " outside [0, " +
-                 std::to_string(opts_.num_servers) + ") (num_servers " +
-                 std::to_string(opts_.num_servers) + ")");
-      return;
-    }
-    auto& e = shards_[shard];
-    const std::string address = host_port_string(host, a.port);
-    const bool was_complete = complete();
-    if (!e.announced) {
-      ++announced_;
-      log("shard " + std::to_string(shard) + " at " + address + " (" + progress() + ")");
-    } else if (e.host != host || e.port != a.port) {
-      ++stats_.replaced;
-      log("shard " + std::to_string(shard) + " moved from " + host_port_string(e.host, e.port) +
-          " to " + address);
-    } else {
-      log("shard " + std::to_string(shard) + " announced again at " + address);
-    }
-    e.host = std::move(host);
-    e.port = a.port;
-    e.announced = true;
-    ++stats_.announces;
-    ++s.requests;
-    reply(s,
-          encode(protocol::assigned{
-              .shard = shard, .num_servers = opts_.num_servers, .num_workers = opts_.num_workers}));
-    if (!was_complete && complete()) {
-      log("every shard announced; answering " + std::to_string(waiting_.size()) +
-          " waiting lookup(s)");
-      auto waiting = std::move(waiting_);
-      waiting_.clear();
-      for (session* w : waiting) {
-        w->waiting = false;
-        answer(*w);
-      }
-    }
-  }
-
-  void on_lookup(session& s, const message& m) {
-    protocol::lookup l;
-    std::string why;
-    if (auto ec = protocol::decode(m, l, why)) {
-      refuse(s, ec, "malformed lookup" + why);
-      return;
-    }
-    const std::uint32_t id = l.worker;
-    if (id != protocol::any_id && id != protocol::no_worker_id && opts_.num_workers != 0 &&
-        id >= opts_.num_workers) {
-      refuse(s, errc::rendezvous_refused,
-             "a lookup as worker " + std::to_string(id) + " outside [0, " +
-                 std::to_string(opts_.num_workers) + ") (num_workers " +
-                 std::to_string(opts_.num_workers) + ")");
-      return;
-    }
-    ++s.requests;
-    s.wanted = id;
-    if (complete()) {
-      answer(s);
-      return;
-    }
-    if (waiting_.empty())
-      log("a lookup" + detail::peer_address(s.conn) + " waits for shards " + missing_shards() +
-          " (" + progress() + ")");
-    s.waiting = true;
-    waiting_.push_back(&s);
-  }
-
-  // Sends `s` the directory, assigning its worker id when it asked for any (in the order the
-  // lookups arrived: answer() runs for waiting lookups in that order).
-  void answer(session& s) {
-    std::uint32_t id = s.wanted;
-    if (id == protocol::any_id) {
-      const std::uint32_t limit =
-          opts_.num_workers != 0 ? opts_.num_workers : protocol::no_worker_id;
-      if (next_free_ >= limit) {
-        refuse(s, errc::rendezvous_refused,
-               "a lookup for any worker id: all " + std::to_string(limit) +
-                   " worker ids are taken (num_workers " + std::to_string(opts_.num_workers) + ")");
-        return;
-      }
-      id = next_free_;
-    }
-    if (id != protocol::no_worker_id) {
-      taken_.insert(id);
-      while (taken_.contains(next_free_)) ++next_free_;
-    }
-    protocol::directory d{.worker = id, .num_workers = opts_.num_workers, .servers = {}};
-    d.servers.reserve(shards_.size());
-    for (const auto& e : shards_) d.servers.push_back(protocol::server_address{e.host, e.port});
-    ++stats_.lookups;
-    s.last_seen = clock_type::now();
-    reply(s, encode(d));
-  }
+  // Sessions (detail/rendezvous/sessions.ipp): refusals, the read and write loops, the
+  // watchdog.
+  void refuse(session& s, std::error_code code, const std::string& reason);
+  asio::awaitable<void> write_loop(session& s);
+  asio::awaitable<void> read_loop(session& s);
+  void finish(session& s);
+  asio::awaitable<void> watchdog();
+  // Requests and the directory (detail/rendezvous/directory.ipp).
+  void handle(session& s, const message& m);
+  std::string missing_shards() const;
+  std::string progress() const;
+  void on_announce(session& s, const message& m);
+  void on_lookup(session& s, const message& m);
+  void answer(session& s);
 
   Transport& transport_;
   rendezvous_options opts_;
@@ -540,109 +307,6 @@ struct rendezvous_directory {
 /// Pass as `worker_id` to `async_lookup_servers` to take no worker id (a server or a tool that
 /// only wants the addresses).
 inline constexpr std::uint32_t rendezvous_no_worker_id = protocol::no_worker_id;
-
-namespace detail {
-
-// One connection: connect, send `request`, receive one reply. `connected` says whether the
-// connect succeeded (the reply is then awaited).
-template <class Transport>
-asio::awaitable<std::tuple<std::error_code, message>>
-rendezvous_attempt(Transport& t, typename Transport::endpoint_type root, message request,
-                   typename Transport::connection_type& conn, bool& connected) {
-  auto [cec, c] = co_await t.async_connect(root);
-  if (cec) co_return std::tuple{cec, message{}};
-  conn = std::move(c);
-  connected = true;
-  if (auto sec = co_await conn.async_send(std::move(request))) co_return std::tuple{sec, message{}};
-  co_return co_await conn.async_receive();
-}
-
-// Sends `make()` to the rendezvous at `root` and returns its reply, retrying until `timeout`
-// while the rendezvous cannot be reached or drops the connection (condition `transient`).
-template <class Transport, class MakeRequest>
-asio::awaitable<std::tuple<std::error_code, message>>
-rendezvous_request(Transport& t, typename Transport::endpoint_type root, MakeRequest make,
-                   std::chrono::milliseconds timeout, const log_function& log,
-                   std::string_view what) {
-  using namespace asio::experimental::awaitable_operators;
-  using clock_type = transport_clock_t<Transport>;
-  const std::string where = "the rendezvous at " + endpoint_string(root);
-  const std::string limit = std::to_string(timeout.count()) + " ms";
-  const auto deadline = clock_type::now() + timeout;
-  transport_timer_t<Transport> timer(t.get_executor());
-  std::chrono::milliseconds backoff{20};
-  std::error_code last;  // the last connect or connection error
-  bool logged = false;
-  for (;;) {
-    typename Transport::connection_type conn;
-    bool connected = false;
-    timer.expires_at(deadline);
-    auto r = co_await (rendezvous_attempt(t, root, make(), conn, connected) ||
-                       close_at_deadline(timer, conn));
-    conn.close();
-    if (r.index() == 1) {  // the deadline
-      if (connected) {
-        emit(log, "asyncps: no reply to the " + std::string(what) + " from " + where + " within " +
-                      limit +
-                      (what == "lookup" ? " (it answers once every shard has announced)" : ""));
-        co_return std::tuple{make_error_code(errc::timeout), message{}};
-      }
-      emit(log, "asyncps: cannot reach " + where + " within " + limit +
-                    (last ? ": " + last.message() : std::string{}));
-      co_return std::tuple{last ? last : make_error_code(errc::timeout), message{}};
-    }
-    auto& [ec, reply] = std::get<0>(r);
-    if (!ec) co_return std::tuple{std::error_code{}, std::move(reply)};
-    if (is_final_connect_error(ec) || (connected && ec != condition::transient)) {
-      emit(log, "asyncps: the " + std::string(what) + " to " + where + " failed: " + ec.message());
-      co_return std::tuple{ec, message{}};
-    }
-    last = ec;
-    const auto now = clock_type::now();
-    if (now >= deadline) {
-      emit(log, "asyncps: cannot reach " + where + " within " + limit + ": " + ec.message());
-      co_return std::tuple{ec, message{}};
-    }
-    if (!logged) {  // say so now, not only at the deadline
-      logged = true;
-      emit(log,
-           "asyncps: cannot reach " + where + " (" + ec.message() + "); retrying for " + limit);
-    }
-    timer.expires_after(std::min<typename clock_type::duration>(backoff, deadline - now));
-    co_await timer.async_wait(use_tuple);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
-  }
-}
-
-// Decodes the rendezvous's reply `m` into `out` (of type `type`), or the code of its `error`
-// frame (`unexpected_message` when the frame names none), logging the reason.
-template <class T>
-std::error_code rendezvous_reply(const message& m, T& out, message_type type,
-                                 const log_function& log, std::string_view what) {
-  std::string why;
-  if (m.header.type == message_type::error) {
-    protocol::error e;
-    if (protocol::decode(m, e, why)) {
-      emit(log, "asyncps: the rendezvous sent a malformed error" + why);
-      return errc::unexpected_message;
-    }
-    emit(log,
-         "asyncps: the rendezvous refused the " + std::string(what) + ": " + peer_text(e.reason));
-    return e.code ? make_error_code(*e.code) : make_error_code(errc::unexpected_message);
-  }
-  if (m.header.type != type) {
-    emit(log, "asyncps: the rendezvous answered the " + std::string(what) + " with message type " +
-                  std::to_string(static_cast<int>(m.header.type)));
-    return errc::unexpected_message;
-  }
-  if (protocol::decode(m, out, why)) {
-    emit(log, "asyncps: the rendezvous sent a malformed reply to the " + std::string(what) + why);
-    return errc::unexpected_message;
-  }
-  return {};
-}
-
-}  // namespace detail
 
 /// Announces a server to the rendezvous at `root`: the shard it serves and where it listens.
 /// Call it once the server listens (its port is known), and again after a restart: the new
@@ -767,3 +431,6 @@ async_lookup_servers(Transport& t, typename Transport::endpoint_type root,
 }
 
 }  // namespace asyncps
+
+#include "asyncps/detail/rendezvous/directory.ipp"
+#include "asyncps/detail/rendezvous/sessions.ipp"

@@ -1,0 +1,123 @@
+// asyncps — basic_rendezvous's sessions: refusing a request with an error frame, each
+// connection's read and write loops, and the watchdog that closes idle connections.
+//
+// Out-of-line definitions of members declared in asyncps/rendezvous.hpp. Not a header to
+// include on its own: rendezvous.hpp includes it at its end, after the class it defines members
+// of (so this file does not include rendezvous.hpp back).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <asio/awaitable.hpp>
+
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/log_limiter.hpp"
+#include "asyncps/detail/peer_address.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps {
+
+// Refuses `s`'s request: an error frame naming `reason`, then the connection is closed.
+template <transport Transport>
+void basic_rendezvous<Transport>::refuse(session& s, std::error_code code,
+                                         const std::string& reason) {
+  ++stats_.refused;
+  if (may_log(detail::log_kind::refused_request, s))
+    log("refusing a request" + detail::peer_address(s.conn) + ": " + reason);
+  std::optional<errc> wire_code;
+  if (code.category() == error_category()) wire_code = static_cast<errc>(code.value());
+  unwait(s);
+  s.closing = true;
+  reply(s, encode(protocol::error{.sender = 0, .code = wire_code, .reason = reason}));
+}
+
+template <transport Transport>
+asio::awaitable<void> basic_rendezvous<Transport>::write_loop(session& s) {
+  std::vector<message> sending;
+  for (;;) {
+    if (!s.open) break;
+    if (s.outbox.empty()) {
+      if (s.closing) break;
+      co_await s.wake.async_wait(detail::use_tuple);
+      continue;
+    }
+    std::swap(s.outbox, sending);
+    bool failed = false;
+    for (auto& m : sending)
+      if (!failed && co_await s.conn.async_send(std::move(m))) failed = true;
+    sending.clear();
+    if (failed) break;
+    s.last_seen = clock_type::now();  // register_timeout counts from the last reply
+  }
+  close(s);
+  finish(s);
+}
+
+template <transport Transport>
+asio::awaitable<void> basic_rendezvous<Transport>::read_loop(session& s) {
+  while (s.open && !s.closing) {
+    auto [ec, m] = co_await s.conn.async_receive();
+    if (ec) {
+      if (!s.open || s.closing) break;
+      if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
+          (ec == errc::timeout && s.requests == 0)) {
+        ++stats_.refused;
+        if (may_log(detail::log_kind::refused_connection, s))
+          log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
+              ec.message() + detail::tls_failure_note(s.conn));
+      } else if (ec != errc::connection_closed && ec == condition::protocol_violation) {
+        // A frame the transport refused (its header names the field): say so, then close.
+        refuse(s, ec, "malformed frame: " + ec.message());
+      }
+      break;
+    }
+    s.last_seen = clock_type::now();
+    handle(s, m);
+  }
+  if (s.closing) {
+    s.wake.cancel();  // the write loop sends the error frame, then closes
+  } else {
+    close(s);
+  }
+  finish(s);
+}
+
+template <transport Transport>
+void basic_rendezvous<Transport>::finish(session& s) {
+  if (--s.running > 0) return;
+  sessions_.erase(s.self);
+  running_.done();
+}
+
+template <transport Transport>
+asio::awaitable<void> basic_rendezvous<Transport>::watchdog() {
+  const auto limit = opts_.register_timeout;
+  while (!stopped_) {
+    watchdog_timer_.expires_after(std::max(limit / 4, std::chrono::milliseconds(1)));
+    co_await watchdog_timer_.async_wait(detail::use_tuple);
+    if (stopped_) break;
+    const auto now = clock_type::now();
+    limiter_.flush(now, sink());  // the counts of a flood that has stopped
+    for (auto& s : sessions_) {
+      if (!s.open || s.waiting || now - s.last_seen <= limit) continue;
+      if (s.requests == 0 && !s.closing) {
+        ++stats_.refused;
+        if (may_log(detail::log_kind::refused_connection, s))
+          log("closing the connection" + detail::peer_address(s.conn) + ": no request within " +
+              std::to_string(limit.count()) + " ms (register_timeout)");
+      }
+      close(s);
+    }
+  }
+  running_.done();
+}
+
+}  // namespace asyncps
