@@ -4,6 +4,10 @@
 // last sequence number per worker, subscriptions for eager rows, and pulls waiting for the
 // server clock. It touches no socket, timer or executor: `basic_server` feeds it messages and
 // sends what it returns; tests/unit/server_core_test.cpp steps it message by message.
+//
+// The types it keeps are in detail/server/shard_types.hpp; the read path (pull replies,
+// subscriptions, eager rows) is defined in detail/server/shard_reads.ipp and the whole state
+// (save, restore, check) in detail/server/shard_whole_state.ipp, both included at the end.
 #pragma once
 
 #include <algorithm>
@@ -25,6 +29,7 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/detail/endian.hpp"
+#include "asyncps/detail/server/shard_types.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer.hpp"
@@ -35,49 +40,6 @@
 #include "asyncps/wire.hpp"
 
 namespace asyncps::detail {
-
-/// One table of a shard: this shard's rows of it, their optimizer state and change versions.
-struct shard_table {
-  table_spec spec;
-  key_range range;
-  std::vector<float> values;  ///< `range.size() x width`, row-major
-  std::vector<float> state;   ///< `state_per_param` planes of `values.size()`
-  std::uint64_t step = 0;     ///< optimizer steps applied
-  // Change tracking for eager rows (only changed rows are pushed): `version` counts changes
-  // of the table, `row_version[r]` is the version of row r's last change, `all_changed` the
-  // last version that changed every row at once (dense pushes, restores).
-  std::uint64_t version = 0;
-  std::vector<std::uint64_t> row_version;
-  std::uint64_t all_changed = 0;
-};
-
-/// The rows a reader subscribed to (by pulling them) in one table: a range (dense reads)
-/// and/or single rows outside it (sparse reads), in order of their first pull.
-struct subscription {
-  bool ranged = false;
-  key_range range{};
-  std::vector<row_id> keys;
-  std::vector<bool> keyed;  ///< per row of the shard: in `keys` (sized on the first keyed pull)
-  /// The table version the reader's subscribed rows are current at (as of the last rows sent
-  /// to it): eager rows carry only rows changed since.
-  std::uint64_t synced = 0;
-};
-
-/// What an eager rows message to one reader holds (see `shard_core::eager_rows`).
-struct eager_rows {
-  bool ranged = false;      ///< the whole shard as a range (payload shared between readers)
-  key_range range{};        ///< ranged: the rows
-  std::uint32_t count = 0;  ///< rows in the payload
-  buffer payload{};
-};
-
-/// A pull waiting for the server clock: its reader, the request, and when it was deferred.
-template <class Reader, class TimePoint>
-struct pending_pull {
-  Reader reader;
-  message request;
-  TimePoint since{};
-};
 
 /// The state of one shard and the rules that change it. `Reader` identifies a connection
 /// (copyable, comparable; e.g. a session pointer), `TimePoint` the transport clock's time.
@@ -404,110 +366,16 @@ class shard_core {
   /// A snapshot of rows of table `tid` (keys first when sparse), in a buffer from `alloc`.
   template <class Alloc>
   buffer rows_payload(table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
-                      std::span<const row_id> keys, Alloc&& alloc) const {
-    const auto& t = tables_[tid];
-    const std::uint32_t w = t.spec.width;
-    const std::size_t kb = ranged ? 0 : key_bytes(count);
-    buffer b = alloc(kb + std::size_t{count} * w * sizeof(float));
-    auto* out = reinterpret_cast<float*>(b.data() + kb);
-    if (ranged) {
-      std::memcpy(out,
-                  t.values.data() + std::size_t{static_cast<row_id>(first) - t.range.begin} * w,
-                  std::size_t{count} * w * sizeof(float));
-    } else {
-      if (kb != 0) {
-        std::memset(b.data(), 0, kb);
-        std::memcpy(b.data(), keys.data(), keys.size() * sizeof(row_id));
-      }
-      for (std::uint32_t i = 0; i < count; ++i)
-        std::memcpy(out + std::size_t{i} * w,
-                    t.values.data() + std::size_t{keys[i] - t.range.begin} * w, w * sizeof(float));
-    }
-    return b;
-  }
+                      std::span<const row_id> keys, Alloc&& alloc) const;
   /// Adds the rows of pull `req` to subscription `sub` (each row once; amortized O(1) per
   /// row). Keyed rows that come to cover the whole shard become a range subscription.
-  void subscribe(subscription& sub, const message& req) const {
-    const key_range all = tables_[req.header.table].range;
-    // The reply just sent has these rows as of now; rows subscribed earlier are current as of
-    // `synced` (older), so a first subscription starts at the table's current version.
-    if (!sub.ranged && sub.keys.empty()) sub.synced = tables_[req.header.table].version;
-    if (req.header.has(frame_flags::range)) {
-      const key_range r{static_cast<row_id>(req.header.first_row),
-                        static_cast<row_id>(req.header.first_row + req.header.row_count)};
-      sub.range =
-          sub.ranged ? key_range{std::min(sub.range.begin, r.begin), std::max(sub.range.end, r.end)}
-                     : r;
-      sub.ranged = true;
-      std::erase_if(sub.keys, [&](row_id k) {
-        if (!sub.range.contains(k)) return false;
-        sub.keyed[k - all.begin] = false;
-        return true;
-      });
-    } else {
-      if (sub.keyed.empty()) sub.keyed.assign(all.size(), false);
-      for (const row_id k : payload_keys(req)) {
-        if ((sub.ranged && sub.range.contains(k)) || sub.keyed[k - all.begin]) continue;
-        sub.keyed[k - all.begin] = true;
-        sub.keys.push_back(k);
-      }
-      if (sub.keys.size() + (sub.ranged ? sub.range.size() : 0) == all.size()) {
-        sub.ranged = true;
-        sub.range = all;
-        sub.keys.clear();
-        std::fill(sub.keyed.begin(), sub.keyed.end(), false);
-      }
-    }
-  }
+  void subscribe(subscription& sub, const message& req) const;
   /// The eager rows of table `t` for a reader subscribed by `sub` (non-empty): the subscribed
   /// rows changed since `sub.synced`, possibly none; marks `sub` synced. When every row of the
   /// shard changed and is subscribed, the whole shard as a range, snapshot once into `whole`
   /// (shared between the readers of one round).
   template <class Alloc>
-  eager_rows eager_rows_for(table_id t, subscription& sub, buffer& whole, Alloc&& alloc) const {
-    const auto& ts = tables_[t];
-    const key_range all = ts.range;
-    const std::uint32_t w = ts.spec.width;
-    eager_rows out;
-    // Every row changed since `synced` (dense models: always) needs no scan.
-    const bool all_fresh = ts.all_changed > sub.synced;
-    const auto fresh = [&](row_id r) {
-      return all_fresh || ts.row_version[r - all.begin] > sub.synced;
-    };
-    auto n = static_cast<std::uint32_t>(sub.keys.size() + (sub.ranged ? sub.range.size() : 0));
-    if (!all_fresh) {
-      n = 0;
-      if (sub.ranged)
-        for (row_id r = sub.range.begin; r < sub.range.end; ++r) n += fresh(r) ? 1 : 0;
-      for (const row_id k : sub.keys) n += fresh(k) ? 1 : 0;
-    }
-    if (sub.ranged && sub.range == all && n == all.size()) {
-      if (whole.empty()) whole = rows_payload(t, true, all.begin, all.size(), {}, alloc);
-      out.ranged = true;
-      out.range = all;
-      out.count = all.size();
-      out.payload = whole.share();
-    } else {
-      const std::size_t kb = key_bytes(n);
-      buffer b = alloc(kb + std::size_t{n} * w * sizeof(float));
-      std::memset(b.data(), 0, kb);
-      auto* keys = reinterpret_cast<row_id*>(b.data());
-      auto* rows = reinterpret_cast<float*>(b.data() + kb);
-      const auto add = [&](row_id r) {
-        if (!fresh(r)) return;
-        *keys++ = r;
-        std::memcpy(rows, ts.values.data() + std::size_t{r - all.begin} * w, w * sizeof(float));
-        rows += w;
-      };
-      if (sub.ranged)
-        for (row_id r = sub.range.begin; r < sub.range.end; ++r) add(r);
-      for (const row_id k : sub.keys) add(k);
-      out.count = n;
-      out.payload = std::move(b);
-    }
-    sub.synced = ts.version;
-    return out;
-  }
+  eager_rows eager_rows_for(table_id t, subscription& sub, buffer& whole, Alloc&& alloc) const;
 
   // ---- pulls waiting for the server clock ----
 
@@ -551,27 +419,7 @@ class shard_core {
 
   /// Copies the shard's whole state into `out`, reusing its capacity (allocation-free after
   /// the first call with the same `out`).
-  void save_state(shard_state& out) const {
-    out.shard = shard_;
-    out.num_shards = num_shards_;
-    out.num_workers = num_workers_;
-    out.state_per_param = Optimizer::state_per_param;
-    out.server_clock = server_clock_;
-    out.worker_clocks.assign(clocks_.begin(), clocks_.end());
-    out.last_seq.assign(last_seq_.begin(), last_seq_.end());
-    out.applied.resize(std::size_t{num_workers_} * tables_.size());
-    for (std::uint32_t w = 0; w < num_workers_; ++w)
-      std::copy(applied_[w].begin(), applied_[w].end(), out.applied.begin() + w * tables_.size());
-    out.tables.resize(tables_.size());
-    for (std::size_t i = 0; i < tables_.size(); ++i) {
-      auto& o = out.tables[i];
-      o.spec = tables_[i].spec;
-      o.range = tables_[i].range;
-      o.step = tables_[i].step;
-      o.values.assign(tables_[i].values.begin(), tables_[i].values.end());
-      o.optimizer_state.assign(tables_[i].state.begin(), tables_[i].state.end());
-    }
-  }
+  void save_state(shard_state& out) const;
   /// Installs `st`. Errors (nothing is changed then; the caller answers the pulls a success
   /// satisfies): `errc::layout_mismatch` when it was taken from another shard, shard count,
   /// worker count, optimizer or layout, or its `last_seq` has neither 0 nor `num_workers`
@@ -581,47 +429,7 @@ class shard_core {
     return restore_state(st, detail);
   }
   /// As `restore_state(st)`; `detail` says what was wrong (the field and its value).
-  std::error_code restore_state(const shard_state& st, std::string& detail) {
-    if (st.shard != shard_ || st.num_shards != num_shards_ || st.num_workers != num_workers_ ||
-        st.state_per_param != Optimizer::state_per_param || st.tables.size() != tables_.size() ||
-        st.worker_clocks.size() != clocks_.size() ||
-        st.applied.size() != std::size_t{num_workers_} * tables_.size() ||
-        (!st.last_seq.empty() && st.last_seq.size() != last_seq_.size())) {
-      detail = " (shard " + std::to_string(st.shard) + " of " + std::to_string(st.num_shards) +
-               ", " + std::to_string(st.num_workers) + " workers, " +
-               std::to_string(st.tables.size()) + " tables, " + std::to_string(st.state_per_param) +
-               " optimizer planes)";
-      return errc::layout_mismatch;
-    }
-    for (std::size_t i = 0; i < tables_.size(); ++i) {
-      const auto& t = st.tables[i];
-      if (!(t.spec == tables_[i].spec) || !(t.range == tables_[i].range) ||
-          t.values.size() != tables_[i].values.size() ||
-          t.optimizer_state.size() != tables_[i].state.size()) {
-        detail = " (table " + std::to_string(i) + ")";
-        return errc::layout_mismatch;
-      }
-    }
-    if (auto ec = check_state(st, detail)) return ec;
-    for (std::size_t i = 0; i < tables_.size(); ++i) {
-      tables_[i].step = st.tables[i].step;
-      std::copy(st.tables[i].values.begin(), st.tables[i].values.end(), tables_[i].values.begin());
-      std::copy(st.tables[i].optimizer_state.begin(), st.tables[i].optimizer_state.end(),
-                tables_[i].state.begin());
-      changed(tables_[i], tables_[i].range);
-    }
-    for (std::uint32_t w = 0; w < num_workers_; ++w) {
-      clocks_[w] = st.worker_clocks[w];
-      std::copy_n(st.applied.begin() + w * tables_.size(), tables_.size(), applied_[w].begin());
-    }
-    if (!st.last_seq.empty()) std::copy(st.last_seq.begin(), st.last_seq.end(), last_seq_.begin());
-    // The restored clocks decide the server clock, also below 0 (settle_clock only raises
-    // it); 0 when no member holds it (elastic, before any join).
-    server_clock_ = std::numeric_limits<clock_value>::min();
-    if (!settle_clock()) server_clock_ = 0;
-    has_state_ = true;
-    return {};
-  }
+  std::error_code restore_state(const shard_state& st, std::string& detail);
 
   /// Whether `st`, whose layout fits this shard, is a state a run can reach: every value and
   /// optimizer-state float finite, every worker clock in [0, `protocol::max_clock`] (the
@@ -630,40 +438,7 @@ class shard_core {
   /// shard drop every later message of its worker as a duplicate, a step near 2^64 would wrap
   /// the optimizer's bias correction). Error: `errc::bad_state`, `detail` naming the field,
   /// its index and value. Cost: one pass over the state's floats.
-  std::error_code check_state(const shard_state& st, std::string& detail) const {
-    const auto bad = [&](const std::string& field, const std::string& value,
-                         const std::string& range) {
-      detail = " (field '" + field + "' is " + value + "; " + range + ")";
-      return make_error_code(errc::bad_state);
-    };
-    for (std::size_t i = 0; i < st.tables.size(); ++i) {
-      const auto& t = st.tables[i];
-      if (!all_finite(t.values))
-        return bad("tables[" + std::to_string(i) + "].values", "not all finite",
-                   "a shard's values are finite");
-      if (!all_finite(t.optimizer_state))
-        return bad("tables[" + std::to_string(i) + "].optimizer_state", "not all finite",
-                   "the optimizer's state is finite");
-      if (t.step > protocol::max_seq)
-        return bad("tables[" + std::to_string(i) + "].step", std::to_string(t.step),
-                   "at most protocol::max_seq " + std::to_string(protocol::max_seq));
-    }
-    for (std::size_t w = 0; w < st.worker_clocks.size(); ++w) {
-      const clock_value c = st.worker_clocks[w];
-      if (c < 0 || c > protocol::max_clock)
-        return bad("worker_clocks[" + std::to_string(w) + "]", std::to_string(c),
-                   "clocks lie in [0, " + std::to_string(protocol::max_clock) + "]");
-    }
-    for (std::size_t i = 0; i < st.applied.size(); ++i)
-      if (st.applied[i] > protocol::max_seq)
-        return bad("applied[" + std::to_string(i) + "]", std::to_string(st.applied[i]),
-                   "at most protocol::max_seq " + std::to_string(protocol::max_seq));
-    for (std::size_t w = 0; w < st.last_seq.size(); ++w)
-      if (st.last_seq[w] > protocol::max_seq)
-        return bad("last_seq[" + std::to_string(w) + "]", std::to_string(st.last_seq[w]),
-                   "at most protocol::max_seq " + std::to_string(protocol::max_seq));
-    return {};
-  }
+  std::error_code check_state(const shard_state& st, std::string& detail) const;
 
  private:
   // The server clock moves up to the lowest member clock (never down; not before the start
@@ -763,3 +538,6 @@ class shard_core {
 };
 
 }  // namespace asyncps::detail
+
+#include "asyncps/detail/server/shard_reads.ipp"
+#include "asyncps/detail/server/shard_whole_state.ipp"
