@@ -9,11 +9,11 @@
 // Structure: this file is a thin coroutine shell. What the server does with each message is
 // detail::server_protocol (sans-io, detail/server_protocol.hpp) over the shard's state and
 // rules, detail::shard_core (detail/shard_core.hpp); the recovery policy's server part plugs
-// into the hooks of detail/server_hooks.hpp; a connection is a detail::server_session
-// (detail/server_session.hpp). The shell accepts connections, runs each session's read and
-// write loops, the watchdog and the sweeper (hello and send deadlines), and executes what the
-// protocol asks (wake a write loop, close a connection); those coroutines are defined in
-// detail/server/shell.ipp, included at the end of this file.
+// into the server hooks (declared, detected and checked in recovery.hpp); a connection is a
+// detail::server_session (detail/server_session.hpp). The shell accepts connections, runs each
+// session's read and write loops, the watchdog and the sweeper (hello and send deadlines), and
+// executes what the protocol asks (wake a write loop, close a connection); those coroutines are
+// defined in detail/server/shell.ipp, included at the end of this file.
 //
 // Concurrency: every coroutine of a server runs on the transport's executor; pass a strand
 // (or a single-threaded io_context) so shard state is touched by one thread at a time and no
@@ -117,7 +117,7 @@ class basic_server {
       : transport_(transport), proto_(*this, std::move(opts), opt, std::move(recovery)),
         done_(transport.get_executor()), running_(transport.get_executor()),
         watchdog_(transport.get_executor()), sweeper_(transport.get_executor()) {
-    static_assert(detail::check_server_part<typename Recovery::server_part, context>());
+    static_assert(check_server_part<part_type, context, basic_server>());  // recovery.hpp
   }
 
   /// As above, with the layout taken from a model object (the same type the workers train):
@@ -142,7 +142,7 @@ class basic_server {
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     acceptor_ = &acceptor;
     std::error_code result;
-    if constexpr (requires(part_type& p) { p.on_start(*this); }) {
+    if constexpr (detail::has_on_start<part_type, basic_server>) {
       recovery().on_start(*this);  // e.g. restore the newest valid checkpoint
     }
     if constexpr (detail::has_on_serve<part_type, context>) {
@@ -175,7 +175,7 @@ class basic_server {
     acceptor_ = nullptr;
     stop();
     co_await running_.async_wait();  // every session and every spawned coroutine
-    if constexpr (requires(part_type& p) { p.on_stop(); }) {
+    if constexpr (detail::has_on_stop<part_type>) {
       recovery().on_stop();  // e.g. finish a checkpoint being persisted
     }
     co_return result;
@@ -274,7 +274,7 @@ class basic_server {
   /// are answered. Thread safety: on the server's executor.
   std::error_code restore_state(const shard_state& st) { return proto_.restore_state(st); }
 
-  /// What the recovery part's hooks (detail/server_hooks.hpp) may do with this server: a
+  /// What the recovery part's hooks (recovery.hpp, server hooks) may do with this server: a
   /// copyable handle, valid while the server lives; every call on the server's executor.
   class context {
    public:
