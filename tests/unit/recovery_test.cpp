@@ -25,6 +25,8 @@
 #include "asyncps/local_cluster.hpp"
 #include "asyncps/recovery/chain/master.hpp"
 #include "asyncps/recovery/chain_replication.hpp"
+#include "asyncps/recovery/checkpoint.hpp"
+#include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
@@ -1070,4 +1072,69 @@ TEST_CASE("chain replication (strict): a restarted worker's pushes are applied o
     CHECK(s->recovery().stats().duplicates == 0);
   }
   CHECK(servers[0]->recovery().log_position() == servers[1]->recovery().log_position());
+}
+
+TEST_CASE("recovery stats: for_each_counter lists every counter by name, += adds them up") {
+  // The names, and the values as doubles (every counter here is small).
+  struct listing {
+    std::vector<std::string> names;
+    std::vector<double> values;
+  };
+  const auto list = [](const auto& stats) {
+    listing l;
+    stats.for_each_counter([&](const char* name, const auto& value) {
+      l.names.emplace_back(name);
+      l.values.push_back(static_cast<double>(value));
+    });
+    return l;
+  };
+
+  recovery::stateless_worker_stats sw{1, 2, 3};
+  sw += recovery::stateless_worker_stats{10, 20, 30};
+  const auto lsw = list(sw);
+  CHECK(lsw.names == std::vector<std::string>{"local_clocks", "backlogs_sent", "replicas_sent"});
+  CHECK(lsw.values == std::vector<double>{11, 22, 33});
+
+  recovery::stateless_stats ss{1, 2, 3};
+  ss += ss;
+  const auto lss = list(ss);
+  CHECK(lss.names ==
+        std::vector<std::string>{"replicas_installed", "backlogs_merged", "backlog_clocks"});
+  CHECK(lss.values == std::vector<double>{2, 4, 6});
+
+  recovery::chain_stats cs{1, 2, 3, 4, 5, 6, 7};
+  cs += recovery::chain_stats{1, 1, 1, 1, 1, 1, 1};
+  const auto lcs = list(cs);
+  CHECK(lcs.names == std::vector<std::string>{"entries", "duplicates", "resent", "states_sent",
+                                              "states_installed", "configs", "claims_refused"});
+  CHECK(lcs.values == std::vector<double>{2, 3, 4, 5, 6, 7, 8});
+
+  // Over several workers the max_* counters are the most one worker held; the rest add up.
+  recovery::replica_log_worker_stats rw{1, 100, 500, 10, 70, 2, 3, 4};
+  rw += recovery::replica_log_worker_stats{1, 50, 900, 20, 60, 1, 1, 1};
+  const auto lrw = list(rw);
+  CHECK(lrw.names == std::vector<std::string>{"log_entries", "log_bytes", "max_log_bytes",
+                                              "replica_bytes", "max_replica_bytes",
+                                              "replicas_stored", "replayed", "orders"});
+  CHECK(lrw.values == std::vector<double>{2, 150, 900, 30, 70, 3, 4, 5});
+
+  // Per-shard figures (positions, seconds): listed, not summed.
+  recovery::replica_log_stats rs{};
+  rs.recoveries = 2;
+  rs.last_recovery_seconds = 0.5;
+  const auto lrs = list(rs);
+  REQUIRE(lrs.names.size() == 15);
+  CHECK(lrs.names[4] == "recoveries");
+  CHECK(lrs.values[4] == 2);
+  CHECK(lrs.names.back() == "last_recovery_seconds");
+  CHECK(lrs.values.back() == 0.5);
+
+  recovery::checkpoint_stats ks{};
+  ks.checkpoints_persisted = 3;
+  const auto lks = list(ks);
+  REQUIRE(lks.names.size() == 13);
+  CHECK(lks.names.front() == "checkpoints_persisted");
+  CHECK(lks.values.front() == 3);
+  CHECK(lks.names[3] == "last_persisted_clock");
+  CHECK(lks.values[3] == -1);  // no file persisted yet
 }

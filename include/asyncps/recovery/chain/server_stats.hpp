@@ -16,6 +16,31 @@ struct chain_stats {
   /// `chain_hello`s refused because a live link holds the predecessor's member id
   /// (`errc::member_id_in_use`, `chain_options::link_silence`).
   std::uint64_t claims_refused = 0;
+
+  /// Calls `f(name, value)` for every counter above, in declaration order; `name` is the
+  /// member's name (a `const char*`), `value` a `std::uint64_t` count. For reports that need
+  /// no list of this policy's counters.
+  template <class F>
+  void for_each_counter(F&& f) const {
+    f("entries", entries);
+    f("duplicates", duplicates);
+    f("resent", resent);
+    f("states_sent", states_sent);
+    f("states_installed", states_installed);
+    f("configs", configs);
+    f("claims_refused", claims_refused);
+  }
+  /// Adds `o`'s counters (the totals of several servers). Every counter is a count.
+  chain_stats& operator+=(const chain_stats& o) noexcept {
+    entries += o.entries;
+    duplicates += o.duplicates;
+    resent += o.resent;
+    states_sent += o.states_sent;
+    states_installed += o.states_installed;
+    configs += o.configs;
+    claims_refused += o.claims_refused;
+    return *this;
+  }
 };
 
 }  // namespace asyncps::recovery

@@ -83,6 +83,28 @@ struct checkpoint_stats {
   double observed_overhead = 0;
   std::error_code last_error{};    ///< the newest failure; empty if none
   std::string last_error_message;  ///< a line naming the file and the reason
+
+  /// Calls `f(name, value)` for every number above, in declaration order (not `last_error`
+  /// and its message); `name` is the member's name (a `const char*`), `value` a
+  /// `std::uint64_t` count or byte count, a `clock_value` server clock (-1: none) or a
+  /// `double` in seconds or as a fraction, as documented on the member. No `operator+=`:
+  /// the clocks and the `last_*` members describe one server and do not add up.
+  template <class F>
+  void for_each_counter(F&& f) const {
+    f("checkpoints_persisted", checkpoints_persisted);
+    f("skipped", skipped);
+    f("failed", failed);
+    f("last_persisted_clock", last_persisted_clock);
+    f("restored_clock", restored_clock);
+    f("snapshot_seconds_total", snapshot_seconds_total);
+    f("persist_seconds_total", persist_seconds_total);
+    f("last_snapshot_seconds", last_snapshot_seconds);
+    f("last_persist_seconds", last_persist_seconds);
+    f("last_bytes", last_bytes);
+    f("interval_clocks", interval_clocks);
+    f("clock_seconds", clock_seconds);
+    f("observed_overhead", observed_overhead);
+  }
 };
 
 }  // namespace asyncps::recovery

@@ -61,6 +61,30 @@ struct replica_log_stats {
   std::uint64_t position = 0;        ///< the last position applied
   std::uint64_t stable = 0;          ///< the stable position (newest replica stored)
   double last_recovery_seconds = 0;  ///< first hello to serving again, last rebuild
+
+  /// Calls `f(name, value)` for every member above, in declaration order; `name` is the
+  /// member's name (a `const char*`), `value` a `std::uint64_t` (a count, a byte count, or
+  /// a position) or, for `last_recovery_seconds`, a `double` in seconds. No `operator+=`:
+  /// `position`, `stable`, `replica_bytes` and `last_recovery_seconds` describe one shard
+  /// now and do not add up over shards.
+  template <class F>
+  void for_each_counter(F&& f) const {
+    f("ordered", ordered);
+    f("replicas_sent", replicas_sent);
+    f("replicas_stored", replicas_stored);
+    f("replica_bytes", replica_bytes);
+    f("recoveries", recoveries);
+    f("replayed", replayed);
+    f("missing_positions", missing_positions);
+    f("incomplete_recoveries", incomplete_recoveries);
+    f("voided", voided);
+    f("skipped_clocks", skipped_clocks);
+    f("max_held", max_held);
+    f("dropped", dropped);
+    f("position", position);
+    f("stable", stable);
+    f("last_recovery_seconds", last_recovery_seconds);
+  }
 };
 
 /// recovery::replica_log, server part (see recovery/replica_log.hpp). Thread safety: on the

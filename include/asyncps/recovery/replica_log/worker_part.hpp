@@ -31,6 +31,36 @@ struct replica_log_worker_stats {
   std::uint64_t replicas_stored = 0;  ///< state replicas received
   std::uint64_t replayed = 0;         ///< entries resent to a rebuilding shard
   std::uint64_t orders = 0;           ///< orders received (and confirmed)
+
+  /// Calls `f(name, value)` for every counter above, in declaration order; `name` is the
+  /// member's name (a `const char*`), `value` a `std::uint64_t` (entries, bytes or messages,
+  /// as documented on the member).
+  template <class F>
+  void for_each_counter(F&& f) const {
+    f("log_entries", log_entries);
+    f("log_bytes", log_bytes);
+    f("max_log_bytes", max_log_bytes);
+    f("replica_bytes", replica_bytes);
+    f("max_replica_bytes", max_replica_bytes);
+    f("replicas_stored", replicas_stored);
+    f("replayed", replayed);
+    f("orders", orders);
+  }
+  /// Combines another worker's counters into these (the totals of several workers): counts
+  /// and the entries and bytes held now add up; `max_log_bytes` and `max_replica_bytes`
+  /// become the larger of the two, so over several workers they are the most one worker
+  /// held at once.
+  replica_log_worker_stats& operator+=(const replica_log_worker_stats& o) noexcept {
+    log_entries += o.log_entries;
+    log_bytes += o.log_bytes;
+    max_log_bytes = std::max(max_log_bytes, o.max_log_bytes);
+    replica_bytes += o.replica_bytes;
+    max_replica_bytes = std::max(max_replica_bytes, o.max_replica_bytes);
+    replicas_stored += o.replicas_stored;
+    replayed += o.replayed;
+    orders += o.orders;
+    return *this;
+  }
 };
 
 /// recovery::replica_log, worker part (see recovery/replica_log.hpp). Thread safety: the

@@ -31,6 +31,22 @@ struct stateless_stats {
   std::uint64_t replicas_installed = 0;  ///< tables rebuilt from a worker's replica
   std::uint64_t backlogs_merged = 0;     ///< backlog pushes merged
   std::uint64_t backlog_clocks = 0;      ///< clocks of worker updates those backlogs held
+
+  /// Calls `f(name, value)` for every counter above, in declaration order; `name` is the
+  /// member's name (a `const char*`), `value` a `std::uint64_t` count.
+  template <class F>
+  void for_each_counter(F&& f) const {
+    f("replicas_installed", replicas_installed);
+    f("backlogs_merged", backlogs_merged);
+    f("backlog_clocks", backlog_clocks);
+  }
+  /// Adds `o`'s counters (the totals of several servers). Every counter is a count.
+  stateless_stats& operator+=(const stateless_stats& o) noexcept {
+    replicas_installed += o.replicas_installed;
+    backlogs_merged += o.backlogs_merged;
+    backlog_clocks += o.backlog_clocks;
+    return *this;
+  }
 };
 
 /// recovery::stateless, server part: the merge rule, which tables wait for a replica, and the

@@ -20,6 +20,22 @@ struct stateless_worker_stats {
   std::uint64_t local_clocks = 0;   ///< (shard, clock) pairs computed with a shard unreachable
   std::uint64_t backlogs_sent = 0;  ///< backlog pushes sent after reconnecting
   std::uint64_t replicas_sent = 0;  ///< replica pushes sent to a server that lost its state
+
+  /// Calls `f(name, value)` for every counter above, in declaration order; `name` is the
+  /// member's name (a `const char*`), `value` a `std::uint64_t` count.
+  template <class F>
+  void for_each_counter(F&& f) const {
+    f("local_clocks", local_clocks);
+    f("backlogs_sent", backlogs_sent);
+    f("replicas_sent", replicas_sent);
+  }
+  /// Adds `o`'s counters (the totals of several workers). Every counter is a count.
+  stateless_worker_stats& operator+=(const stateless_worker_stats& o) noexcept {
+    local_clocks += o.local_clocks;
+    backlogs_sent += o.backlogs_sent;
+    replicas_sent += o.replicas_sent;
+    return *this;
+  }
 };
 
 /// recovery::stateless, worker part: keeps training while a shard is down, sums each clock's
