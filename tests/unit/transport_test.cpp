@@ -584,14 +584,14 @@ TEST_CASE("server rejects hostile frames over TCP, keeps serving, parameters unc
                      "NaN"});
     cases.push_back({"push before hello", push_frame(1, 0, 0, 8, 4, 5.0f), "expected hello"});
     // Absurd hello clocks are refused; worker 0 keeps its place (checked below).
-    cases.push_back(
-        {"hello clock 10^12", hello_frame(1, 8, 4, 1'000'000'000'000), "'clock' of hello"});
+    cases.push_back({"hello clock 10^12", hello_frame(1, 8, 4, 1'000'000'000'000),
+                     "says hello at clock 1000000000000"});
     cases.push_back({"hello clock INT64_MAX",
                      hello_frame(1, 8, 4, std::numeric_limits<clock_value>::max()),
-                     "'clock' of hello"});
+                     "says hello at clock 9223372036854775807"});
     cases.push_back({"hello clock INT64_MIN",
                      hello_frame(1, 8, 4, std::numeric_limits<clock_value>::min()),
-                     "'clock' of hello"});
+                     "says hello at clock -9223372036854775808"});
     cases.push_back({"a refusal names the peer's address", push_frame(1, 0, 0, 8, 4, 5.0f),
                      "of unidentified peer 127.0.0."});
     cases.push_back({"a sparse pull of one key repeated (amplification)",

@@ -104,6 +104,12 @@ TEST_CASE("error codes and conditions") {
   std::error_code ec = errc::bad_checksum;
   CHECK(ec.category().name() == std::string("asyncps"));
   CHECK(ec.message().find("checksum") != std::string::npos);
+  // bad_clock covers a hello's clock and a push or clock message at the maximum clock: its
+  // message names both, and does not call a push a hello (issue 32's loose end).
+  const std::string clock_msg = std::error_code(errc::bad_clock).message();
+  CHECK(clock_msg.find("'clock' of hello") == std::string::npos);
+  CHECK(clock_msg.find("hello's clock") != std::string::npos);
+  CHECK(clock_msg.find("push") != std::string::npos);
   CHECK(ec == condition::protocol_violation);
   CHECK(ec != condition::transient);
   CHECK(std::error_code(errc::connection_closed) == condition::transient);

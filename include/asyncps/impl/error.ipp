@@ -68,8 +68,9 @@ ASYNCPS_DECL std::string error_category_impl::message(int ev) const {
     case errc::shard_lost:
       return "every server that held this shard's state failed: the shard's state is lost";
     case errc::bad_clock:
-      return "frame header field 'clock' of hello: negative, above the maximum clock, or "
-             "too far ahead of the other workers";
+      return "frame header field 'clock' out of range: a hello's clock negative, above the "
+             "maximum clock or too far ahead of the other workers, or a push or clock message "
+             "from a worker already at the maximum clock";
     case errc::tls_setup_failed:
       return "TLS setup failed: a certificate, private key or CA file is missing, unreadable "
              "or invalid (tcp_options::tls)";
