@@ -125,9 +125,9 @@ struct config {
 /// Fills the settings left at their "default" values (0, or < 0 for `decay_at`) with the ones
 /// tuned per model (docs/results/fashion_mnist.md) and scaled to the worker count
 /// (docs/results/scaling.md): `batch` 64 per worker up to 2 workers, beyond that the share of a
-/// global batch of 128 (128 / workers, at least 8; 64 with group servers); `update_rule`
+/// global batch of 128 (128 / workers, at least 4; 64 with group servers); `update_rule`
 /// "mean"; `hidden` 128 (MLP, CNN) unless `hidden_given`; `lr` for SGD 0.1 (MLP) or 0.05
-/// (softmax, CNN) per 64 samples, scaled linearly with the global batch up to 256 samples
+/// (softmax, CNN) per 64 samples, scaled linearly with the global batch up to 128 samples
 /// under the mean rule (and momentum's 0.05 likewise), 1e-3 for Adam, 0.05 for AdaGrad; `epochs` 20
 /// (MLP), 40 (CNN) or 30 (softmax); `decay_at` the last quarter (MLP, CNN) or third (softmax) of
 /// the epochs; `vap_magnitude` 0.5 (MLP, CNN) or 0.15 (softmax). The CNN's (one run: 0.9038 test
@@ -141,9 +141,11 @@ inline void apply_defaults(config& c) {
   // rates below were tuned at 64 samples per step; with 64 per worker, 16 workers make steps of
   // 1,024 samples, 16x fewer in the same epochs, and end 3 points lower however their rate is
   // scaled (docs/results/scaling.md). So past 2 workers each one takes a smaller share of a
-  // global batch of 128 (at least 8 samples, as smaller minibatches cost a message each).
+  // global batch of 128 (at least 4 samples, as smaller minibatches cost a message each: 64
+  // workers of 4 make a global batch of 256; in the simulation 64 workers of 8 samples, 512
+  // per clock, ended 2-4 points below one worker, of 4 within 0.8).
   const std::uint32_t w = std::max<std::uint32_t>(1, c.workers);
-  if (c.batch == 0) c.batch = c.groups >= 2 ? 64 : std::clamp<std::uint32_t>(128 / w, 8, 64);
+  if (c.batch == 0) c.batch = c.groups >= 2 ? 64 : std::clamp<std::uint32_t>(128 / w, 4, 64);
   if (!c.hidden_given && (mlp || cnn)) c.hidden = 128;
   // Update rule: the mean of a clock's pushes (1/W each); with a fixed learning rate the sum
   // of 16 workers' pushes diverges (docs/results/scaling.md).
@@ -151,14 +153,15 @@ inline void apply_defaults(config& c) {
   // SGD 0.05 (softmax, CNN) or 0.1 (MLP) for a step of 64 samples, scaled by 0.1 for the last
   // third (softmax) or quarter (MLP, CNN) of the epochs. Under the mean rule a clock is one
   // step of W x batch samples: the linear scaling rule (Goyal et al., "Accurate, Large
-  // Minibatch SGD: Training ImageNet in 1 Hour", 2017) scales the rate with it, up to 256
-  // samples (4x), past which one worker at batch 1,024 diverges at the scaled rate.
+  // Minibatch SGD: Training ImageNet in 1 Hour", 2017) scales the rate with it, up to 128
+  // samples (2x): with 64 workers the global batch of 256 at 4x ended 1.7 points below one
+  // worker under SSP(3) in the simulation, at 2x 0.8 (docs/results/scaling.md).
   if (c.lr == 0) {
     const bool sgd_family = c.optimizer == "sgd" || c.optimizer == "momentum";
     c.lr = c.optimizer == "sgd" ? (mlp ? 0.1f : 0.05f) : (c.optimizer == "adam" ? 1e-3f : 0.05f);
     if (sgd_family && c.update_rule == "mean" && c.groups < 2) {
       const double global_batch = static_cast<double>(w) * c.batch;
-      c.lr = static_cast<float>(c.lr * std::min(global_batch, 256.0) / 64.0);
+      c.lr = static_cast<float>(c.lr * std::min(global_batch, 128.0) / 64.0);
     }
   }
   if (c.epochs == 0) c.epochs = mlp ? 20 : (cnn ? 40 : 30);

@@ -331,12 +331,12 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--batch", c.batch,
                  "minibatch size per worker (default: 64 up to 2 workers; beyond, 128 / "
-                 "workers and at least 8, so that a clock's global batch stays near 128)")
+                 "workers and at least 4, so that a clock's global batch stays near 128)")
       ->check(CLI::Range(1, 60000));
   app.add_option("--lr", c.lr,
                  "learning rate (default SGD: 0.1 MLP, 0.05 softmax and CNN per 64 samples, "
                  "scaled under the mean rule with the global batch of workers x batch, up to "
-                 "256: Goyal et al. 2017's linear scaling)")
+                 "128: Goyal et al. 2017's linear scaling)")
       ->check(CLI::PositiveNumber);
   app.add_option("--l2", c.l2, "weight decay")->check(CLI::NonNegativeNumber);
   app.add_flag("--flip", c.flip,
