@@ -2,7 +2,7 @@
 // as a reader (`read_servers_model`: asyncps::async_read_model over an io_context and a TCP
 // transport of its own), and a thread that runs one such evaluation at a time
 // (`single_job_thread`), so that worker 0 never waits for one. Shared by
-// examples/fashion_mnist (trainer.hpp's evaluator, train_groups.cpp's final central read) and
+// examples/fashion_mnist (monitor.hpp's evaluator, train_groups.cpp's final central read) and
 // examples/matrix_factorization (mf_trainer's evaluator).
 #pragma once
 

@@ -4,7 +4,8 @@
 // entries (worker pushes and clocks, in the order the head applied them) flow down the chain
 // and acks (log positions) flow back up; a worker's push is acked once the tail has it.
 // Relaxed: the head copies its whole state down the chain every `replicate_every` pushes.
-// Everything here runs in `basic_server`'s hooks (detail/server_hooks.hpp), on its executor.
+// Everything here runs in `basic_server`'s hooks (declared in recovery.hpp) or in the coroutines
+// they spawn (`ctx.spawn`: the links to the master and the successor), on its executor.
 #pragma once
 
 #include <algorithm>
@@ -77,7 +78,7 @@ class chain_server_part {
   /// The counters.
   const chain_stats& stats() const noexcept { return rt_.value.stats; }
 
-  // ---- hooks (see detail/server_hooks.hpp) ----
+  // ---- hooks (see recovery.hpp, server hooks) ----
 
   /// Checks the endpoints and starts the link to the chain master.
   template <class Ctx>

@@ -107,7 +107,7 @@ struct replica_log_server_part {
   /// report at its end). On the server's executor.
   std::function<void()> on_rebuilt{};
 
-  // ---- hooks (detail/server_hooks.hpp) ----
+  // ---- hooks (see recovery.hpp, server hooks) ----
 
   /// The first hello decides: a worker that holds a log for this shard (hello flag `state`)
   /// meets a shard without state, so the shard restarted and rebuilds before serving.
