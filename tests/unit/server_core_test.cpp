@@ -9,6 +9,7 @@
 #include <list>
 #include <new>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -741,6 +742,145 @@ TEST_CASE("shard_core: check_update refuses what would make optimizer state non-
   CHECK(big_core.check_update(nan_last, detail) == errc::non_finite_value);
   CHECK(detail.find("row " + std::to_string(rows - 1)) != std::string::npos);
   CHECK(big_core.table(0).values == values_before);
+}
+
+namespace fused {
+
+// A push of table 0 (width `w`): rows [first, first + rows) when `keys` is empty, else the
+// rows `keys`; the gradient `g` (rows x w floats).
+message push(std::uint32_t w, row_id first, std::uint32_t rows, const std::vector<row_id>& keys,
+             const std::vector<float>& g) {
+  message m;
+  m.header.type = message_type::push;
+  m.header.width = w;
+  const std::size_t kb = keys.empty() ? 0 : key_bytes(static_cast<std::uint32_t>(keys.size()));
+  if (keys.empty()) {
+    m.header.flags = frame_flags::range;
+    m.header.first_row = first;
+    m.header.row_count = rows;
+  } else {
+    m.header.row_count = static_cast<std::uint32_t>(keys.size());
+  }
+  m.payload = pool.allocate(kb + g.size() * sizeof(float));
+  std::memset(m.payload.data(), 0, kb);
+  std::memcpy(m.payload.data(), keys.data(), keys.size() * sizeof(row_id));
+  std::memcpy(m.payload.data() + kb, g.data(), g.size() * sizeof(float));
+  return m;
+}
+
+// Whether two shards' table 0 hold the same bits: values, optimizer state, step, versions.
+template <class Core>
+bool same_table(const Core& a, const Core& b) {
+  const auto& x = a.table(0);
+  const auto& y = b.table(0);
+  const auto bits = [](const std::vector<float>& u, const std::vector<float>& v) {
+    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(float)) == 0;
+  };
+  return bits(x.values, y.values) && bits(x.state, y.state) && x.step == y.step &&
+         x.version == y.version && x.row_version == y.row_version &&
+         x.all_changed == y.all_changed && a.has_state() == b.has_state();
+}
+
+// Pushes of every shape over a table of `rows` x `w` (several chunks: a range over all rows,
+// a range of a few rows, keyed rows), gradients drawn from `rng` in [-scale, scale].
+template <class Opt>
+void check_same_bits(Opt opt, std::uint32_t rows, std::uint32_t w) {
+  using core = detail::shard_core<Opt, int, int>;
+  const std::vector<table_spec> layout{table_spec{0, rows, w, 0.5f}};
+  core fused(0, 1, 1, layout, 7, opt);
+  core split(0, 1, 1, layout, 7, opt);
+  REQUIRE(same_table(fused, split));
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  const auto grads = [&](std::size_t n) {
+    std::vector<float> g(n);
+    for (float& x : g) x = d(rng);
+    return g;
+  };
+  std::vector<message> pushes;
+  pushes.push_back(push(w, 0, rows, {}, grads(std::size_t{rows} * w)));
+  pushes.push_back(push(w, 1, 3, {}, grads(std::size_t{3} * w)));
+  pushes.push_back(push(w, 0, 0, {0, 2, rows - 1}, grads(std::size_t{3} * w)));
+  pushes.push_back(push(w, 0, rows, {}, grads(std::size_t{rows} * w)));
+  std::string detail;
+  for (const auto& m : pushes) {
+    REQUIRE(!split.check_update(m, detail));
+    split.apply(m);
+    REQUIRE(!fused.check_and_apply(m, detail));
+    CHECK(same_table(fused, split));
+  }
+}
+
+// A push whose bad float sits in its last chunk is refused whole: every chunk applied before
+// it is undone, to the bit (values, optimizer state, step, versions).
+template <class Opt>
+void check_undone(Opt opt, std::uint32_t rows, std::uint32_t w, float bad, std::error_code want) {
+  using core = detail::shard_core<Opt, int, int>;
+  const std::vector<table_spec> layout{table_spec{0, rows, w, 0.5f}};
+  core c(0, 1, 1, layout, 7, opt);
+  core before(0, 1, 1, layout, 7, opt);
+  std::string detail;
+  const std::vector<float> ones(std::size_t{rows} * w, 0.25f);  // non-zero optimizer state
+  REQUIRE(!c.check_and_apply(push(w, 0, rows, {}, ones), detail));
+  REQUIRE(!before.check_and_apply(push(w, 0, rows, {}, ones), detail));
+  // Ranged, all rows: the last float is bad.
+  auto g = ones;
+  g.back() = bad;
+  CHECK(c.check_and_apply(push(w, 0, rows, {}, g), detail) == want);
+  CHECK(detail.find("table 0, at or after row ") != std::string::npos);  // the chunk's first
+  CHECK(same_table(c, before));
+  // Keyed: the last key's last float is bad.
+  std::vector<float> k(std::size_t{3} * w, 0.25f);
+  k.back() = bad;
+  CHECK(c.check_and_apply(push(w, 0, 0, {0, 1, rows - 1}, k), detail) == want);
+  CHECK(detail.find("row " + std::to_string(rows - 1)) != std::string::npos);
+  CHECK(same_table(c, before));
+  // And the shard goes on: the same push without the bad float applies as on a twin.
+  REQUIRE(!c.check_and_apply(push(w, 0, rows, {}, ones), detail));
+  REQUIRE(!before.check_and_apply(push(w, 0, rows, {}, ones), detail));
+  CHECK(same_table(c, before));
+}
+
+}  // namespace fused
+
+TEST_CASE("shard_core: check_and_apply gives the bits of check_update then apply") {
+  constexpr auto chunk = static_cast<std::uint32_t>(core_t::check_chunk);
+  // Tables whose state planes are aligned like the values (rows x width a multiple of 4:
+  // the chunked pass), with pushes starting off alignment, and one that is not (check, then
+  // apply, for Adam's second plane).
+  for (const auto& [rows, w] :
+       {std::pair{chunk + 8, 2u}, std::pair{8u, chunk + 6}, std::pair{9u, chunk + 5}}) {
+    CAPTURE(rows);
+    CAPTURE(w);
+    fused::check_same_bits(optimizer::sgd{0.1f}, rows, w);
+    fused::check_same_bits(optimizer::momentum{0.05f, 0.9f}, rows, w);
+    fused::check_same_bits(optimizer::adagrad{0.05f, 1e-8f}, rows, w);
+    fused::check_same_bits(optimizer::adam{}, rows, w);
+  }
+}
+
+TEST_CASE("shard_core: check_and_apply refuses a push whole, undoing the chunks it applied") {
+  constexpr auto chunk = static_cast<std::uint32_t>(core_t::check_chunk);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Tables whose state planes are aligned like the values (rows x width a multiple of 4:
+  // the chunked pass), with pushes starting off alignment, and one that is not (check, then
+  // apply, for Adam's second plane).
+  for (const auto& [rows, w] :
+       {std::pair{chunk + 8, 2u}, std::pair{8u, chunk + 6}, std::pair{9u, chunk + 5}}) {
+    CAPTURE(rows);
+    CAPTURE(w);
+    const std::error_code value = errc::non_finite_value;
+    const std::error_code update = errc::non_finite_update;
+    fused::check_undone(optimizer::sgd{1.0f}, rows, w, nan, value);
+    fused::check_undone(optimizer::sgd{1.0f}, rows, w, -3.4e38f * 2.0f, value);  // infinity
+    fused::check_undone(optimizer::momentum{0.05f, 0.9f}, rows, w, nan, value);
+    fused::check_undone(optimizer::adam{}, rows, w, nan, value);
+    // Finite, but the update is not: sgd's value (0.5 - 1 * -3.4e38 overflows after two),
+    // AdaGrad's and Adam's state (g^2 overflows).
+    fused::check_undone(optimizer::sgd{1e30f}, rows, w, -3.4e38f, update);
+    fused::check_undone(optimizer::adagrad{0.05f, 1e-8f}, rows, w, 3e38f, update);
+    fused::check_undone(optimizer::adam{}, rows, w, 3e38f, update);
+  }
 }
 
 TEST_CASE("server_protocol: out of memory while handling a message refuses that session and "

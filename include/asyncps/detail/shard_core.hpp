@@ -5,9 +5,10 @@
 // server clock. It touches no socket, timer or executor: `basic_server` feeds it messages and
 // sends what it returns; tests/unit/server_core_test.cpp steps it message by message.
 //
-// The types it keeps are in detail/server/shard_types.hpp; the read path (pull replies,
-// subscriptions, eager rows) is defined in detail/server/shard_reads.ipp and the whole state
-// (save, restore, check) in detail/server/shard_whole_state.ipp, both included at the end.
+// The types it keeps are in detail/server/shard_types.hpp; the update path (a push checked and
+// applied) is defined in detail/server/shard_updates.ipp, the read path (pull replies,
+// subscriptions, eager rows) in detail/server/shard_reads.ipp and the whole state (save,
+// restore, check) in detail/server/shard_whole_state.ipp, all three included at the end.
 #pragma once
 
 #include <algorithm>
@@ -185,50 +186,10 @@ class shard_core {
   /// in a small fixed scratch. No allocation. Errors: `errc::non_finite_value` (a NaN or
   /// infinite value in the push) or `errc::non_finite_update`, `detail` naming the table and
   /// row; then the push must not be applied. Deterministic: the same state and push give the
-  /// same answer on every replica (chain backups, replica-log replays).
-  std::error_code check_update(const message& m, std::string& detail) {
-    const auto& h = m.header;
-    auto& t = tables_[h.table];
-    const auto grad = payload_floats(m);
-    const std::uint32_t w = t.spec.width;
-    const std::uint64_t step = t.step + 1;  // the step `apply` would use
-    const auto opt = push_optimizer(m);
-    row_id bad = 0;
-    std::error_code ec;
-    // One chunk of `c` floats of the push at `g`, for values from `off`: finite, and so is
-    // the update. Sets `ec` otherwise.
-    const auto chunk_ok = [&](std::size_t off, std::size_t c, const float* g) {
-      if (!all_finite(std::span<const float>(g, c))) {
-        ec = errc::non_finite_value;
-      } else if (!candidates_finite(opt, t, off, c, g, step)) {
-        ec = errc::non_finite_update;
-      }
-      return !ec;
-    };
-    if (h.has(frame_flags::range)) {
-      const auto first = static_cast<row_id>(h.first_row);
-      const std::size_t off = std::size_t{first - t.range.begin} * w;
-      const std::size_t n = std::size_t{h.row_count} * w;
-      for (std::size_t done = 0; !ec && done < n; done += check_chunk) {
-        if (!chunk_ok(off + done, std::min(check_chunk, n - done), grad.data() + done))
-          bad = first + static_cast<row_id>(done / w);
-      }
-    } else {
-      const auto keys = payload_keys(m);
-      for (std::uint32_t i = 0; !ec && i < h.row_count; ++i) {
-        const std::size_t off = std::size_t{keys[i] - t.range.begin} * w;
-        for (std::size_t done = 0; !ec && done < w; done += check_chunk) {
-          if (!chunk_ok(off + done, std::min<std::size_t>(check_chunk, w - done),
-                        grad.data() + std::size_t{i} * w + done))
-            bad = keys[i];
-        }
-      }
-    }
-    if (!ec) return {};
-    detail =
-        " (table " + std::to_string(h.table) + ", at or after row " + std::to_string(bad) + ")";
-    return ec;
-  }
+  /// same answer on every replica (chain backups, replica-log replays). The server itself
+  /// uses `check_and_apply` (the same check, fused with the apply in one pass); this one is
+  /// for callers that must know without applying.
+  std::error_code check_update(const message& m, std::string& detail);
   /// Vectorised (Eigen 3.4's allFinite is a scalar loop): g - g is 0 for finite values and
   /// NaN for NaN or infinity, and NaN survives the sum.
   static bool all_finite(std::span<const float> g) noexcept {
@@ -238,31 +199,28 @@ class shard_core {
 
   // ---- updates ----
 
-  /// Applies checked push `m` to its table through the optimizer (versions updated). Does
-  /// not count it (see `count_push`).
-  void apply(const message& m) {
-    const auto& h = m.header;
-    auto& t = tables_[h.table];
-    const auto grad = payload_floats(m);
-    const std::uint32_t w = t.spec.width;
-    const auto opt = push_optimizer(m);
-    ++t.step;
-    if (h.has(frame_flags::range)) {
-      const auto first = static_cast<row_id>(h.first_row);
-      apply_rows(opt, t, std::size_t{first - t.range.begin} * w, std::size_t{h.row_count} * w,
-                 grad.data());
-      changed(t, key_range{first, first + h.row_count});
-    } else {
-      const auto keys = payload_keys(m);
-      ++t.version;
-      for (std::uint32_t i = 0; i < h.row_count; ++i) {
-        apply_rows(opt, t, std::size_t{keys[i] - t.range.begin} * w, w,
-                   grad.data() + std::size_t{i} * w);
-        t.row_version[keys[i] - t.range.begin] = t.version;
-      }
-    }
-    has_state_ = true;
-  }
+  /// Checks push `m` (already through `check_rows`) and applies it, in one pass over its
+  /// bytes: chunk by chunk (about `check_chunk` floats, ending on `align`ed addresses, within
+  /// a row for keyed pushes), the chunk's values and optimizer state are saved into an undo
+  /// buffer, the optimizer's `apply` updates them in place, and the chunk's gradient, values
+  /// and state are checked finite while they are in L1. When a chunk fails, every chunk
+  /// applied so far is restored from the undo buffer: the push is applied whole or not at all
+  /// (values, optimizer state, `step` and versions as before). Each element goes through the
+  /// same operations, on the same (packet or scalar) path, as in `apply(m)`, so an accepted
+  /// push gives the same bits as `check_update` then `apply`. For an optimizer without
+  /// `stays_finite` (its `apply` may not work element by element), or when the state planes
+  /// are not aligned like the values, it is `check_update` then `apply`.
+  /// Errors (nothing written): `errc::non_finite_value` (a NaN or infinite value in the
+  /// first failing chunk of the push) or `errc::non_finite_update` (its update would make a
+  /// value or optimizer state non-finite), `detail` naming the table and the row. Does not
+  /// count the push (see `count_push`). Allocation: the undo buffer grows to the largest push
+  /// seen (`(1 + state_per_param)` floats per pushed float), then none. Deterministic, as
+  /// `check_update`.
+  std::error_code check_and_apply(const message& m, std::string& detail);
+  /// Applies push `m` to its table through the optimizer (versions updated), unchecked: the
+  /// caller ran `check_update` (or use `check_and_apply`). Does not count it (see
+  /// `count_push`).
+  void apply(const message& m);
   /// Counts an applied push of worker `w` to table `t`.
   void count_push(std::uint32_t w, table_id t) noexcept { ++applied_[w][t]; }
   /// Replaces table `t`'s values (size and finiteness checked by the caller).
@@ -472,36 +430,22 @@ class shard_core {
   // gradient `g` at step `step` leaves every value and state finite: the optimizer's own
   // read-only check when it has one (`stays_finite`), otherwise `apply` on a copy in `scratch_`.
   bool candidates_finite(const step_optimizer& opt, const shard_table& t, std::size_t off,
-                         std::size_t n, const float* g, std::uint64_t step) {
-    constexpr std::size_t planes = Optimizer::state_per_param;
-    if constexpr (has_stays_finite) {
-      optimizer_state<planes> st{};  // spans of float, as apply takes them; only read
-      for (std::size_t k = 0; k < planes; ++k)
-        st[k] = std::span<float>(const_cast<float*>(t.state.data()) + k * t.values.size() + off, n);
-      return opt.stays_finite(std::span<const float>(t.values.data() + off, n),
-                              std::span<const float>(g, n), st, step);
-    }
-    float* v = scratch_.data();
-    std::memcpy(v, t.values.data() + off, n * sizeof(float));
-    optimizer_state<planes> st{};
-    for (std::size_t k = 0; k < planes; ++k) {
-      float* sk = scratch_.data() + (k + 1) * check_chunk;
-      std::memcpy(sk, t.state.data() + k * t.values.size() + off, n * sizeof(float));
-      st[k] = std::span<float>(sk, n);
-    }
-    opt.apply(std::span<float>(v, n), std::span<const float>(g, n), st, step);
-    if (!all_finite(std::span<const float>(v, n))) return false;
-    for (std::size_t k = 0; k < planes; ++k)
-      if (!all_finite(st[k])) return false;
-    return true;
+                         std::size_t n, const float* g, std::uint64_t step);
+  // Whether gradient `g`, values `v` and state planes `st` (n floats each) are all finite: one
+  // vectorised sum of x * 0 (0 for a finite x, NaN otherwise) over every plane.
+  static bool chunk_finite(const float* g, const float* v,
+                           const optimizer_state<Optimizer::state_per_param>& st,
+                           std::size_t n) noexcept {
+    using cmap = Eigen::Map<const Eigen::ArrayXf>;
+    const auto len = static_cast<Eigen::Index>(n);
+    return [&]<std::size_t... K>(std::index_sequence<K...>) {
+      return std::isfinite(
+          ((cmap(g, len) * 0.0f + cmap(v, len) * 0.0f) + ... + (cmap(st[K].data(), len) * 0.0f))
+              .sum());
+    }(std::make_index_sequence<Optimizer::state_per_param>{});
   }
   void apply_rows(const step_optimizer& opt, shard_table& t, std::size_t off, std::size_t n,
-                  const float* g) {
-    optimizer_state<Optimizer::state_per_param> st{};
-    for (std::size_t k = 0; k < Optimizer::state_per_param; ++k)
-      st[k] = std::span<float>(t.state.data() + k * t.values.size() + off, n);
-    opt.apply(std::span<float>(t.values.data() + off, n), std::span<const float>(g, n), st, t.step);
-  }
+                  const float* g);
 
   std::uint32_t shard_;
   std::uint32_t num_shards_;
@@ -518,10 +462,15 @@ class shard_core {
   bool has_state_ = false;
   std::vector<pending_pull<Reader, TimePoint>> pending_;
   std::uint64_t pending_bytes_ = 0;  // payload bytes of pending_
+  // check_and_apply's undo buffer: the values, then each optimizer state plane, of the chunks
+  // of the push being applied (grown to the largest push, then reused).
+  std::vector<float> undo_;
 
  public:
   /// Floats per chunk of `check_update` (per value plane and optimizer state plane).
   static constexpr std::size_t check_chunk = 1024;
+  /// The alignment (bytes) `check_and_apply` ends its chunks on: Eigen's largest packet's.
+  static constexpr std::size_t align = EIGEN_MAX_ALIGN_BYTES > 0 ? EIGEN_MAX_ALIGN_BYTES : 4;
   /// Whether the optimizer checks an update itself, read-only: `o.stays_finite(params, grad,
   /// state, step)`, the arguments of `apply` (params and grad as spans of const float),
   /// returning whether `apply` would leave every value and state finite. The shipped
@@ -540,4 +489,5 @@ class shard_core {
 }  // namespace asyncps::detail
 
 #include "asyncps/detail/server/shard_reads.ipp"
+#include "asyncps/detail/server/shard_updates.ipp"
 #include "asyncps/detail/server/shard_whole_state.ipp"

@@ -30,8 +30,9 @@ bool all_finite(const E&... e) noexcept {
 
 // Each optimizer's optional `stays_finite(p, g, s, step)`: whether `apply(p, g, s, step)` would
 // leave every value of `p` and of the state planes finite. It evaluates the same expressions as
-// `apply`, in one read-only pass, and writes nothing. The server calls it before `apply` and
-// refuses a push for which it is false (`errc::non_finite_update`).
+// `apply`, in one read-only pass, and writes nothing. `shard_core::check_update` (a check without
+// applying) calls it; a server's push path instead applies chunk by chunk and checks the result,
+// undoing the push when it is not finite (`shard_core::check_and_apply`).
 
 /// Plain SGD: p -= learning_rate * g (learning_rate in parameter units per gradient unit).
 struct sgd {

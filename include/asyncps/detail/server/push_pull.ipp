@@ -69,8 +69,7 @@ std::error_code server_protocol<Consistency, Recovery, Optimizer, Session, TimeP
       return errc::update_too_large;
     }
   }
-  if (auto ec = core_.check_update(m, detail)) return ec;
-  core_.apply(m);
+  if (auto ec = core_.check_and_apply(m, detail)) return ec;  // one pass, whole or nothing
   const auto& h = m.header;
   if constexpr (requires(part_type& p) {
                   p.on_update(h.table, h.first_row, h.row_count, payload_floats(m));
@@ -102,8 +101,8 @@ std::error_code server_protocol<Consistency, Recovery, Optimizer, Session, TimeP
     return errc::bad_sender;
   }
   if (auto ec = core_.check_rows(m, detail)) return ec;
-  // A plain push's values are checked finite by `apply` (`shard_core::check_update`), chunk
-  // by chunk with the update they make: one pass over the push instead of two. A replica or
+  // A plain push's values are checked finite by `apply` (`shard_core::check_and_apply`),
+  // chunk by chunk as the update is applied: one pass over the push. A replica or
   // backlog push goes to the recovery part, which may keep it unapplied: checked here.
   if (h.has(frame_flags::state) || h.has(frame_flags::backlog)) {
     if (!core_type::all_finite(payload_floats(m))) return errc::non_finite_value;
