@@ -1,6 +1,7 @@
 // The worker's sans-io pieces stepped message by message, without a transport: the cache
 // (detail/worker/cache.hpp), push building (detail/worker/push_builder.hpp) and the recovery
 // policies' worker parts (detail/worker/hooks.hpp).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -114,6 +115,60 @@ TEST_CASE("worker_cache: parts split every table over the shards; rows install a
   CHECK(p.pulling);
   CHECK(cache.values()[4] == 1.5f);
   CHECK(cache.values()[6] == 2.0f);
+}
+
+TEST_CASE("worker_cache: the compute snapshot copies the changed rows only, nothing when none "
+          "changed") {
+  buffer_pool pool;
+  // 64 x 4 and 16 x 8 over 2 shards: 384 floats; up to 96 changed floats go row by row.
+  const std::vector<table_spec> big{{0, 64, 4, 0.0f}, {1, 16, 8, 0.0f}};
+  detail::worker_cache<false> cache(big, 2);
+  const auto& n = cache.snapshot_stats();
+  std::vector<float> snap(cache.values().size(), -7.0f);
+  const auto current = [&] {
+    return std::equal(snap.begin(), snap.end(), cache.values().begin(), cache.values().end());
+  };
+  cache.refresh_snapshot(snap);  // the first refresh copies everything
+  CHECK(n.whole == 1);
+  CHECK(current());
+  cache.refresh_snapshot(snap);  // nothing changed: nothing copied
+  CHECK(n.skipped == 1);
+  CHECK(n.whole == 1);
+  CHECK(n.partial == 0);
+
+  // Poison an unchanged row of the snapshot: a refresh that recopied it would heal it.
+  snap[cache.offset(0) + 10 * 4] = -99.0f;
+  // One keyed row of table 0 (shard 1 owns rows [32, 64)) changes: only it is copied.
+  REQUIRE(!cache.install(1, keyed_rows(pool, 0, {40}, 4, 3, 2.5f)));
+  cache.refresh_snapshot(snap);
+  CHECK(n.partial == 1);
+  CHECK(n.rows == 1);
+  CHECK(snap[cache.offset(0) + 40 * 4] == 2.5f);
+  CHECK(snap[cache.offset(0) + 40 * 4 + 3] == 2.5f);
+  CHECK(snap[cache.offset(0) + 10 * 4] == -99.0f);  // not recopied
+  snap[cache.offset(0) + 10 * 4] = 0.0f;
+  CHECK(current());
+  cache.refresh_snapshot(snap);
+  CHECK(n.skipped == 2);
+
+  // Read-my-writes on rows [0, 2) of table 1 (16 floats) and the same row twice: 3 rows.
+  const std::vector<float> g(16, 1.0f);
+  cache.local_apply(0.5f, 1, key_range{0, 2}, g);
+  REQUIRE(!cache.install(1, keyed_rows(pool, 0, {40}, 4, 4, 3.0f)));
+  REQUIRE(!cache.install(1, keyed_rows(pool, 0, {40}, 4, 5, 3.5f)));
+  cache.refresh_snapshot(snap);
+  CHECK(n.partial == 2);
+  CHECK(n.rows == 1 + 3);
+  CHECK(current());
+
+  // A whole part (32 rows x 4 = 128 floats, over a quarter of the cache): one whole copy.
+  REQUIRE(!cache.install(0, rows_message(pool, 0, 0, 32, 4, 6, 0, 1.25f)));
+  cache.refresh_snapshot(snap);
+  CHECK(n.whole == 2);
+  CHECK(n.partial == 2);
+  CHECK(current());
+  cache.refresh_snapshot(snap);
+  CHECK(n.skipped == 3);
 }
 
 TEST_CASE("worker_cache: read-my-writes re-applies own pushes the server had not applied") {
@@ -445,6 +500,9 @@ TEST_CASE("worker_core: the clock loop stepped event by event (pull, wait, compu
     CHECK(core.resume(t0).kind == loop_step::join);  // woken: finish rejoins, then re-check
     REQUIRE(core.resume(t0).kind == loop_step::compute);
     CHECK(core.snapshot()[0] == 1.0f);
+    // The pull replaced every row of the cache: the snapshot is one whole copy.
+    CHECK(core.snapshot_stats().whole == static_cast<std::uint64_t>(c) + 1);
+    CHECK(core.snapshot_stats().skipped == 0);
     core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0 + std::chrono::milliseconds(10));
     a = core.resume(t0);
     REQUIRE(a.kind == loop_step::send);

@@ -7,6 +7,10 @@
 // part, through the consistency policy, whether a read may go on or needs a pull. It touches
 // no socket, timer or executor: `basic_worker` feeds it messages and sends what it returns,
 // and tests/unit/worker_core_test.cpp steps it message by message.
+//
+// It also keeps the compute snapshot current (`refresh_snapshot`): every write to the cache
+// marks its rows changed, and a refresh copies only those rows, or nothing, or (when many
+// rows changed) the whole cache in one copy.
 #pragma once
 
 #include <algorithm>
@@ -48,6 +52,14 @@ struct cache_part {
   std::span<const row_id> want;
 };
 
+/// What `worker_cache::refresh_snapshot` did, counted since the cache was made.
+struct snapshot_counts {
+  std::uint64_t skipped = 0;  ///< refreshes with no row changed: nothing copied
+  std::uint64_t whole = 0;    ///< refreshes that copied the whole cache
+  std::uint64_t partial = 0;  ///< refreshes that copied the changed rows only
+  std::uint64_t rows = 0;     ///< rows copied by the partial refreshes
+};
+
 /// A worker's cache of all tables over `shards` shards. `SparseReads`: the model names the
 /// rows it reads (`sparse_read_source`), so freshness is tracked per row.
 /// Thread safety: one thread at a time (the worker's executor).
@@ -58,11 +70,16 @@ class worker_cache {
   worker_cache(std::span<const table_spec> tables, std::uint32_t shards)
       : tables_(tables.begin(), tables.end()), steps_(shards, 0.0f) {
     std::size_t off = 0;
+    std::size_t rows = 0;
     for (const auto& t : tables_) {
       offsets_.push_back(off);
+      row_base_.push_back(rows);
       off += t.size();
+      rows += t.rows;
     }
     values_.assign(off, 0.0f);
+    row_changed_.assign(rows, 0);
+    changed_rows_.reserve(std::min(rows, max_changed_rows));
     parts_.resize(shards);
     for (std::uint32_t s = 0; s < shards; ++s) {
       for (const auto& t : tables_) {
@@ -77,9 +94,44 @@ class worker_cache {
   std::span<const table_spec> tables() const noexcept { return tables_; }
   /// Offset (in floats) of table `t` in `values()`.
   std::size_t offset(table_id t) const noexcept { return offsets_[t]; }
-  /// Every table's values, table-major (`layout_size(tables())` floats).
-  std::span<float> values() noexcept { return values_; }
+  /// Every table's values, table-major (`layout_size(tables())` floats). Read-only: the cache
+  /// writes them itself (`install`, `local_apply`), so that it knows which rows changed.
   std::span<const float> values() const noexcept { return values_; }
+
+  /// Brings `snapshot` (`values().size()` floats) up to date with the cache: copies the rows
+  /// written since the last refresh, nothing when none was, the whole cache in one copy when
+  /// it is the first refresh or more than a quarter of the floats (or more than
+  /// `max_changed_rows` rows) changed. Precondition: `snapshot` is the same buffer at every
+  /// call and nothing else writes into it. No allocation. Counted in `snapshot_stats()`.
+  void refresh_snapshot(std::span<float> snapshot) noexcept {
+    if (all_changed_) {
+      std::memcpy(snapshot.data(), values_.data(), values_.size() * sizeof(float));
+      ++snapshots_.whole;
+    } else if (changed_rows_.empty()) {
+      ++snapshots_.skipped;
+    } else {
+      for (const std::size_t g : changed_rows_) {
+        const auto t = static_cast<table_id>(
+            std::upper_bound(row_base_.begin(), row_base_.end(), g) - row_base_.begin() - 1);
+        const std::uint32_t w = tables_[t].width;
+        const std::size_t off = offsets_[t] + (g - row_base_[t]) * w;
+        std::memcpy(snapshot.data() + off, values_.data() + off, w * sizeof(float));
+        row_changed_[g] = 0;
+      }
+      ++snapshots_.partial;
+      snapshots_.rows += changed_rows_.size();
+    }
+    changed_rows_.clear();
+    changed_floats_ = 0;
+    if (all_changed_) {
+      std::fill(row_changed_.begin(), row_changed_.end(), std::uint8_t{0});
+      all_changed_ = false;
+    }
+  }
+  /// What the snapshot refreshes did so far.
+  const snapshot_counts& snapshot_stats() const noexcept { return snapshots_; }
+  /// The most changed rows a refresh copies one by one (more: the whole cache).
+  static constexpr std::size_t max_changed_rows = std::size_t{1} << 16;
   /// The parts of shard `s`, one per table.
   std::vector<cache_part>& parts(std::uint32_t s) noexcept { return parts_[s]; }
   const std::vector<cache_part>& parts(std::uint32_t s) const noexcept { return parts_[s]; }
@@ -121,11 +173,14 @@ class worker_cache {
           h.row_count > p.range.end - h.first_row)
         return errc::bad_row_range;
       std::memcpy(base + h.first_row * t.width, vals.data(), vals.size_bytes());
+      mark_changed(h.table, key_range{static_cast<row_id>(h.first_row),
+                                      static_cast<row_id>(h.first_row + h.row_count)});
     } else {
       for (std::uint32_t i = 0; i < h.row_count; ++i) {
         if (!p.range.contains(keys[i])) return errc::bad_row_range;
         std::memcpy(base + std::size_t{keys[i]} * t.width, vals.data() + std::size_t{i} * t.width,
                     t.width * sizeof(float));
+        mark_changed(h.table, key_range{keys[i], keys[i] + 1});
       }
     }
     // Own pushes the server had not applied when it sent these rows: re-apply them to the
@@ -176,6 +231,7 @@ class worker_cache {
     Eigen::Map<Eigen::ArrayXf> c(values_.data() + offsets_[t] + std::size_t{r.begin} * w,
                                  static_cast<Eigen::Index>(std::size_t{r.size()} * w));
     c -= step * Eigen::Map<const Eigen::ArrayXf>(g.data(), static_cast<Eigen::Index>(g.size()));
+    mark_changed(t, r);
   }
 
   /// Counts a push of part (`s`, `t`) of gradient `grad`; with read-my-writes on, applies the
@@ -347,6 +403,24 @@ class worker_cache {
   }
 
  private:
+  // Rows `r` of table `t` were written: remembered one by one for the next snapshot refresh,
+  // or, past a quarter of the floats or `max_changed_rows` rows, as "all changed".
+  void mark_changed(table_id t, key_range r) noexcept {
+    if (all_changed_) return;
+    const std::uint32_t w = tables_[t].width;
+    if (changed_floats_ + std::size_t{r.size()} * w > values_.size() / 4 ||
+        changed_rows_.size() + r.size() > max_changed_rows) {
+      all_changed_ = true;
+      return;
+    }
+    for (row_id k = r.begin; k < r.end; ++k) {
+      const std::size_t g = row_base_[t] + k;
+      if (row_changed_[g] != 0) continue;
+      row_changed_[g] = 1;
+      changed_rows_.push_back(g);  // within the capacity reserved: no allocation
+      changed_floats_ += w;
+    }
+  }
   // Sparse reads: a row of part `p` arrived with server clock `c`.
   static void note_row(cache_part& p, row_id k, clock_value c) noexcept {
     clock_value& rc = p.row_clock[k - p.range.begin];
@@ -359,6 +433,14 @@ class worker_cache {
   std::vector<float> values_;
   std::vector<std::vector<cache_part>> parts_;  // [shard][table]
   std::vector<float> steps_;                    // per shard
+  // Rows changed since the last snapshot refresh (see mark_changed): a row's index over all
+  // tables is row_base_[t] + row; row_changed_ flags the rows in changed_rows_.
+  std::vector<std::size_t> row_base_;
+  std::vector<std::uint8_t> row_changed_;
+  std::vector<std::size_t> changed_rows_;
+  std::size_t changed_floats_ = 0;
+  bool all_changed_ = true;  // the first refresh copies everything
+  snapshot_counts snapshots_;
 };
 
 }  // namespace asyncps::detail

@@ -166,9 +166,9 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
           stats_.wait_seconds += std::chrono::duration<double>(now - wait_start_).count();
           for (auto& l : links_)
             if (l.up) cache_.record_staleness(l.shard, c_, staleness_);
-          // 3. Snapshot; the shell computes the gradient straight into a pooled buffer.
-          const auto v = cache_.values();
-          std::memcpy(snapshot_.data(), v.data(), v.size() * sizeof(float));
+          // 3. Snapshot (the rows changed since the last one); the shell computes the
+          // gradient straight into a pooled buffer.
+          cache_.refresh_snapshot(snapshot_);
           pc_ = pc::computing;
           return {loop_step::compute};
         }

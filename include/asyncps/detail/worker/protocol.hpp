@@ -129,8 +129,11 @@ class worker_protocol {
   link& link_of(std::uint32_t s) noexcept { return links_[s]; }
   std::vector<link>& links() noexcept { return links_; }
   const worker_cache<sparse_reads>& cache() const noexcept { return cache_; }
+  /// The values the model computes its gradient on: the cache as of the last compute step.
+  /// Read-only: only the cache's `refresh_snapshot` writes it (copying the rows that changed).
   std::span<const float> snapshot() const noexcept { return snapshot_; }
-  std::span<float> snapshot() noexcept { return snapshot_; }
+  /// What the snapshot refreshes copied (or skipped) so far.
+  const snapshot_counts& snapshot_stats() const noexcept { return cache_.snapshot_stats(); }
   Consistency& consistency() noexcept { return policy_; }
   const Consistency& consistency() const noexcept { return policy_; }
   part_type& recovery() noexcept { return recovery_; }
