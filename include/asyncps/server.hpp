@@ -479,3 +479,16 @@ using server = basic_server<tcp_transport, Consistency, Recovery, Optimizer>;
 }  // namespace asyncps
 
 #include "asyncps/detail/server/shell.ipp"
+
+#if defined(ASYNCPS_SEPARATE_COMPILATION)
+#include "asyncps/consistency/policies.hpp"
+
+namespace asyncps {
+// Separate compilation (docs/build_time.md): the two most common TCP servers, BSP and SSP with
+// its bound set at run time (`ssp<>`), no recovery, plain SGD, are compiled once, in
+// asyncps/src.hpp; a translation unit that uses them generates none of their out-of-line
+// members (their coroutines above all). Other configurations are generated where they are used.
+extern template class basic_server<tcp_transport, consistency::bsp>;
+extern template class basic_server<tcp_transport, consistency::ssp<>>;
+}  // namespace asyncps
+#endif

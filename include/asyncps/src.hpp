@@ -3,7 +3,9 @@
 // other translation unit that includes asyncps), or link the CMake target
 // asyncps::asyncps_compiled, which does both (docs/build_time.md, "Separate compilation").
 // It compiles `tcp_transport` (listen, accept, connect, the handshakes, send, receive), the error
-// categories (error.hpp) and `make_tls_context` (tls.hpp).
+// categories (error.hpp), `make_tls_context` (tls.hpp) and the two servers server.hpp declares
+// `extern template` in this mode: `server<consistency::bsp>` and `server<consistency::ssp<>>`
+// (TCP, no recovery, plain SGD).
 #pragma once
 
 #include "asyncps/detail/config.hpp"
@@ -21,3 +23,11 @@
 #include "asyncps/impl/error.ipp"
 #include "asyncps/impl/tls.ipp"
 #include "asyncps/transport/impl/tcp.ipp"
+
+#include "asyncps/consistency/policies.hpp"
+#include "asyncps/server.hpp"
+
+namespace asyncps {
+template class basic_server<tcp_transport, consistency::bsp>;
+template class basic_server<tcp_transport, consistency::ssp<>>;
+}  // namespace asyncps
