@@ -75,7 +75,7 @@ struct stateless_server_part {
     return std::any_of(needs_state_.begin(), needs_state_.end(), [](char c) { return c != 0; });
   }
 
-  // ---- hooks (see detail/server_hooks.hpp) ----
+  // ---- hooks (declared and checked in asyncps/recovery.hpp) ----
 
   /// A server that holds no trained state (nothing applied or restored) meets a worker that
   /// has trained: it was restarted without state, so the welcome asks for replicas.
