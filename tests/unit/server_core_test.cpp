@@ -848,8 +848,10 @@ TEST_CASE("shard_core: check_and_apply gives the bits of check_update then apply
   // Tables whose state planes are aligned like the values (rows x width a multiple of 4:
   // the chunked pass), with pushes starting off alignment, and one that is not (check, then
   // apply, for Adam's second plane).
-  for (const auto& [rows, w] :
+  for (const auto& dims :
        {std::pair{chunk + 8, 2u}, std::pair{8u, chunk + 6}, std::pair{9u, chunk + 5}}) {
+    const std::uint32_t rows = dims.first;  // (not a structured binding: CAPTURE is a lambda)
+    const std::uint32_t w = dims.second;
     CAPTURE(rows);
     CAPTURE(w);
     fused::check_same_bits(optimizer::sgd{0.1f}, rows, w);
@@ -865,8 +867,10 @@ TEST_CASE("shard_core: check_and_apply refuses a push whole, undoing the chunks 
   // Tables whose state planes are aligned like the values (rows x width a multiple of 4:
   // the chunked pass), with pushes starting off alignment, and one that is not (check, then
   // apply, for Adam's second plane).
-  for (const auto& [rows, w] :
+  for (const auto& dims :
        {std::pair{chunk + 8, 2u}, std::pair{8u, chunk + 6}, std::pair{9u, chunk + 5}}) {
+    const std::uint32_t rows = dims.first;  // (not a structured binding: CAPTURE is a lambda)
+    const std::uint32_t w = dims.second;
     CAPTURE(rows);
     CAPTURE(w);
     const std::error_code value = errc::non_finite_value;
