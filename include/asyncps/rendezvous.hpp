@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <new>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -87,6 +88,11 @@ struct rendezvous_stats {
   /// `register_timeout`, or a request refused with an `error` frame (malformed, a shard or
   /// worker id outside the job, none left to assign).
   std::uint64_t refused = 0;
+  /// Connections closed because an allocation failed (`std::bad_alloc`, `std::length_error`)
+  /// while their frame was received or their request handled or answered, their replies were
+  /// sent, or their session was started: no error frame (no memory for one), logged
+  /// rate-limited ("out of memory"). Every other connection is served on.
+  std::uint64_t out_of_memory = 0;
 };
 
 /// "host:port" as the directory lists it: a host containing ':' (an IPv6 literal) in
@@ -115,7 +121,9 @@ inline std::string host_port_string(std::string_view host, std::uint16_t port) {
 /// naming what was wrong (its code: `unexpected_message`, a header error such as
 /// `frame_too_large`, or `rendezvous_refused`), and that connection is closed; the service and
 /// every other connection go on. Peers the transport does not authenticate never get a frame
-/// through (logged as refused, with their address).
+/// through (logged as refused, with their address). An allocation failure while one
+/// connection is served (its frame received, its request handled or answered) closes that
+/// connection only, without an error frame (`rendezvous_stats::out_of_memory`).
 ///
 /// Thread safety: construct anywhere; call every member on `transport.get_executor()`, which
 /// runs one handler at a time (an `io_context` run by one thread, or a strand).
@@ -140,8 +148,8 @@ class basic_rendezvous {
 
   /// Serves announces and lookups on `acceptor` until `stop()`. Completes with success after
   /// a stop, or with the acceptor's error (then every connection is closed first); a transient
-  /// one (out of descriptors, ...) is logged and retried after a pause instead
-  /// (`detail::serve_sessions`).
+  /// one (out of descriptors, no memory for the accept, ...) is logged and retried after a
+  /// pause instead (`detail::serve_sessions`).
   /// Precondition: runs on `transport.get_executor()`; called once.
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     if (opts_.register_timeout.count() > 0) {
@@ -225,11 +233,22 @@ class basic_rendezvous {
     return protocol::encode(m, [this](std::size_t n) { return transport_.allocate(n); });
   }
 
-  // A new session (`detail::serve_sessions`): its read and write loops, which finish it.
+  // A new session (`detail::serve_sessions`): its read and write loops, which finish it. No
+  // memory to spawn them closes it (out_of_memory), and each loop not spawned finishes it in
+  // its place. Does not throw (serve_sessions' contract).
   void start(session& s) {
     s.last_seen = clock_type::now();
-    asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
-    asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+    int spawned = 0;
+    try {
+      asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+      ++spawned;
+      asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+      ++spawned;
+    } catch (const std::bad_alloc&) {
+    } catch (const std::length_error&) {}
+    if (spawned == 2) return;
+    out_of_memory(s, "no memory to start its session");
+    for (; spawned < 2; ++spawned) finish(s);  // the last one erases s
   }
 
   void close(session& s) {
@@ -247,11 +266,13 @@ class basic_rendezvous {
     s.outbox.push_back(std::move(m));
     s.wake.cancel();
   }
-  // Sessions (detail/rendezvous/sessions.ipp): refusals, the read and write loops, the
-  // watchdog.
+  // Sessions (detail/rendezvous/sessions.ipp): refusals, closing after an allocation failure,
+  // the read and write loops, the watchdog.
   void refuse(session& s, std::error_code code, const std::string& reason);
+  void out_of_memory(session& s, const char* what);
   asio::awaitable<void> write_loop(session& s);
   asio::awaitable<void> read_loop(session& s);
+  bool receive(session& s, std::error_code ec, const message& m);
   void finish(session& s);
   asio::awaitable<void> watchdog();
   // Requests and the directory (detail/rendezvous/directory.ipp).

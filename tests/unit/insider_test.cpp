@@ -3,6 +3,10 @@
 // rebuild never calls itself exact on a replica's word, positions from the wire are
 // range-checked, and one hello cannot end a live worker's run. Each test steps a real server
 // over the in-process transport with a hand-written hostile peer, or steps the shard core.
+// The "memory:" cases (a transport whose receive and accept throw std::bad_alloc): an
+// allocation failure while a frame is received closes that connection only, logged (the shard
+// server, the chain master, the rendezvous), and an accept that throws is retried (the chain
+// master, the rendezvous).
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -34,6 +38,7 @@
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/recovery/stateless.hpp"
+#include "asyncps/rendezvous.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
 #include "asyncps/worker.hpp"
@@ -877,7 +882,9 @@ TEST_CASE("insider: a held replica-log push refused when its turn comes is count
 namespace {
 
 // An in-process transport whose receive throws std::bad_alloc for a heartbeat with seq
-// `no_memory_seq`, as a real transport's frame allocation does when the heap is exhausted.
+// `no_memory_seq`, as a real transport's frame allocation does when the heap is exhausted,
+// and whose acceptor throws it after taking a connection while `failing_accepts` > 0 (each
+// such accept counts it down; the connection taken is dropped, closed).
 struct alloc_failing_transport {
   static constexpr std::uint64_t no_memory_seq = 0xbad;
   using executor_type = in_process_transport::executor_type;
@@ -899,18 +906,24 @@ struct alloc_failing_transport {
   };
   struct acceptor_type {
     in_process_transport::acceptor_type inner;
+    int* failing;
     asio::awaitable<std::tuple<std::error_code, connection_type>> async_accept() {
       auto [ec, c] = co_await inner.async_accept();
+      if (!ec && *failing > 0) {
+        --*failing;
+        throw std::bad_alloc();
+      }
       co_return std::tuple{ec, connection_type{std::move(c)}};
     }
     void close() noexcept { inner.close(); }
   };
   in_process_transport& inner;
+  int failing_accepts = 0;
   executor_type get_executor() const { return inner.get_executor(); }
   result<acceptor_type> listen(const endpoint_type& ep) {
     auto r = inner.listen(ep);
     if (!r) return r.error();
-    return acceptor_type{std::move(r).value()};
+    return acceptor_type{std::move(r).value(), &failing_accepts};
   }
   asio::awaitable<std::tuple<std::error_code, connection_type>> async_connect(endpoint_type ep) {
     auto [ec, c] = co_await inner.async_connect(std::move(ep));
@@ -981,4 +994,191 @@ TEST_CASE("memory: a std::bad_alloc while receiving a frame closes that session,
   CHECK(server.stats().rejected >= 1);
   CHECK(any_line_has(slog, "closing connection of worker 0: out of memory while handling the "
                            "peer's message (no memory for a received frame)"));
+}
+
+TEST_CASE("memory: a std::bad_alloc while the chain master receives a frame closes that member's "
+          "session only, logged and counted; a throwing accept is retried; the master serves "
+          "on and stops") {
+  // The master's read loop used to let the exception end its coroutine (detached: swallowed)
+  // without finishing the session: the member stayed registered with its connection open (no
+  // failover, no log line), and async_serve never completed after stop(). An accept that
+  // threw ended async_serve itself: the master stopped serving, silently.
+  asio::io_context io(1);
+  in_process_network net;
+  test::log_lines mlog;
+  in_process_transport inner(io.get_executor(), net);
+  alloc_failing_transport mt{inner};
+  chain_master_options mo;
+  mo.members = 1;  // a chain of one: a registration is answered with its configuration at once
+  mo.heartbeat_timeout = 30s;
+  mo.log = [&](std::string_view l) { mlog.emplace_back(l); };
+  basic_chain_master<alloc_failing_transport> master(mt, mo);
+  bool served = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        co_await test::listen_and_serve(mt, std::string("master"), master);
+        served = true;
+      },
+      asio::detached);
+  in_process_transport client(io.get_executor(), net);
+  // Registers as member 0 of shard 0 on `c`; whether the master answered with a configuration.
+  const auto registered = [&](auto& c) -> asio::awaitable<bool> {
+    (void)co_await c.async_send(chain_hello_of(0, client));
+    auto [ec, m] = co_await c.async_receive();
+    co_return !ec && m.header.type == message_type::chain_config;
+  };
+  bool first_registered = false, first_closed = false, removed = false;
+  bool second_registered = false, dropped = false, third_registered = false;
+  std::uint64_t out_of_memory_before_accept = 0;
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        {
+          auto [ec, c] = co_await client.async_connect("master");
+          REQUIRE(!ec);
+          first_registered = co_await registered(c);
+          (void)co_await c.async_send(
+              header_only(message_type::heartbeat, 0, alloc_failing_transport::no_memory_seq));
+          auto [rec, m] = co_await c.async_receive();
+          first_closed = static_cast<bool>(rec);
+        }
+        co_await wait_until(io, [&] { return master.chain(0).empty(); }, 2s);
+        removed = master.chain(0).empty();
+        out_of_memory_before_accept = master.stats().out_of_memory;
+        {  // the master serves on: member 0 registers again
+          auto [ec, c] = co_await client.async_connect("master");
+          REQUIRE(!ec);
+          second_registered = co_await registered(c);
+        }  // closed: member 0 is free again
+        co_await wait_until(io, [&] { return master.chain(0).empty(); }, 2s);
+        // The next accept throws after taking a connection: that one is dropped, the master
+        // pauses, logs and accepts again.
+        mt.failing_accepts = 1;
+        {
+          auto [ec, c] = co_await client.async_connect("master");
+          REQUIRE(!ec);
+          auto [rec, m] = co_await c.async_receive();
+          dropped = static_cast<bool>(rec);
+        }
+        auto [ec, c] = co_await client.async_connect("master");
+        REQUIRE(!ec);
+        third_registered = co_await registered(c);
+        c.close();
+        master.stop();
+        co_await wait_until(io, [&] { return served; }, 2s);
+      },
+      10s);
+  INFO(joined(mlog));
+  CHECK(first_registered);
+  CHECK(first_closed);
+  CHECK(removed);  // the member whose session ended is out of its chain
+  CHECK(out_of_memory_before_accept == 1);
+  CHECK(any_line_has(mlog, "closing the connection of shard 0 server 0: out of memory while "
+                           "handling the peer's message (no memory for a received frame)"));
+  CHECK(any_line_has(mlog, "shard 0 server 0 removed (connection lost)"));
+  CHECK(second_registered);
+  CHECK(dropped);
+  CHECK(any_line_has(mlog, "accept failed (" +
+                               std::make_error_code(std::errc::not_enough_memory).message() +
+                               "); retrying in 1 ms"));
+  CHECK(third_registered);
+  CHECK(master.stats().registrations == 3);
+  CHECK(master.stats().refused == 0);
+  CHECK(served);  // async_serve completed: every session finished
+}
+
+TEST_CASE("memory: a std::bad_alloc while the rendezvous receives a frame closes that session "
+          "only, logged and counted; a waiting lookup is answered; a throwing accept is "
+          "retried; the rendezvous serves on and stops") {
+  // The rendezvous's read loop used to let the exception end its coroutine (detached:
+  // swallowed) without finishing the session: its connection stayed open with no log line,
+  // and async_serve never completed after stop(). An accept that threw ended async_serve.
+  asio::io_context io(1);
+  in_process_network net;
+  test::log_lines rlog;
+  in_process_transport inner(io.get_executor(), net);
+  alloc_failing_transport rt{inner};
+  rendezvous_options ro;
+  ro.num_servers = 1;
+  ro.num_workers = 2;
+  ro.log = [&](std::string_view l) { rlog.emplace_back(l); };
+  basic_rendezvous<alloc_failing_transport> rv(rt, ro);
+  bool served = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        co_await test::listen_and_serve(rt, std::string("rendezvous"), rv);
+        served = true;
+      },
+      asio::detached);
+  in_process_transport client(io.get_executor(), net);
+  std::optional<std::tuple<std::error_code, rendezvous_directory>> waiting;
+  bool first_closed = false, dropped = false;
+  std::size_t waiting_after_failure = 0;
+  std::error_code announced = make_error_code(errc::timeout);
+  std::optional<std::tuple<std::error_code, rendezvous_directory>> after_accept;
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        // A lookup waits for shard 0 on its own connection.
+        asio::co_spawn(
+            io,
+            [&]() -> asio::awaitable<void> {
+              waiting = co_await async_lookup_servers(client, std::string("rendezvous"),
+                                                      std::nullopt, 5s);
+            },
+            asio::detached);
+        co_await wait_until(io, [&] { return rv.waiting_lookups() == 1; }, 2s);
+        REQUIRE(rv.waiting_lookups() == 1);
+        {
+          auto [ec, c] = co_await client.async_connect("rendezvous");
+          REQUIRE(!ec);
+          (void)co_await c.async_send(
+              header_only(message_type::heartbeat, 0, alloc_failing_transport::no_memory_seq));
+          auto [rec, m] = co_await c.async_receive();
+          first_closed = static_cast<bool>(rec);
+        }
+        waiting_after_failure = rv.waiting_lookups();
+        // The rendezvous serves on: an announce is answered, and so is the waiting lookup.
+        auto [aec, a] = co_await async_announce_server(client, std::string("rendezvous"), 0u, 7000,
+                                                       5s, "node-a");
+        announced = aec;
+        co_await wait_until(io, [&] { return waiting.has_value(); }, 2s);
+        // The next accept throws after taking a connection: that one is dropped, the
+        // rendezvous pauses, logs and accepts again.
+        rt.failing_accepts = 1;
+        {
+          auto [ec, c] = co_await client.async_connect("rendezvous");
+          REQUIRE(!ec);
+          auto [rec, m] = co_await c.async_receive();
+          dropped = static_cast<bool>(rec);
+        }
+        after_accept =
+            co_await async_lookup_servers(client, std::string("rendezvous"), std::nullopt, 5s);
+        rv.stop();
+        co_await wait_until(io, [&] { return served; }, 2s);
+      },
+      10s);
+  INFO(joined(rlog));
+  CHECK(first_closed);
+  CHECK(waiting_after_failure == 1);  // the other session is untouched
+  CHECK(rv.stats().out_of_memory == 1);
+  CHECK(rv.stats().refused == 0);
+  CHECK(any_line_has(rlog, "closing the connection: out of memory while handling the peer's "
+                           "message (no memory for a received frame)"));
+  CHECK(!announced);
+  REQUIRE(waiting.has_value());
+  CHECK(!std::get<0>(*waiting));
+  CHECK(std::get<1>(*waiting).servers == std::vector<std::string>{"node-a:7000"});
+  CHECK(std::get<1>(*waiting).worker_id == 0);
+  CHECK(dropped);
+  CHECK(any_line_has(rlog, "accept failed (" +
+                               std::make_error_code(std::errc::not_enough_memory).message() +
+                               "); retrying in 1 ms"));
+  REQUIRE(after_accept.has_value());
+  CHECK(!std::get<0>(*after_accept));
+  CHECK(std::get<1>(*after_accept).worker_id == 1);
+  CHECK(rv.stats().lookups == 2);
+  CHECK(served);  // async_serve completed: every session finished
 }

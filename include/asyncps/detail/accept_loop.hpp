@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <iterator>
+#include <new>
+#include <stdexcept>
 #include <system_error>
 #include <utility>
 
@@ -21,14 +23,19 @@ namespace asyncps::detail {
 /// (`accept_backoff::transient`: out of descriptors, ...) is passed to `failed(ec, pause)`
 /// (the owner logs it, rate-limited: `log_accept_failure`), then the loop waits `pause` on
 /// `pause_timer` (1 ms doubling to 1 s; reset by an accept that succeeds) and accepts again;
-/// the owner's stop must set `stopped` and cancel `pause_timer`. While it accepts, `current`
-/// points to `acceptor` (so that the owner's stop can close it), and nullptr after. Each
-/// connection becomes a session at the end of `sessions` (a `std::list<Session>`; `Session`
-/// is constructible from (connection, `ex`) and has a `self` iterator member, set here),
-/// counted in `running` until it calls `done()`, and is handed to `start(Session&)`, which
-/// starts its coroutines. Completes with the accept's error, or with success when `stopped`
-/// was set (closing the acceptor ends the wait). Every argument but `ex`, `start`, `stop` and
-/// `failed` must outlive the coroutine. Thread safety: on `ex`, the owner's executor.
+/// the owner's stop must set `stopped` and cancel `pause_timer`. An allocation failure
+/// (`std::bad_alloc`, `std::length_error`) in the accept or in making its session is such a
+/// transient error too, `accept_no_memory_error()` (the connection, if one was accepted, is
+/// closed); one in `failed` loses that line only. While it accepts, `current` points to
+/// `acceptor` (so that the owner's stop can close it), and nullptr after. Each connection
+/// becomes a session at the end of `sessions` (a `std::list<Session>`; `Session` is
+/// constructible from (connection, `ex`) and has a `self` iterator member, set here), counted
+/// in `running` until it calls `done()`, and is handed to `start(Session&)`, which starts its
+/// coroutines. `start` must not throw: one that cannot start a session's coroutines (no
+/// memory) closes and finishes the session itself. Completes with the accept's error, or with
+/// success when `stopped` was set (closing the acceptor ends the wait). Every argument but
+/// `ex`, `start`, `stop` and `failed` must outlive the coroutine. Thread safety: on `ex`, the
+/// owner's executor.
 template <class Acceptor, class Timer, class Sessions, class Running, class Executor, class Start,
           class Stop, class Failed>
 asio::awaitable<std::error_code> serve_sessions(Acceptor& acceptor, Acceptor*& current,
@@ -39,23 +46,39 @@ asio::awaitable<std::error_code> serve_sessions(Acceptor& acceptor, Acceptor*& c
   std::error_code result;
   accept_backoff backoff;
   while (!stopped) {
-    auto [ec, conn] = co_await acceptor.async_accept();
-    if (ec && !stopped && accept_backoff::transient(ec)) {
-      const auto pause = backoff.failed();
-      failed(ec, pause);
-      pause_timer.expires_after(pause);
-      co_await pause_timer.async_wait(use_tuple);
+    std::error_code ec;
+    typename Sessions::value_type* s = nullptr;
+    // The transport allocates while it accepts (its coroutine frame, the connection's state,
+    // a TLS session), and so does the session: under memory exhaustion that throws. It ends
+    // no service: the loop pauses and accepts again, as after running out of descriptors.
+    try {
+      auto [aec, conn] = co_await acceptor.async_accept();
+      ec = aec;
+      if (!ec) s = &sessions.emplace_back(std::move(conn), ex);
+    } catch (const std::bad_alloc&) {
+      ec = accept_no_memory_error();
+    } catch (const std::length_error&) {
+      ec = accept_no_memory_error();
+    }
+    if (s != nullptr) {
+      backoff.succeeded();
+      s->self = std::prev(sessions.end());
+      running.add();
+      start(*s);
       continue;
     }
-    if (ec) {
-      if (!stopped) result = ec;
-      break;
+    if (!stopped && accept_backoff::transient(ec)) {
+      const auto pause = backoff.failed();
+      despite_no_memory([&] { failed(ec, pause); });
+      pause_timer.expires_after(pause);
+      try {
+        co_await pause_timer.async_wait(use_tuple);
+      } catch (const std::bad_alloc&) {  // no memory for the wait: accept again at once
+      } catch (const std::length_error&) {}
+      continue;
     }
-    backoff.succeeded();
-    auto& s = sessions.emplace_back(std::move(conn), ex);
-    s.self = std::prev(sessions.end());
-    running.add();
-    start(s);
+    if (!stopped) result = ec;
+    break;
   }
   current = nullptr;
   stop();

@@ -4,7 +4,9 @@
 // backlog) pauses the loop, 1 ms at first and twice as long after each further failure up to
 // 1 s, and the loop accepts again; an accept that succeeds resets the pause. The failure is
 // logged rate-limited (detail::log_limiter). Only another error, or the owner's stop, ends the
-// loop: a descriptor flood never ends a service.
+// loop: a descriptor flood never ends a service. An allocation failure (`std::bad_alloc`,
+// `std::length_error`) while accepting is one more transient failure (`accept_no_memory_error`),
+// and `despite_no_memory` keeps a log line that cannot be allocated from ending a cleanup.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +14,8 @@
 #include <chrono>
 #include <cstdint>
 #include <iterator>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 
@@ -66,6 +70,24 @@ class accept_backoff {
   std::chrono::milliseconds next_ = first_pause;
   std::uint64_t failures_ = 0;
 };
+
+/// The error code an accept loop reports for an allocation failure (`std::bad_alloc`,
+/// `std::length_error`) while accepting or starting a session: `std::errc::not_enough_memory`
+/// (ENOMEM, "Cannot allocate memory"), which `accept_backoff::transient` retries.
+inline std::error_code accept_no_memory_error() noexcept {
+  return std::make_error_code(std::errc::not_enough_memory);
+}
+
+/// Calls `f()` and drops an allocation failure in it (`std::bad_alloc`, `std::length_error`):
+/// for a log line written while handling memory exhaustion, which may be lost but must not
+/// stop the caller's cleanup (closing and finishing a session). Other exceptions pass.
+template <class F>
+void despite_no_memory(F&& f) {
+  try {
+    f();
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {}
+}
 
 /// Logs the transient accept failure `ec` ("accept failed (REASON); retrying in N ms", the
 /// loop pausing `pause`) through `log` (called with a `const std::string&`), unless `limiter`

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -125,7 +127,15 @@ void basic_rendezvous<Transport>::on_announce(session& s, const message& m) {
     waiting_.clear();
     for (session* w : waiting) {
       w->waiting = false;
-      answer(*w);
+      // No memory for one directory closes that lookup's connection, not this announce's
+      // nor the other lookups'.
+      try {
+        answer(*w);
+      } catch (const std::bad_alloc&) {
+        out_of_memory(*w, "no memory to answer its lookup");
+      } catch (const std::length_error&) {
+        out_of_memory(*w, "no memory to answer its lookup");
+      }
     }
   }
 }

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <list>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -73,6 +74,12 @@ struct chain_master_stats {
   /// Connections refused or closed before registering: a failed authentication, no valid
   /// `chain_hello` as their first message, none within `register_timeout`.
   std::uint64_t refused = 0;
+  /// Connections closed because an allocation failed (`std::bad_alloc`, `std::length_error`)
+  /// while their frame was received or handled, their messages were sent, or their session
+  /// was started: no error frame (no memory for one), logged rate-limited ("out of memory"),
+  /// and a registered member is removed as when its connection is lost. Every other
+  /// connection is served on.
+  std::uint64_t out_of_memory = 0;
 };
 
 /// The chain master. `Transport` models `transport`.
@@ -94,9 +101,10 @@ class basic_chain_master {
   basic_chain_master& operator=(const basic_chain_master&) = delete;
 
   /// Serves registrations on `acceptor` until `stop()`. Completes with success after a stop,
-  /// or with the acceptor's error; a transient one (out of descriptors, ...) is logged and
-  /// retried after a pause instead (`detail::serve_sessions`). Precondition: runs on
-  /// `transport.get_executor()`.
+  /// or with the acceptor's error; a transient one (out of descriptors, no memory for the
+  /// accept, ...) is logged and retried after a pause instead (`detail::serve_sessions`). An
+  /// allocation failure while one connection is served closes that connection only
+  /// (`chain_master_stats::out_of_memory`). Precondition: runs on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     running_.add();  // the watchdog
     asio::co_spawn(transport_.get_executor(), watchdog(), asio::detached);
@@ -170,11 +178,44 @@ class basic_chain_master {
     return limiter_.admit(kind, detail::peer_host(s.conn), clock_type::now(), sink());
   }
 
-  // A new session (`detail::serve_sessions`): its read and write loops, which finish it.
+  // A new session (`detail::serve_sessions`): its read and write loops, which finish it. No
+  // memory to spawn them closes it (out_of_memory), and each loop not spawned finishes it in
+  // its place. Does not throw (serve_sessions' contract).
   void start(session& s) {
     s.last_seen = clock_type::now();
-    asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
-    asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+    int spawned = 0;
+    try {
+      asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+      ++spawned;
+      asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+      ++spawned;
+    } catch (const std::bad_alloc&) {
+    } catch (const std::length_error&) {}
+    if (spawned == 2) return;
+    out_of_memory(s, "no memory to start its session");
+    for (; spawned < 2; ++spawned) finish(s);  // the last one erases s
+  }
+
+  // The peer of `s` as log lines name it: " of shard S server M" once registered, and its
+  // address when the transport knows it.
+  std::string who(const session& s) const {
+    return (s.registered
+                ? " of shard " + std::to_string(s.shard) + " server " + std::to_string(s.member)
+                : std::string{}) +
+           detail::peer_address(s.conn);
+  }
+
+  // Closes `s` after an allocation failure while serving it (`what`: where): no error frame
+  // (no memory for one), counted in `out_of_memory`, logged rate-limited when a line can be
+  // allocated.
+  void out_of_memory(session& s, const char* what) {
+    ++stats_.out_of_memory;
+    detail::despite_no_memory([&] {
+      if (may_log(detail::log_kind::refused_connection, s))
+        log("closing the connection" + who(s) + ": " +
+            make_error_code(errc::resource_exhausted).message() + " (" + what + ")");
+    });
+    close(s);
   }
 
   void close(session& s) {
@@ -185,109 +226,154 @@ class basic_chain_master {
 
   asio::awaitable<void> write_loop(session& s) {
     std::vector<message> sending;
-    while (s.open || !s.outbox.empty()) {
-      if (s.outbox.empty()) {
-        co_await s.wake.async_wait(detail::use_tuple);
-        continue;
+    bool no_memory = false;
+    try {
+      while (s.open || !s.outbox.empty()) {
+        if (s.outbox.empty()) {
+          co_await s.wake.async_wait(detail::use_tuple);
+          continue;
+        }
+        std::swap(s.outbox, sending);
+        for (auto& m : sending)
+          if (co_await s.conn.async_send(std::move(m))) s.open = false;
+        sending.clear();
+        if (!s.open) break;
       }
-      std::swap(s.outbox, sending);
-      for (auto& m : sending)
-        if (co_await s.conn.async_send(std::move(m))) s.open = false;
-      sending.clear();
-      if (!s.open) break;
+    } catch (const std::bad_alloc&) {
+      no_memory = true;
+    } catch (const std::length_error&) {
+      no_memory = true;
     }
+    if (no_memory && s.open) out_of_memory(s, "no memory to send its messages");
     close(s);
     finish(s);
   }
 
+  // Reads `s`'s messages until it closes or is refused. An allocation failure while a frame
+  // is received (the transport allocates its buffer) or handled closes `s` only
+  // (out_of_memory); it must not end the coroutine without finish() (the session would stay,
+  // registered, and async_serve would never complete).
   asio::awaitable<void> read_loop(session& s) {
     while (s.open) {
-      auto [ec, m] = co_await s.conn.async_receive();
-      if (ec) {
-        if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
-            (ec == errc::timeout && !s.registered)) {
-          ++stats_.refused;
-          if (may_log(detail::log_kind::refused_connection, s))
-            log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
-                ec.message() + detail::tls_failure_note(s.conn));
-        }
-        break;
+      const char* what = "no memory for a received frame";
+      bool go_on = false;
+      bool no_memory = false;
+      try {
+        auto [ec, m] = co_await s.conn.async_receive();
+        what = "no memory to handle its message";
+        go_on = receive(s, ec, m);
+      } catch (const std::bad_alloc&) {
+        no_memory = true;
+      } catch (const std::length_error&) {
+        no_memory = true;
       }
-      s.last_seen = clock_type::now();
-      const auto& h = m.header;
-      if (!s.registered) {
-        protocol::chain_hello hello;
-        std::string why;
-        if (h.type != message_type::chain_hello || protocol::decode(m, hello, why) ||
-            hello.shard >= opts_.num_shards) {
-          ++stats_.refused;
-          if (may_log(detail::log_kind::refused_request, s))
-            log("refusing a connection" + detail::peer_address(s.conn) +
-                ": expected chain_hello with shard < " + std::to_string(opts_.num_shards) + why);
-          break;
-        }
-        if (hello.member >= opts_.members) {
-          ++stats_.refused;
-          if (may_log(detail::log_kind::refused_request, s))
-            log("refusing a connection" + detail::peer_address(s.conn) +
-                ": chain_hello names member " + std::to_string(hello.member) + " of shard " +
-                std::to_string(hello.shard) + "; member ids lie in [0, " +
-                std::to_string(opts_.members) + ")");
-          break;
-        }
-        if (const session* holder = live_holder(s, hello.shard, hello.member)) {
-          ++stats_.refused;
-          if (may_log(detail::log_kind::refused_request, s))
-            log("refusing a connection" + detail::peer_address(s.conn) +
-                ": chain_hello names shard " + std::to_string(hello.shard) + " server " +
-                std::to_string(hello.member) + ", which a live registration holds (heard from " +
-                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   clock_type::now() - holder->last_seen)
-                                   .count()) +
-                " ms ago" + detail::peer_address(holder->conn) +
-                "); it is taken over once closed or silent for heartbeat_timeout " +
-                std::to_string(opts_.heartbeat_timeout.count()) + " ms");
-          break;
-        }
-        enroll(s, hello.shard, hello.member);
-      } else if (h.type != message_type::heartbeat) {
-        log("closing the connection of shard " + std::to_string(s.shard) + " server " +
-            std::to_string(s.member) + ": unexpected message type " +
-            std::to_string(static_cast<int>(h.type)));
-        break;
-      }
+      if (no_memory && s.open) out_of_memory(s, what);
+      if (!go_on) break;
     }
     close(s);
     finish(s);
   }
 
+  // Handles what `s`'s receive completed with (`ec`, `m`): a registration, a heartbeat, or a
+  // failure or refusal (logged). Returns whether to read on.
+  bool receive(session& s, std::error_code ec, const message& m) {
+    if (ec) {
+      if (ec == errc::authentication_failed || ec == errc::tls_handshake_failed ||
+          (ec == errc::timeout && !s.registered)) {
+        ++stats_.refused;
+        if (may_log(detail::log_kind::refused_connection, s))
+          log("refused an unauthenticated connection" + detail::peer_address(s.conn) + ": " +
+              ec.message() + detail::tls_failure_note(s.conn));
+      }
+      return false;
+    }
+    s.last_seen = clock_type::now();
+    const auto& h = m.header;
+    if (!s.registered) {
+      protocol::chain_hello hello;
+      std::string why;
+      if (h.type != message_type::chain_hello || protocol::decode(m, hello, why) ||
+          hello.shard >= opts_.num_shards) {
+        ++stats_.refused;
+        if (may_log(detail::log_kind::refused_request, s))
+          log("refusing a connection" + detail::peer_address(s.conn) +
+              ": expected chain_hello with shard < " + std::to_string(opts_.num_shards) + why);
+        return false;
+      }
+      if (hello.member >= opts_.members) {
+        ++stats_.refused;
+        if (may_log(detail::log_kind::refused_request, s))
+          log("refusing a connection" + detail::peer_address(s.conn) +
+              ": chain_hello names member " + std::to_string(hello.member) + " of shard " +
+              std::to_string(hello.shard) + "; member ids lie in [0, " +
+              std::to_string(opts_.members) + ")");
+        return false;
+      }
+      if (const session* holder = live_holder(s, hello.shard, hello.member)) {
+        ++stats_.refused;
+        if (may_log(detail::log_kind::refused_request, s))
+          log("refusing a connection" + detail::peer_address(s.conn) +
+              ": chain_hello names shard " + std::to_string(hello.shard) + " server " +
+              std::to_string(hello.member) + ", which a live registration holds (heard from " +
+              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 clock_type::now() - holder->last_seen)
+                                 .count()) +
+              " ms ago" + detail::peer_address(holder->conn) +
+              "); it is taken over once closed or silent for heartbeat_timeout " +
+              std::to_string(opts_.heartbeat_timeout.count()) + " ms");
+        return false;
+      }
+      enroll(s, hello.shard, hello.member);
+    } else if (h.type != message_type::heartbeat) {
+      log("closing the connection of shard " + std::to_string(s.shard) + " server " +
+          std::to_string(s.member) + ": unexpected message type " +
+          std::to_string(static_cast<int>(h.type)));
+      return false;
+    }
+    return true;
+  }
+
+  // One of `s`'s two loops ended; the last one removes it from its chain and erases it. No
+  // memory to log the removal or to encode the new configuration loses those (the chain no
+  // longer lists `s` either way: remove() takes it out first), never the session's end.
   void finish(session& s) {
     if (--s.running > 0) return;
-    if (s.registered) remove(s, "connection lost");
+    if (s.registered) detail::despite_no_memory([&] { remove(s, "connection lost"); });
     sessions_.erase(s.self);
     running_.done();
   }
 
+  // Every heartbeat_timeout / 4: removes and closes registered members silent for
+  // heartbeat_timeout, and closes connections that did not register within register_timeout.
+  // No memory for a log line loses the line, never a close, nor the watchdog itself.
   asio::awaitable<void> watchdog() {
     timer_type timer(transport_.get_executor());
     while (!stopped_) {
       timer.expires_after(std::max(opts_.heartbeat_timeout / 4, std::chrono::milliseconds(1)));
-      co_await timer.async_wait(detail::use_tuple);
+      try {
+        co_await timer.async_wait(detail::use_tuple);
+      } catch (const std::bad_alloc&) {  // no memory for the wait: check now
+      } catch (const std::length_error&) {}
       const auto now = clock_type::now();
-      limiter_.flush(now, sink());  // the counts of a flood that has stopped
+      detail::despite_no_memory(
+          [&] { limiter_.flush(now, sink()); });  // the counts of a flood that has stopped
       for (auto& s : sessions_) {
         if (s.registered && s.open && now - s.last_seen > opts_.heartbeat_timeout) {
-          log("shard " + std::to_string(s.shard) + " server " + std::to_string(s.member) +
-              " missed its heartbeats; removing it");
-          remove(s, "heartbeat timeout");
-          close(s);
+          detail::despite_no_memory([&] {
+            log("shard " + std::to_string(s.shard) + " server " + std::to_string(s.member) +
+                " missed its heartbeats; removing it");
+            remove(s, "heartbeat timeout");
+          });
+          close(s);  // its loops' finish() removes it if the above could not
         } else if (!s.registered && s.open && opts_.register_timeout.count() > 0 &&
                    now - s.last_seen > opts_.register_timeout) {
           ++stats_.refused;
-          if (may_log(detail::log_kind::refused_connection, s))
-            log("closing the connection" + detail::peer_address(s.conn) +
-                ": no chain_hello within " + std::to_string(opts_.register_timeout.count()) +
-                " ms (register_timeout)");
+          detail::despite_no_memory([&] {
+            if (may_log(detail::log_kind::refused_connection, s))
+              log("closing the connection" + detail::peer_address(s.conn) +
+                  ": no chain_hello within " + std::to_string(opts_.register_timeout.count()) +
+                  " ms (register_timeout)");
+          });
           close(s);
         }
       }
