@@ -137,8 +137,10 @@ class basic_server {
   /// Accepts connections on `acceptor` and serves them until `stop()` is called. Completes
   /// with success after a stop, or with the acceptor's error; a transient one (out of
   /// descriptors, ...) is logged rate-limited and retried after a pause instead
-  /// (detail/accept_retry.hpp). Every connection's coroutines have finished when it
-  /// completes. Precondition: runs on `transport.get_executor()`.
+  /// (detail/accept_retry.hpp), and so is an allocation failure (`std::bad_alloc`,
+  /// `std::length_error`) while accepting or making the session (its connection is closed). Every
+  /// connection's coroutines have finished when it completes. Precondition: runs on
+  /// `transport.get_executor()`.
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     acceptor_ = &acceptor;
     std::error_code result;
@@ -155,22 +157,38 @@ class basic_server {
     if (options().hello_timeout.count() > 0 || options().send_timeout.count() > 0) spawn(sweeper());
     detail::accept_backoff backoff;  // shared with the other accept loops (accept_retry.hpp)
     while (!stopped_) {
-      auto [ec, conn] = co_await acceptor.async_accept();
-      if (ec && !stopped_ && detail::accept_backoff::transient(ec)) {
+      std::error_code ec;
+      bool added = false;
+      // The transport allocates while it accepts (its coroutine frame, the connection, a TLS
+      // session) and so does the new session: under memory exhaustion that throws, which
+      // ends no server: it is one more transient accept failure (detail::serve_sessions too).
+      try {
+        auto [aec, conn] = co_await acceptor.async_accept();
+        ec = aec;
+        if (!ec) {
+          add_session(std::move(conn));
+          added = true;
+        }
+      } catch (const std::bad_alloc&) {
+        ec = detail::accept_no_memory_error();
+      } catch (const std::length_error&) {
+        ec = detail::accept_no_memory_error();
+      }
+      if (added) {
+        backoff.succeeded();
+        ++proto_.stats().connections;
+        continue;
+      }
+      if (!stopped_ && detail::accept_backoff::transient(ec)) {
         // Out of descriptors or memory: keep serving the connected workers, retry later.
         const auto pause = backoff.failed();
-        proto_.log_accept_failure(ec, pause);  // rate-limited
+        detail::despite_no_memory([&] { proto_.log_accept_failure(ec, pause); });  // rate-limited
         done_.expires_after(pause);
         co_await done_.async_wait(detail::use_tuple);
         continue;
       }
-      if (ec) {
-        if (!stopped_) result = ec;
-        break;
-      }
-      backoff.succeeded();
-      ++proto_.stats().connections;
-      add_session(std::move(conn));
+      if (!stopped_) result = ec;
+      break;
     }
     acceptor_ = nullptr;
     stop();

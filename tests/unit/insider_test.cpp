@@ -956,7 +956,7 @@ TEST_CASE("memory: a std::bad_alloc while receiving a frame closes that session,
       },
       asio::detached);
   in_process_transport client(io.get_executor(), net);
-  bool first_closed = false, second_welcomed = false;
+  bool first_closed = false, second_welcomed = false, dropped = false, third_welcomed = false;
   test::run_coro(
       io,
       [&]() -> asio::awaitable<void> {
@@ -983,6 +983,23 @@ TEST_CASE("memory: a std::bad_alloc while receiving a frame closes that session,
         auto [wec, welcome] = co_await c.async_receive();
         second_welcomed = !wec && welcome.header.type == message_type::welcome;
         c.close();
+        // The next accept throws after taking a connection: that one is dropped, the server
+        // pauses, logs and accepts again (before, the exception ended async_serve).
+        co_await wait_until(io, [&] { return server.workers_connected() == 0; }, 2s);
+        st.failing_accepts = 1;
+        {
+          auto [dec, d] = co_await client.async_connect("shard0");
+          REQUIRE(!dec);
+          auto [rec, m] = co_await d.async_receive();
+          dropped = static_cast<bool>(rec);
+        }
+        auto [tec, t] = co_await client.async_connect("shard0");
+        REQUIRE(!tec);
+        (void)co_await t.async_send(
+            hello_of<consistency::asp, recovery::none>(0, 0, layout, 0, client, 3));
+        auto [tw, third] = co_await t.async_receive();
+        third_welcomed = !tw && third.header.type == message_type::welcome;
+        t.close();
         server.stop();
         co_await wait_until(io, [&] { return served; }, 2s);
       },
@@ -990,6 +1007,11 @@ TEST_CASE("memory: a std::bad_alloc while receiving a frame closes that session,
   INFO(joined(slog));
   CHECK(first_closed);
   CHECK(second_welcomed);
+  CHECK(dropped);
+  CHECK(any_line_has(slog, "accept failed (" +
+                               std::make_error_code(std::errc::not_enough_memory).message() +
+                               "); retrying in 1 ms"));
+  CHECK(third_welcomed);
   CHECK(served);  // async_serve completed: every session finished
   CHECK(server.stats().rejected >= 1);
   CHECK(any_line_has(slog, "closing connection of worker 0: out of memory while handling the "

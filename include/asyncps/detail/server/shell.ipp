@@ -57,8 +57,21 @@ auto basic_server<Transport, Consistency, Recovery, Optimizer>::add_session(
   auto& s =
       proto_.add_session(std::move(conn), transport_.get_executor(), clock_type::time_point::max());
   running_.add();
-  asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
-  asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+  // A loop that cannot be spawned (no memory for its coroutine frame) is finished here in its
+  // place, after the session is closed (so a loop that did start ends too): no session is
+  // left that nothing will finish, and async_serve still completes.
+  int started = 0;
+  try {
+    asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+    ++started;
+    asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
+    ++started;
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {}
+  if (started < 2) {
+    detail::despite_no_memory([&] { proto_.close(s); });
+    for (int i = started; i < 2; ++i) finish(s);
+  }
   return s;
 }
 
