@@ -71,9 +71,7 @@ std::error_code server_protocol<Consistency, Recovery, Optimizer, Session, TimeP
   }
   if (auto ec = core_.check_and_apply(m, detail)) return ec;  // one pass, whole or nothing
   const auto& h = m.header;
-  if constexpr (requires(part_type& p) {
-                  p.on_update(h.table, h.first_row, h.row_count, payload_floats(m));
-                }) {
+  if constexpr (has_on_update<part_type>) {  // recovery.hpp's hook table
     part_.on_update(h.table, h.first_row, h.row_count, payload_floats(m));
   }
   return {};
