@@ -6,6 +6,11 @@
 // Relaxed: the head copies its whole state down the chain every `replicate_every` pushes.
 // Everything here runs in `basic_server`'s hooks (declared in recovery.hpp) or in the coroutines
 // they spawn (`ctx.spawn`: the links to the master and the successor), on its executor.
+//
+// This file holds the class, its hooks and its small helpers; the longer members are defined at
+// its end, in server_part_links.ipp (the links to the master and the successor, the master's
+// configuration, a predecessor's hello) and server_part_log.ipp (entries, state transfers,
+// commits and acks).
 #pragma once
 
 #include <algorithm>
@@ -257,385 +262,56 @@ class chain_server_part {
                             [&](std::size_t n) { return ctx.allocate(n); });
   }
 
+  // ---- the links and the configuration (defined in server_part_links.ipp) ----
+
   // Registers with the chain master, sends it heartbeats, and registers again when the link
   // drops (the master then treats this server as a new member: it rejoins as the tail).
   template <class Ctx>
-  asio::awaitable<void> master_link(Ctx ctx) {
-    auto& r = rt_.value;
-    typename Ctx::timer_type timer(ctx.executor());
-    std::chrono::milliseconds backoff{10};
-    while (!ctx.stopped()) {
-      if (r.master == nullptr) {
-        auto [ec, conn] = co_await ctx.async_connect(endpoints<Ctx>()->master);
-        if (!ec && !ctx.stopped()) {
-          r.master = &ctx.add_peer(std::move(conn), role_master);
-          r.first_config = true;
-          ctx.send_peer(*r.master, chain_hello(ctx));
-          backoff = std::chrono::milliseconds(10);
-        } else {
-          if (!ec) conn.close();
-          backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-        }
-      } else {
-        ctx.send_peer(*r.master, chain_message(ctx, message_type::heartbeat, 0));
-      }
-      timer.expires_after(r.master == nullptr ? backoff : options.heartbeat_interval);
-      co_await timer.async_wait(detail::use_tuple);
-    }
-  }
+  asio::awaitable<void> master_link(Ctx ctx);
 
   // Keeps a connection to the configured successor (reconnecting while it stays configured).
   template <class Ctx>
-  asio::awaitable<void> successor_link(Ctx ctx) {
-    auto& r = rt_.value;
-    typename Ctx::timer_type timer(ctx.executor());
-    r.succ_wake =
-        detail::chain_waker{&timer, [](void* t) { static_cast<decltype(&timer)>(t)->cancel(); }};
-    std::chrono::milliseconds backoff{1};
-    while (!ctx.stopped() && r.succ_member != no_member) {
-      if (r.succ == nullptr && !r.fresh) {
-        const std::uint32_t target = r.succ_member;
-        auto [ec, conn] = co_await ctx.async_connect(endpoints<Ctx>()->members[target]);
-        if (!ec && !ctx.stopped() && r.succ_member == target && r.succ == nullptr && !r.fresh) {
-          r.succ = &ctx.add_peer(std::move(conn), role_successor);
-          r.succ->peer = target;
-          ctx.send_peer(*r.succ, chain_hello(ctx));
-        } else if (!ec) {
-          conn.close();
-        }
-        // A refused or failed attempt (e.g. the successor has not got its configuration
-        // yet) is retried with backoff; a synced link resets it.
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
-      } else if (r.succ != nullptr && r.succ->ready) {
-        backoff = std::chrono::milliseconds(1);
-        // Tells the successor this link is live (chain_options::link_silence).
-        ctx.send_peer(*r.succ, chain_message(ctx, message_type::heartbeat, 0));
-      }
-      timer.expires_after(r.succ == nullptr ? backoff : options.heartbeat_interval);
-      co_await timer.async_wait(detail::use_tuple);
-    }
-    r.succ_wake = detail::chain_waker{};
-    r.succ_connecting = false;
-  }
+  asio::awaitable<void> successor_link(Ctx ctx);
 
   // Drops everything this server did as a chain member: it rejoins from a state transfer.
   template <class Ctx>
-  void leave_chain(Ctx ctx) {
-    auto& r = rt_.value;
-    ctx.close_if([](const detail::session_base& s) {
-      return s.is_worker() ||
-             (s.is_peer() && (s.role == role_predecessor || s.role == role_successor));
-    });
-    r.pred = r.succ = nullptr;
-    r.head = false;
-    r.fresh = true;
-    r.sent.clear();
-    r.pending_acks.clear();
-    r.committed = 0;
-    r.pred_member = r.succ_member = no_member;
-  }
+  void leave_chain(Ctx ctx);
 
   template <class Ctx>
-  void on_config(Ctx ctx, const protocol::chain_config& h) {
-    auto& r = rt_.value;
-    ++r.stats.configs;
-    const auto pred = h.predecessor;
-    const auto succ = h.successor;
-    const auto known = [this](std::uint64_t m) { return m == no_member || m < members_; };
-    if (!known(pred) || !known(succ)) {
-      // The master's member ids and this server's set_chain list disagree: a configuration
-      // error, reported instead of connecting to an endpoint this server does not know.
-      ctx.log("chain master names member " + std::to_string(pred) + " / " + std::to_string(succ) +
-              ", but set_chain lists " + std::to_string(members_) +
-              " members; ignoring the configuration");
-      return;
-    }
-    if (h.joining && r.first_config) {
-      // Registered anew with a running chain: whatever this server holds may be stale.
-      if (r.serving) ctx.log("rejoining the chain: dropping this server's state and connections");
-      leave_chain(ctx);
-    }
-    r.first_config = false;
-    r.serving = true;
-    r.epoch = h.epoch;
-    if (r.pred != nullptr && r.pred->peer != pred) {
-      ctx.close(*r.pred);
-      r.pred = nullptr;
-    }
-    r.pred_member = pred;
-    const bool was_head = r.head;
-    r.head = pred == no_member;
-    if (r.head && r.fresh && !r.lost) {
-      // Fresh (it registered with a running chain and has no state transfer yet) and head:
-      // every server that held the shard's state failed. Its initial values are not the
-      // shard's state, so it serves none: it stays fresh (it neither feeds a successor nor
-      // takes entries) and refuses workers with shard_lost.
-      r.lost = true;
-      r.lost_epoch = h.epoch;
-      ctx.log("shard " + std::to_string(ctx.options().shard) +
-              " is lost: every server of its chain that held its state failed before this "
-              "server got a state transfer (chain epoch " +
-              std::to_string(h.epoch) +
-              "). Refusing workers with shard_lost instead of serving its initial values");
-    }
-    if (was_head && !r.head)
-      ctx.close_if([](const detail::session_base& s) { return s.is_worker(); });
-    if (succ != r.succ_member) {
-      if (r.succ != nullptr) {
-        ctx.close(*r.succ);
-        r.succ = nullptr;
-      }
-      r.succ_member = succ;
-      r.succ_wake();
-      if (succ == no_member) {
-        if constexpr (strict) {
-          r.sent.clear();
-          if (!r.fresh) commit(ctx, r.log_index);  // the tail commits what it applies
-        }
-      } else if (!r.succ_connecting) {
-        r.succ_connecting = true;
-        ctx.spawn(successor_link(ctx));
-      }
-    }
-    ctx.log("chain epoch " + std::to_string(r.epoch) + ": predecessor " + member_name(pred) +
-            ", successor " + member_name(succ) + (r.head ? " (head)" : "") +
-            (succ == no_member ? " (tail)" : "") +
-            (r.lost    ? ", without the shard's state (lost)"
-             : r.fresh ? ", waiting for a state transfer"
-                       : ""));
-  }
+  void on_config(Ctx ctx, const protocol::chain_config& h);
 
   template <class Ctx>
   std::error_code greet_predecessor(Ctx ctx, detail::session_base& s, const message& m,
-                                    std::string& detail) {
-    auto& r = rt_.value;
-    protocol::chain_hello h;
-    if (auto ec = protocol::decode(m, h, detail)) return ec;
-    if (h.fingerprint != ctx.fingerprint()) {
-      detail = std::string(" (chain peer; this server runs recovery '") +
-               std::string(ctx.policy_name()) + "')";
-      return errc::policy_mismatch;
-    }
-    if (h.member >= members_) {
-      detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
-               std::to_string(h.shard) + "; member ids of this chain lie in [0, " +
-               std::to_string(members_) + "), as set_chain lists them)";
-      return errc::unexpected_message;
-    }
-    if (!r.serving || h.shard != ctx.options().shard || r.pred_member == no_member ||
-        h.member != r.pred_member) {
-      detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
-               std::to_string(h.shard) + "; this server's predecessor in epoch " +
-               std::to_string(r.epoch) + " is " + member_name(r.pred_member) + ")";
-      return errc::unexpected_message;
-    }
-    if (r.pred != nullptr && r.pred != &s && r.pred->open) {
-      // A second claim of the live predecessor's id: the real predecessor reconnecting before
-      // this server saw its old link end, or a peer with the secret posing as it. The live
-      // link stays unless it has been silent for link_silence (its predecessor heartbeats).
-      const auto silent =
-          std::chrono::duration_cast<std::chrono::milliseconds>(ctx.silent_for(*r.pred));
-      if (silent < options.link_silence) {
-        detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
-                 std::to_string(h.shard) + ": the live link of predecessor " +
-                 std::to_string(h.member) + " was heard from " + std::to_string(silent.count()) +
-                 " ms ago; it is replaced once closed or silent for link_silence " +
-                 std::to_string(options.link_silence.count()) + " ms)";
-        ++r.stats.claims_refused;
-        return errc::member_id_in_use;
-      }
-      ctx.log("chain predecessor " + std::to_string(h.member) + ": a new link replaces one " +
-              "silent for " + std::to_string(silent.count()) + " ms");
-    }
-    if (r.pred != nullptr) ctx.close(*r.pred);
-    r.pred = &s;
-    ctx.claim(s, role_predecessor);
-    s.peer = h.member;
-    message a = chain_message(ctx, message_type::ack, r.log_index);
-    if (r.fresh) a.header.flags = frame_flags::state;
-    ctx.send_peer(s, std::move(a));
-    return {};
-  }
+                                    std::string& detail);
+
+  // ---- the log: entries, state transfers, commits, acks (defined in server_part_log.ipp) ----
 
   // An entry (or a state transfer) from the predecessor.
   template <class Ctx>
-  std::error_code apply_entry(Ctx ctx, detail::session_base& s, message& m, std::string& detail) {
-    const auto& h = m.header;
-    auto& r = rt_.value;
-    if (h.type == message_type::state) return install_state(ctx, s, m, detail);
-    if (r.fresh || !strict || (h.type != message_type::push && h.type != message_type::clock)) {
-      detail = r.fresh ? " (an entry before the state transfer)" : " (not a chain entry)";
-      return errc::unexpected_message;
-    }
-    if (h.sender >= ctx.options().num_workers) return errc::bad_sender;
-    if (h.clock != ctx.worker_clock(h.sender)) {
-      detail = " (chain entry for clock " + std::to_string(h.clock) + " of worker " +
-               std::to_string(h.sender) + ", which is at " +
-               std::to_string(ctx.worker_clock(h.sender)) + " here)";
-      return errc::unexpected_message;
-    }
-    if (h.type == message_type::push) {
-      if (auto ec = ctx.check_rows(m, detail)) return ec;
-      if (h.has(frame_flags::state) || h.has(frame_flags::backlog) ||
-          !ctx.all_finite(payload_floats(m)))
-        return errc::non_finite_value;
-      // The head applied it, so a backup in the same state accepts it too; a refusal here
-      // means the chain's states diverged: refuse the link rather than skip the entry.
-      if (auto ec = ctx.apply_push(m)) {
-        detail = " (chain entry of worker " + std::to_string(h.sender) + ")";
-        return ec;
-      }
-    }
-    ctx.last_seq(h.sender) = std::max(ctx.last_seq(h.sender), h.seq);
-    append_entry(ctx, m);
-    if (h.type == message_type::clock || h.has(frame_flags::end_of_clock))
-      ctx.advance(h.sender, h.clock + 1);
-    return {};
-  }
+  std::error_code apply_entry(Ctx ctx, detail::session_base& s, message& m, std::string& detail);
 
   template <class Ctx>
-  std::error_code install_state(Ctx ctx, detail::session_base& s, message& m, std::string& detail) {
-    auto& r = rt_.value;
-    std::string why;
-    if (auto ec = detail::decode_state(m.payload.bytes(), r.incoming, why)) {
-      detail = why;
-      return ec;
-    }
-    if (m.header.seq > protocol::max_seq) {
-      detail = " (state transfer from the predecessor at log position " +
-               std::to_string(m.header.seq) + "; positions lie in [0, " +
-               std::to_string(protocol::max_seq) + "])";
-      return errc::bad_position;
-    }
-    if (auto ec = ctx.restore_state(r.incoming)) {
-      detail = " (state transfer from the predecessor)";
-      return ec;
-    }
-    r.log_index = m.header.seq;
-    r.fresh = false;
-    r.lost = false;  // a member that held the state passed it on
-    ++r.stats.states_installed;
-    r.succ_wake();  // it may now feed a successor
-    if (r.stats.states_installed == 1 || strict)
-      ctx.log("installed a state transfer at log position " + std::to_string(r.log_index) +
-              " (server clock " + std::to_string(ctx.clock()) + ")");
-    if constexpr (strict) {
-      r.sent.clear();
-      r.committed = 0;
-      if (r.succ_member == no_member) {
-        commit(ctx, r.log_index);
-      } else if (r.succ != nullptr && r.succ->ready) {
-        send_state(ctx, *r.succ);
-      }
-    } else {
-      // Relaxed: pass the same copy on (no re-encoding), acknowledge to the predecessor only.
-      if (r.succ != nullptr && r.succ->ready) {
-        message f;
-        f.header = m.header;
-        f.payload = m.payload.share();
-        ctx.send_peer(*r.succ, std::move(f));
-      }
-      ctx.send_peer(s, chain_message(ctx, message_type::ack, r.log_index));
-    }
-    return {};
-  }
+  std::error_code install_state(Ctx ctx, detail::session_base& s, message& m, std::string& detail);
 
   // The successor answered our chain_hello with its log position: bring it up to date.
   template <class Ctx>
   void successor_ready(Ctx ctx, detail::session_base& s, std::uint64_t their_index,
-                       bool needs_state) {
-    auto& r = rt_.value;
-    s.ready = true;
-    if constexpr (!strict) {
-      send_state(ctx, s);
-    } else {
-      const bool gap =
-          their_index < r.log_index && (r.sent.empty() || their_index + 1 < r.sent_first);
-      if (needs_state || their_index > r.log_index || gap) {
-        send_state(ctx, s);  // entries after it follow as they are applied
-        return;
-      }
-      for (std::uint64_t i = their_index + 1; i <= r.log_index; ++i) {
-        const message& e = r.sent[static_cast<std::size_t>(i - r.sent_first)];
-        message f;
-        f.header = e.header;
-        f.payload = e.payload.share();
-        ctx.send_peer(s, std::move(f));
-        ++r.stats.resent;
-      }
-    }
-  }
+                       bool needs_state);
 
   template <class Ctx>
-  void send_state(Ctx ctx, detail::session_base& s) {
-    auto& r = rt_.value;
-    ctx.save_state(r.outgoing);
-    const std::size_t bytes = detail::encoded_state_size(r.outgoing);
-    if (bytes > ctx.max_frame_bytes()) {
-      // The successor would reject the frame (frame_too_large) and we would resend it forever.
-      ctx.log("cannot transfer this shard's state (" + std::to_string(bytes) +
-              " bytes) to its successor: above wire_limits::max_frame_bytes (" +
-              std::to_string(ctx.max_frame_bytes()) + ")");
-      ctx.close(s);
-      return;
-    }
-    buffer b = ctx.allocate(bytes);
-    detail::encode_state(r.outgoing, std::span<std::byte>(b.data(), b.size()));
-    message m = chain_message(ctx, message_type::state, r.log_index);
-    m.header.clock = ctx.clock();
-    m.payload = std::move(b);
-    ctx.send_peer(s, std::move(m));
-    ++r.stats.states_sent;
-    r.since_copy = 0;
-  }
+  void send_state(Ctx ctx, detail::session_base& s);
 
   // Strict: entry `m` was applied here; it takes the next log position and goes down.
   template <class Ctx>
-  void append_entry(Ctx ctx, const message& m) {
-    auto& r = rt_.value;
-    ++r.log_index;
-    ++r.stats.entries;
-    if (r.succ_member == no_member) {  // the tail: committed once applied
-      commit(ctx, r.log_index);
-      return;
-    }
-    message f;
-    f.header = m.header;
-    f.payload = m.payload.share();
-    if (r.succ != nullptr && r.succ->ready) {
-      message g;
-      g.header = f.header;
-      g.payload = f.payload.share();
-      ctx.send_peer(*r.succ, std::move(g));
-    }
-    if (r.sent.empty()) r.sent_first = r.log_index;
-    r.sent.push_back(std::move(f));
-  }
+  void append_entry(Ctx ctx, const message& m);
 
   // Log positions up to `index` are applied by the tail: forget them, tell the predecessor,
   // ack the workers whose pushes they were.
   template <class Ctx>
-  void commit(Ctx ctx, std::uint64_t index) {
-    auto& r = rt_.value;
-    if (index <= r.committed) return;
-    r.committed = index;
-    while (!r.sent.empty() && r.sent_first <= index) {
-      r.sent.pop_front();
-      ++r.sent_first;
-    }
-    if (r.pred != nullptr) ctx.send_peer(*r.pred, chain_message(ctx, message_type::ack, index));
-    release_acks(ctx);
-  }
+  void commit(Ctx ctx, std::uint64_t index);
 
   template <class Ctx>
-  void release_acks(Ctx ctx) {
-    auto& r = rt_.value;
-    while (!r.pending_acks.empty() && r.pending_acks.front().index <= r.committed) {
-      const auto& p = r.pending_acks.front();
-      ctx.ack_worker(p.worker, p.seq);
-      r.pending_acks.pop_front();
-    }
-  }
+  void release_acks(Ctx ctx);
 
   std::any endpoints_{};  // chain_endpoints<transport endpoint>
   std::uint32_t self_ = 0;
@@ -644,3 +320,6 @@ class chain_server_part {
 };
 
 }  // namespace asyncps::recovery
+
+#include "asyncps/recovery/chain/server_part_links.ipp"
+#include "asyncps/recovery/chain/server_part_log.ipp"

@@ -1,0 +1,232 @@
+// asyncps — recovery::chain_replication, server part: the links and the configuration. The link
+// to the chain master (registering, heartbeats, registering again), the link to the configured
+// successor, the master's chain_config (predecessor, successor, head, a lost shard), leaving the
+// chain to rejoin from a state transfer, and a predecessor's chain_hello claiming its session.
+//
+// Out-of-line definitions of members of chain_server_part, declared in
+// asyncps/recovery/chain/server_part.hpp. Not a header to include on its own: server_part.hpp
+// includes it at its end, after the class it defines members of (so this file does not include
+// server_part.hpp back).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include <asio/awaitable.hpp>
+
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/options.hpp"
+#include "asyncps/recovery/chain/server_state.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps::recovery {
+
+template <chain_mode Mode>
+template <class Ctx>
+asio::awaitable<void> chain_server_part<Mode>::master_link(Ctx ctx) {
+  auto& r = rt_.value;
+  typename Ctx::timer_type timer(ctx.executor());
+  std::chrono::milliseconds backoff{10};
+  while (!ctx.stopped()) {
+    if (r.master == nullptr) {
+      auto [ec, conn] = co_await ctx.async_connect(endpoints<Ctx>()->master);
+      if (!ec && !ctx.stopped()) {
+        r.master = &ctx.add_peer(std::move(conn), role_master);
+        r.first_config = true;
+        ctx.send_peer(*r.master, chain_hello(ctx));
+        backoff = std::chrono::milliseconds(10);
+      } else {
+        if (!ec) conn.close();
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
+      }
+    } else {
+      ctx.send_peer(*r.master, chain_message(ctx, message_type::heartbeat, 0));
+    }
+    timer.expires_after(r.master == nullptr ? backoff : options.heartbeat_interval);
+    co_await timer.async_wait(detail::use_tuple);
+  }
+}
+
+template <chain_mode Mode>
+template <class Ctx>
+asio::awaitable<void> chain_server_part<Mode>::successor_link(Ctx ctx) {
+  auto& r = rt_.value;
+  typename Ctx::timer_type timer(ctx.executor());
+  r.succ_wake =
+      detail::chain_waker{&timer, [](void* t) { static_cast<decltype(&timer)>(t)->cancel(); }};
+  std::chrono::milliseconds backoff{1};
+  while (!ctx.stopped() && r.succ_member != no_member) {
+    if (r.succ == nullptr && !r.fresh) {
+      const std::uint32_t target = r.succ_member;
+      auto [ec, conn] = co_await ctx.async_connect(endpoints<Ctx>()->members[target]);
+      if (!ec && !ctx.stopped() && r.succ_member == target && r.succ == nullptr && !r.fresh) {
+        r.succ = &ctx.add_peer(std::move(conn), role_successor);
+        r.succ->peer = target;
+        ctx.send_peer(*r.succ, chain_hello(ctx));
+      } else if (!ec) {
+        conn.close();
+      }
+      // A refused or failed attempt (e.g. the successor has not got its configuration
+      // yet) is retried with backoff; a synced link resets it.
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
+    } else if (r.succ != nullptr && r.succ->ready) {
+      backoff = std::chrono::milliseconds(1);
+      // Tells the successor this link is live (chain_options::link_silence).
+      ctx.send_peer(*r.succ, chain_message(ctx, message_type::heartbeat, 0));
+    }
+    timer.expires_after(r.succ == nullptr ? backoff : options.heartbeat_interval);
+    co_await timer.async_wait(detail::use_tuple);
+  }
+  r.succ_wake = detail::chain_waker{};
+  r.succ_connecting = false;
+}
+
+template <chain_mode Mode>
+template <class Ctx>
+void chain_server_part<Mode>::leave_chain(Ctx ctx) {
+  auto& r = rt_.value;
+  ctx.close_if([](const detail::session_base& s) {
+    return s.is_worker() ||
+           (s.is_peer() && (s.role == role_predecessor || s.role == role_successor));
+  });
+  r.pred = r.succ = nullptr;
+  r.head = false;
+  r.fresh = true;
+  r.sent.clear();
+  r.pending_acks.clear();
+  r.committed = 0;
+  r.pred_member = r.succ_member = no_member;
+}
+
+template <chain_mode Mode>
+template <class Ctx>
+void chain_server_part<Mode>::on_config(Ctx ctx, const protocol::chain_config& h) {
+  auto& r = rt_.value;
+  ++r.stats.configs;
+  const auto pred = h.predecessor;
+  const auto succ = h.successor;
+  const auto known = [this](std::uint64_t m) { return m == no_member || m < members_; };
+  if (!known(pred) || !known(succ)) {
+    // The master's member ids and this server's set_chain list disagree: a configuration
+    // error, reported instead of connecting to an endpoint this server does not know.
+    ctx.log("chain master names member " + std::to_string(pred) + " / " + std::to_string(succ) +
+            ", but set_chain lists " + std::to_string(members_) +
+            " members; ignoring the configuration");
+    return;
+  }
+  if (h.joining && r.first_config) {
+    // Registered anew with a running chain: whatever this server holds may be stale.
+    if (r.serving) ctx.log("rejoining the chain: dropping this server's state and connections");
+    leave_chain(ctx);
+  }
+  r.first_config = false;
+  r.serving = true;
+  r.epoch = h.epoch;
+  if (r.pred != nullptr && r.pred->peer != pred) {
+    ctx.close(*r.pred);
+    r.pred = nullptr;
+  }
+  r.pred_member = pred;
+  const bool was_head = r.head;
+  r.head = pred == no_member;
+  if (r.head && r.fresh && !r.lost) {
+    // Fresh (it registered with a running chain and has no state transfer yet) and head:
+    // every server that held the shard's state failed. Its initial values are not the
+    // shard's state, so it serves none: it stays fresh (it neither feeds a successor nor
+    // takes entries) and refuses workers with shard_lost.
+    r.lost = true;
+    r.lost_epoch = h.epoch;
+    ctx.log("shard " + std::to_string(ctx.options().shard) +
+            " is lost: every server of its chain that held its state failed before this "
+            "server got a state transfer (chain epoch " +
+            std::to_string(h.epoch) +
+            "). Refusing workers with shard_lost instead of serving its initial values");
+  }
+  if (was_head && !r.head)
+    ctx.close_if([](const detail::session_base& s) { return s.is_worker(); });
+  if (succ != r.succ_member) {
+    if (r.succ != nullptr) {
+      ctx.close(*r.succ);
+      r.succ = nullptr;
+    }
+    r.succ_member = succ;
+    r.succ_wake();
+    if (succ == no_member) {
+      if constexpr (strict) {
+        r.sent.clear();
+        if (!r.fresh) commit(ctx, r.log_index);  // the tail commits what it applies
+      }
+    } else if (!r.succ_connecting) {
+      r.succ_connecting = true;
+      ctx.spawn(successor_link(ctx));
+    }
+  }
+  ctx.log("chain epoch " + std::to_string(r.epoch) + ": predecessor " + member_name(pred) +
+          ", successor " + member_name(succ) + (r.head ? " (head)" : "") +
+          (succ == no_member ? " (tail)" : "") +
+          (r.lost    ? ", without the shard's state (lost)"
+           : r.fresh ? ", waiting for a state transfer"
+                     : ""));
+}
+
+template <chain_mode Mode>
+template <class Ctx>
+std::error_code chain_server_part<Mode>::greet_predecessor(Ctx ctx, detail::session_base& s,
+                                                           const message& m, std::string& detail) {
+  auto& r = rt_.value;
+  protocol::chain_hello h;
+  if (auto ec = protocol::decode(m, h, detail)) return ec;
+  if (h.fingerprint != ctx.fingerprint()) {
+    detail = std::string(" (chain peer; this server runs recovery '") +
+             std::string(ctx.policy_name()) + "')";
+    return errc::policy_mismatch;
+  }
+  if (h.member >= members_) {
+    detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
+             std::to_string(h.shard) + "; member ids of this chain lie in [0, " +
+             std::to_string(members_) + "), as set_chain lists them)";
+    return errc::unexpected_message;
+  }
+  if (!r.serving || h.shard != ctx.options().shard || r.pred_member == no_member ||
+      h.member != r.pred_member) {
+    detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
+             std::to_string(h.shard) + "; this server's predecessor in epoch " +
+             std::to_string(r.epoch) + " is " + member_name(r.pred_member) + ")";
+    return errc::unexpected_message;
+  }
+  if (r.pred != nullptr && r.pred != &s && r.pred->open) {
+    // A second claim of the live predecessor's id: the real predecessor reconnecting before
+    // this server saw its old link end, or a peer with the secret posing as it. The live
+    // link stays unless it has been silent for link_silence (its predecessor heartbeats).
+    const auto silent =
+        std::chrono::duration_cast<std::chrono::milliseconds>(ctx.silent_for(*r.pred));
+    if (silent < options.link_silence) {
+      detail = " (chain_hello from server " + std::to_string(h.member) + " of shard " +
+               std::to_string(h.shard) + ": the live link of predecessor " +
+               std::to_string(h.member) + " was heard from " + std::to_string(silent.count()) +
+               " ms ago; it is replaced once closed or silent for link_silence " +
+               std::to_string(options.link_silence.count()) + " ms)";
+      ++r.stats.claims_refused;
+      return errc::member_id_in_use;
+    }
+    ctx.log("chain predecessor " + std::to_string(h.member) + ": a new link replaces one " +
+            "silent for " + std::to_string(silent.count()) + " ms");
+  }
+  if (r.pred != nullptr) ctx.close(*r.pred);
+  r.pred = &s;
+  ctx.claim(s, role_predecessor);
+  s.peer = h.member;
+  message a = chain_message(ctx, message_type::ack, r.log_index);
+  if (r.fresh) a.header.flags = frame_flags::state;
+  ctx.send_peer(s, std::move(a));
+  return {};
+}
+
+}  // namespace asyncps::recovery
