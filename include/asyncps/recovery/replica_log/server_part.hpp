@@ -2,6 +2,12 @@
 // once its worker has logged the order, sends state replicas to the workers, and rebuilds a
 // restarted shard from the newest replica plus the workers' logs replayed in the original
 // order. See recovery/replica_log.hpp and docs/recovery/swift.md.
+//
+// This file holds the counters, the class, its hooks and its small helpers; the longer members
+// are defined at its end, in server_part_order.ipp (holding and ordering worker messages, the
+// write-ahead release, state replicas to the workers, voiding unconfirmed orders) and
+// server_part_rebuild.ipp (rebuilding a restarted shard from the replicas and logs, and the
+// watch that times a rebuild out and voids orphaned orders).
 #pragma once
 
 #include <algorithm>
@@ -288,177 +294,52 @@ struct replica_log_server_part {
     rt_.value.replicas_.resize(n);
   }
 
+  // ---- ordering and the write-ahead release (defined in server_part_order.ipp) ----
+
   // Holds `m`; an ordered one gets the next position and its worker the order.
   template <class Ctx>
-  void hold(Ctx ctx, detail::session_base* s, std::uint32_t w, message m, bool order) {
-    held it{w, s, std::move(m), 0, false};
-    if (order) {
-      it.position = rt_.value.next_++;
-      ++rt_.value.stats_.ordered;
-      ctx.send_worker(w, protocol::encode(protocol::order{.shard = ctx.options().shard,
-                                                          .seq = it.m.header.seq,
-                                                          .position = it.position,
-                                                          .stable = rt_.value.stable_},
-                                          [&](std::size_t n) { return ctx.allocate(n); }));
-    }
-    rt_.value.held_.push_back(std::move(it));
-    rt_.value.stats_.max_held =
-        std::max<std::uint64_t>(rt_.value.stats_.max_held, rt_.value.held_.size());
-  }
+  void hold(Ctx ctx, detail::session_base* s, std::uint32_t w, message m, bool order);
 
   // A held or replayed message `m` of worker `w` at position `position` (0: not ordered) was
   // refused with `ec` when dispatched: counted in stats().dropped, logged rate-limited.
   template <class Ctx>
   void count_drop(Ctx ctx, const char* what, std::uint32_t w, std::uint64_t position,
-                  const message& m, std::error_code ec) {
-    ++rt_.value.stats_.dropped;
-    (void)ctx.log_limited(detail::log_kind::dropped_message,
-                          std::string("dropped a ") + what + " message of worker " +
-                              std::to_string(w) + " (type " +
-                              std::to_string(static_cast<int>(m.header.type)) + ", clock " +
-                              std::to_string(m.header.clock) + ", position " +
-                              std::to_string(position) + "): " + ec.message() + " (" +
-                              std::to_string(rt_.value.stats_.dropped) + " dropped so far)");
-  }
+                  const message& m, std::error_code ec);
 
   // Worker `w` logged position `p`.
-  void confirm(std::uint32_t w, std::uint64_t p) {
-    for (std::size_t i = 0; i < rt_.value.held_.size(); ++i) {
-      auto& it = rt_.value.held_[i];
-      if (it.position == p) {
-        if (it.worker == w) it.confirmed = true;
-        return;
-      }
-      if (it.position > p) return;
-    }
-  }
+  void confirm(std::uint32_t w, std::uint64_t p);
 
   // Dispatches held messages from the front while they may go: in position order, each
   // ordered one only once its worker logged it (the write-ahead rule: no update is applied
   // before its position is in its worker's log).
   template <class Ctx>
-  void release(Ctx ctx) {
-    if (rt_.value.releasing_) return;  // dispatching may close a session, which releases again
-    rt_.value.releasing_ = true;
-    while (!rt_.value.held_.empty()) {
-      auto& f = rt_.value.held_.front();
-      if (f.position != 0 && !f.confirmed) break;
-      held it = std::move(f);
-      rt_.value.held_.pop_front();
-      if (it.position != 0) {
-        rt_.value.position_ = it.position;
-        rt_.value.stats_.position = rt_.value.position_;
-        catch_up(ctx, it.worker, it.m);
-        if (auto ec = ctx.dispatch_of(it.worker, it.m))
-          count_drop(ctx, "held", it.worker, it.position, it.m, ec);
-      } else if (it.session != nullptr && it.session->open) {
-        if (auto ec = ctx.dispatch(*it.session, it.m))
-          count_drop(ctx, "held", it.worker, 0, it.m, ec);
-      }
-    }
-    rt_.value.releasing_ = false;
-    maybe_replicate(ctx);
-  }
+  void release(Ctx ctx);
 
   // After a rebuild that was not exact, worker `w`'s next update may be for a later clock
   // than the rebuilt shard has for it (its updates in between are lost, counted): its clock
   // moves up first. An exact rebuild never needs it.
   template <class Ctx>
-  void catch_up(Ctx ctx, std::uint32_t w, const message& m) {
-    if (m.header.clock <= ctx.worker_clock(w)) return;
-    rt_.value.stats_.skipped_clocks +=
-        static_cast<std::uint64_t>(m.header.clock - ctx.worker_clock(w));
-    ctx.advance(w, m.header.clock);
-  }
+  void catch_up(Ctx ctx, std::uint32_t w, const message& m);
 
   // Every `replica_interval` server clocks, the whole state goes to the next worker.
   template <class Ctx>
-  void maybe_replicate(Ctx ctx) {
-    if (rt_.value.mode_ != mode::serving || rt_.value.replica_pending_ != 0 ||
-        rt_.value.position_ <= rt_.value.stable_ ||
-        ctx.clock() < rt_.value.replica_clock_ + std::max<clock_value>(options.replica_interval, 1))
-      return;
-    const std::uint32_t n = ctx.options().num_workers;
-    for (std::uint32_t i = 0; i < n; ++i) {
-      const std::uint32_t w = (rt_.value.holder_next_ + i) % n;
-      if (!ctx.worker_connected(w)) continue;
-      rt_.value.holder_next_ = w + 1;
-      ctx.save_state(rt_.value.scratch_);
-      buffer b = ctx.allocate(detail::encoded_state_size(rt_.value.scratch_));
-      detail::encode_state(rt_.value.scratch_, std::span<std::byte>(b.data(), b.size()));
-      message m;
-      m.header.type = message_type::state;
-      m.header.sender = ctx.options().shard;
-      m.header.clock = ctx.clock();
-      m.header.seq = rt_.value.position_;
-      rt_.value.stats_.replica_bytes = b.size();
-      m.payload = std::move(b);
-      ctx.send_worker(w, std::move(m));
-      rt_.value.replica_pending_ = rt_.value.position_;
-      rt_.value.replica_holder_ = w;
-      rt_.value.replica_clock_ = ctx.clock();
-      ++rt_.value.stats_.replicas_sent;
-      return;
-    }
-  }
+  void maybe_replicate(Ctx ctx);
 
   // Drops worker `w`'s ordered messages it never confirmed (it did not log their positions,
   // and resends them), and anything else of it held from a closed connection.
   template <class Ctx>
-  void void_unconfirmed(Ctx, std::uint32_t w) {
-    detail::ring<held> keep;
-    while (!rt_.value.held_.empty()) {
-      held it = std::move(rt_.value.held_.front());
-      rt_.value.held_.pop_front();
-      const bool stale = it.worker == w && ((it.position != 0 && !it.confirmed) ||
-                                            (it.position == 0 && it.session == nullptr));
-      if (stale) {
-        if (it.position != 0) ++rt_.value.stats_.voided;
-        continue;
-      }
-      keep.push_back(std::move(it));
-    }
-    rt_.value.held_ = std::move(keep);
-  }
+  void void_unconfirmed(Ctx, std::uint32_t w);
 
-  // ---- rebuilding ----
+  // ---- rebuilding (defined in server_part_rebuild.ipp) ----
 
   template <class Ctx>
-  void start_recovery(Ctx ctx) {
-    rt_.value.mode_ = mode::recovering;
-    ++rt_.value.stats_.recoveries;
-    ctx.save_state(rt_.value.initial_);  // position 0: the seeded initial state
-    ctx.log("rebuilding from the workers' replicas and logs (replica-log)");
-    rt_.value.recovery_started_ = std::chrono::steady_clock::now();
-    watch(ctx);
-  }
+  void start_recovery(Ctx ctx);
 
   template <class Ctx>
-  std::optional<std::error_code> on_replay(Ctx ctx, std::uint32_t w, const frame_header& h) {
-    if (!h.has(frame_flags::state)) {
-      if (h.seq == 0) return make_error_code(errc::unexpected_message);  // 0: no position
-      rt_.value.expect_[w] = h.seq;  // the next push or clock message is the entry of position seq
-      return std::error_code{};
-    }
-    rt_.value.done_[w] = 1;
-    rt_.value.newest_stable_ = std::max(rt_.value.newest_stable_, h.seq);
-    if (std::all_of(rt_.value.done_.begin(), rt_.value.done_.end(), [](char c) { return c != 0; }))
-      finish_recovery(ctx, false);
-    return std::error_code{};
-  }
+  std::optional<std::error_code> on_replay(Ctx ctx, std::uint32_t w, const frame_header& h);
 
   // Whether the logged entries (sorted by position) hold every position in (lo, hi].
-  bool logs_cover(std::uint64_t lo, std::uint64_t hi) const noexcept {
-    if (hi <= lo) return true;
-    std::uint64_t next = lo + 1;  // the next position to find
-    for (const auto& e : rt_.value.entries_) {
-      if (e.position < next) continue;
-      if (e.position != next) return false;
-      if (next == hi) return true;
-      ++next;
-    }
-    return false;
-  }
+  bool logs_cover(std::uint64_t lo, std::uint64_t hi) const noexcept;
 
   // The order in which the workers' replicas are tried (indices into replicas_): first the
   // ones the logs back, newest first: at or above the newest stable position any worker
@@ -468,182 +349,20 @@ struct replica_log_server_part {
   // newest first (the rebuild is then not exact). A replica above the stable position with a
   // position no log holds is never installed: it claims updates nobody logged (a forged
   // replica, or one whose gaps were voided orders: the rebuild then starts lower).
-  std::vector<std::uint32_t> choose_replica() const {
-    const std::uint64_t stable = rt_.value.newest_stable_;
-    std::vector<std::uint32_t> backed, older;
-    for (std::uint32_t w = 0; w < rt_.value.replicas_.size(); ++w) {
-      const auto& r = rt_.value.replicas_[w];
-      if (!r) continue;
-      const std::uint64_t p = r->header.seq;
-      if (p >= stable && logs_cover(stable, p))
-        backed.push_back(w);
-      else if (p <= stable)
-        older.push_back(w);
-    }
-    const auto newest_first = [this](std::uint32_t a, std::uint32_t b) {
-      return rt_.value.replicas_[a]->header.seq > rt_.value.replicas_[b]->header.seq;
-    };
-    std::stable_sort(backed.begin(), backed.end(), newest_first);
-    std::stable_sort(older.begin(), older.end(), newest_first);
-    backed.insert(backed.end(), older.begin(), older.end());
-    return backed;
-  }
+  std::vector<std::uint32_t> choose_replica() const;
 
   // Installs the newest replica the logs back (or the initial state) and applies every logged
   // entry after it in position order; then serves what was held meanwhile.
   template <class Ctx>
-  void finish_recovery(Ctx ctx, bool timed_out) {
-    std::uint64_t base = 0;
-    std::string why;
-    bool installed = false;
-    std::sort(rt_.value.entries_.begin(), rt_.value.entries_.end(),
-              [](const entry& a, const entry& b) { return a.position < b.position; });
-    std::uint32_t skipped = 0;  // replicas present but never tried (not backed by the logs)
-    for (const auto& r : rt_.value.replicas_) skipped += r ? 1 : 0;
-    for (const std::uint32_t w : choose_replica()) {
-      --skipped;
-      const message& r = *rt_.value.replicas_[w];
-      why.clear();
-      if (auto ec = detail::decode_state(r.payload.bytes(), rt_.value.scratch_, why)) {
-        ctx.log("the state replica of position " + std::to_string(r.header.seq) + " from worker " +
-                std::to_string(w) + " is invalid" + why);
-      } else if (auto ec2 = ctx.restore_state(rt_.value.scratch_)) {
-        ctx.log("the state replica of position " + std::to_string(r.header.seq) + " from worker " +
-                std::to_string(w) + " cannot be installed (" + ec2.message() + ")");
-      } else {
-        base = r.header.seq;
-        installed = true;
-        break;
-      }
-    }
-    if (skipped != 0)
-      ctx.log(std::to_string(skipped) + " state replica(s) above the newest stable position " +
-              std::to_string(rt_.value.newest_stable_) +
-              " claim positions no worker logged: not installed");
-    if (!installed) (void)ctx.restore_state(rt_.value.initial_);
-    if (on_replayed) on_replayed(base);
-    // Every position is at most protocol::max_seq = 2^62 (checked as it arrived), so neither
-    // `expected` nor `missing` (at most the highest position) can wrap.
-    std::uint64_t expected = base + 1;
-    std::uint64_t missing = 0;
-    for (auto& e : rt_.value.entries_) {
-      if (e.position < expected) continue;  // in the replica, or a duplicate
-      missing += e.position - expected;
-      catch_up(ctx, e.worker, e.m);
-      if (auto ec = ctx.dispatch_of(e.worker, e.m))
-        count_drop(ctx, "replayed", e.worker, e.position, e.m, ec);
-      ++rt_.value.stats_.replayed;
-      expected = e.position + 1;
-      rt_.value.position_ = e.position;
-      if (on_replayed) on_replayed(e.position);
-    }
-    rt_.value.position_ = std::max(rt_.value.position_, base);
-    if (rt_.value.newest_stable_ > base)
-      missing += rt_.value.newest_stable_ - base;  // truncated from the logs
-    rt_.value.stats_.missing_positions += missing;
-    // Every worker's log arrived and the newest stable replica was installed: every position
-    // the dead server applied was committed, hence logged, hence replayed. A position without
-    // an entry then had its order lost on the way (the server could apply nothing after it):
-    // not applied, and its push is resent. A replica above the newest stable position is
-    // installed only when the logs hold every position up to it (choose_replica): exactness
-    // is never taken on a replica's word.
-    const bool exact = !timed_out && rt_.value.newest_stable_ <= base &&
-                       (!installed || logs_cover(rt_.value.newest_stable_, base));
-    if (!exact) ++rt_.value.stats_.incomplete_recoveries;
-    rt_.value.stable_ = base;
-    rt_.value.stats_.stable = rt_.value.stable_;
-    rt_.value.stats_.position = rt_.value.position_;
-    rt_.value.next_ =
-        std::max({rt_.value.next_, rt_.value.position_ + 1, rt_.value.newest_stable_ + 1});
-    rt_.value.stats_.last_recovery_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                      rt_.value.recovery_started_)
-            .count();
-    std::string missing_workers;
-    for (std::uint32_t w = 0; w < rt_.value.done_.size(); ++w)
-      if (!rt_.value.done_[w])
-        missing_workers += (missing_workers.empty() ? "" : ", ") + std::to_string(w);
-    ctx.log(
-        "rebuilt from " +
-        (installed ? "the replica of position " + std::to_string(base)
-                   : std::string("the initial state")) +
-        " and " + std::to_string(rt_.value.stats_.replayed) + " logged entries to position " +
-        std::to_string(rt_.value.position_) +
-        (exact ? " (exact" + (missing == 0 ? std::string(")")
-                                           : "; " + std::to_string(missing) +
-                                                 " positions whose orders were lost: not applied, "
-                                                 "resent)")
-               : " (NOT exact: " + std::to_string(missing) + " positions missing" +
-                     (missing_workers.empty() ? std::string()
-                                              : ", no log from worker(s) " + missing_workers) +
-                     ")"));
-    rt_.value.entries_.clear();
-    for (auto& r : rt_.value.replicas_) r.reset();
-    rt_.value.mode_ = mode::serving;
-    if (on_rebuilt) on_rebuilt();
-    rt_.value.replica_clock_ = ctx.clock();
-    // What the workers sent meanwhile arrives now, in its order: pushes get positions.
-    detail::ring<held> waiting = std::move(rt_.value.held_);
-    rt_.value.held_ = detail::ring<held>{};
-    while (!waiting.empty()) {
-      held it = std::move(waiting.front());
-      waiting.pop_front();
-      const auto t = it.m.header.type;
-      if ((t == message_type::push || t == message_type::clock) &&
-          it.m.header.seq > ctx.last_seq(it.worker))
-        hold(ctx, it.session, it.worker, std::move(it.m), true);
-      else if (t != message_type::push && t != message_type::clock)
-        rt_.value.held_.push_back(std::move(it));
-    }
-    release(ctx);
-  }
+  void finish_recovery(Ctx ctx, bool timed_out);
 
   // Ticks while a rebuild waits for the workers or a closed connection's orders wait for
   // confirmation: finishes the rebuild at `recovery_timeout`, voids at `void_timeout`.
   template <class Ctx>
-  void watch(Ctx ctx) {
-    if (rt_.value.watching_) return;
-    rt_.value.watching_ = true;
-    ctx.spawn(watch_loop(ctx));
-  }
+  void watch(Ctx ctx);
   template <class Ctx>
-  asio::awaitable<void> watch_loop(Ctx ctx) {
-    typename Ctx::timer_type timer(ctx.executor());
-    const auto tick = std::chrono::milliseconds(50);
-    std::chrono::milliseconds recovering_for{0}, orphaned_for{0};
-    while (!ctx.stopped()) {
-      const bool orphans = has_orphans();
-      if (rt_.value.mode_ != mode::recovering && !orphans) break;
-      timer.expires_after(tick);
-      co_await timer.async_wait(detail::use_tuple);
-      if (ctx.stopped()) break;
-      if (rt_.value.mode_ == mode::recovering) {
-        recovering_for += tick;
-        if (recovering_for >= options.recovery_timeout) finish_recovery(ctx, true);
-      }
-      if (has_orphans()) {
-        orphaned_for += tick;
-        if (orphaned_for >= options.void_timeout) {
-          for (std::uint32_t w = 0; w < rt_.value.met_.size(); ++w)
-            if (!ctx.worker_connected(w)) void_unconfirmed(ctx, w);
-          ctx.log("dropped the unconfirmed updates of disconnected workers after " +
-                  std::to_string(options.void_timeout.count()) + " ms");
-          release(ctx);
-          orphaned_for = std::chrono::milliseconds{0};
-        }
-      } else {
-        orphaned_for = std::chrono::milliseconds{0};
-      }
-    }
-    rt_.value.watching_ = false;
-  }
-  bool has_orphans() const noexcept {
-    for (std::size_t i = 0; i < rt_.value.held_.size(); ++i)
-      if (rt_.value.held_[i].position != 0 && !rt_.value.held_[i].confirmed &&
-          rt_.value.held_[i].session == nullptr)
-        return true;
-    return false;
-  }
+  asio::awaitable<void> watch_loop(Ctx ctx);
+  bool has_orphans() const noexcept;
 
   // Run-time state: a configured part copied into several servers starts fresh in each.
   struct runtime {
@@ -671,3 +390,6 @@ struct replica_log_server_part {
 };
 
 }  // namespace asyncps::recovery
+
+#include "asyncps/recovery/replica_log/server_part_order.ipp"
+#include "asyncps/recovery/replica_log/server_part_rebuild.ipp"

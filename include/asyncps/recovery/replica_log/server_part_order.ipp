@@ -1,0 +1,153 @@
+// asyncps — recovery::replica_log (SWIFT), server part: ordering. Holding a worker's messages
+// and giving its pushes and clocks positions (the orders it logs), the write-ahead release (an
+// ordered update is applied only once its worker confirmed it), counting what is dropped when
+// dispatched, a worker's clock caught up after an inexact rebuild, state replicas sent to the
+// workers, and voiding orders a worker never confirmed.
+//
+// Out-of-line definitions of members of replica_log_server_part, declared in
+// asyncps/recovery/replica_log/server_part.hpp. Not a header to include on its own: server_part.hpp
+// includes it at its end, after the class it defines members of (so this file does not include
+// server_part.hpp back).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "asyncps/detail/log_limiter.hpp"
+#include "asyncps/detail/ring.hpp"
+#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/recovery/replica_log/options.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps::recovery {
+
+template <class Ctx>
+void replica_log_server_part::hold(Ctx ctx, detail::session_base* s, std::uint32_t w, message m,
+                                   bool order) {
+  held it{w, s, std::move(m), 0, false};
+  if (order) {
+    it.position = rt_.value.next_++;
+    ++rt_.value.stats_.ordered;
+    ctx.send_worker(w, protocol::encode(protocol::order{.shard = ctx.options().shard,
+                                                        .seq = it.m.header.seq,
+                                                        .position = it.position,
+                                                        .stable = rt_.value.stable_},
+                                        [&](std::size_t n) { return ctx.allocate(n); }));
+  }
+  rt_.value.held_.push_back(std::move(it));
+  rt_.value.stats_.max_held =
+      std::max<std::uint64_t>(rt_.value.stats_.max_held, rt_.value.held_.size());
+}
+
+template <class Ctx>
+void replica_log_server_part::count_drop(Ctx ctx, const char* what, std::uint32_t w,
+                                         std::uint64_t position, const message& m,
+                                         std::error_code ec) {
+  ++rt_.value.stats_.dropped;
+  (void)ctx.log_limited(detail::log_kind::dropped_message,
+                        std::string("dropped a ") + what + " message of worker " +
+                            std::to_string(w) + " (type " +
+                            std::to_string(static_cast<int>(m.header.type)) + ", clock " +
+                            std::to_string(m.header.clock) + ", position " +
+                            std::to_string(position) + "): " + ec.message() + " (" +
+                            std::to_string(rt_.value.stats_.dropped) + " dropped so far)");
+}
+
+inline void replica_log_server_part::confirm(std::uint32_t w, std::uint64_t p) {
+  for (std::size_t i = 0; i < rt_.value.held_.size(); ++i) {
+    auto& it = rt_.value.held_[i];
+    if (it.position == p) {
+      if (it.worker == w) it.confirmed = true;
+      return;
+    }
+    if (it.position > p) return;
+  }
+}
+
+template <class Ctx>
+void replica_log_server_part::release(Ctx ctx) {
+  if (rt_.value.releasing_) return;  // dispatching may close a session, which releases again
+  rt_.value.releasing_ = true;
+  while (!rt_.value.held_.empty()) {
+    auto& f = rt_.value.held_.front();
+    if (f.position != 0 && !f.confirmed) break;
+    held it = std::move(f);
+    rt_.value.held_.pop_front();
+    if (it.position != 0) {
+      rt_.value.position_ = it.position;
+      rt_.value.stats_.position = rt_.value.position_;
+      catch_up(ctx, it.worker, it.m);
+      if (auto ec = ctx.dispatch_of(it.worker, it.m))
+        count_drop(ctx, "held", it.worker, it.position, it.m, ec);
+    } else if (it.session != nullptr && it.session->open) {
+      if (auto ec = ctx.dispatch(*it.session, it.m))
+        count_drop(ctx, "held", it.worker, 0, it.m, ec);
+    }
+  }
+  rt_.value.releasing_ = false;
+  maybe_replicate(ctx);
+}
+
+template <class Ctx>
+void replica_log_server_part::catch_up(Ctx ctx, std::uint32_t w, const message& m) {
+  if (m.header.clock <= ctx.worker_clock(w)) return;
+  rt_.value.stats_.skipped_clocks +=
+      static_cast<std::uint64_t>(m.header.clock - ctx.worker_clock(w));
+  ctx.advance(w, m.header.clock);
+}
+
+template <class Ctx>
+void replica_log_server_part::maybe_replicate(Ctx ctx) {
+  if (rt_.value.mode_ != mode::serving || rt_.value.replica_pending_ != 0 ||
+      rt_.value.position_ <= rt_.value.stable_ ||
+      ctx.clock() < rt_.value.replica_clock_ + std::max<clock_value>(options.replica_interval, 1))
+    return;
+  const std::uint32_t n = ctx.options().num_workers;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const std::uint32_t w = (rt_.value.holder_next_ + i) % n;
+    if (!ctx.worker_connected(w)) continue;
+    rt_.value.holder_next_ = w + 1;
+    ctx.save_state(rt_.value.scratch_);
+    buffer b = ctx.allocate(detail::encoded_state_size(rt_.value.scratch_));
+    detail::encode_state(rt_.value.scratch_, std::span<std::byte>(b.data(), b.size()));
+    message m;
+    m.header.type = message_type::state;
+    m.header.sender = ctx.options().shard;
+    m.header.clock = ctx.clock();
+    m.header.seq = rt_.value.position_;
+    rt_.value.stats_.replica_bytes = b.size();
+    m.payload = std::move(b);
+    ctx.send_worker(w, std::move(m));
+    rt_.value.replica_pending_ = rt_.value.position_;
+    rt_.value.replica_holder_ = w;
+    rt_.value.replica_clock_ = ctx.clock();
+    ++rt_.value.stats_.replicas_sent;
+    return;
+  }
+}
+
+template <class Ctx>
+void replica_log_server_part::void_unconfirmed(Ctx, std::uint32_t w) {
+  detail::ring<held> keep;
+  while (!rt_.value.held_.empty()) {
+    held it = std::move(rt_.value.held_.front());
+    rt_.value.held_.pop_front();
+    const bool stale = it.worker == w && ((it.position != 0 && !it.confirmed) ||
+                                          (it.position == 0 && it.session == nullptr));
+    if (stale) {
+      if (it.position != 0) ++rt_.value.stats_.voided;
+      continue;
+    }
+    keep.push_back(std::move(it));
+  }
+  rt_.value.held_ = std::move(keep);
+}
+
+}  // namespace asyncps::recovery

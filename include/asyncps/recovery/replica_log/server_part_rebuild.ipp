@@ -1,0 +1,245 @@
+// asyncps — recovery::replica_log (SWIFT), server part: rebuilding a restarted shard. Starting
+// a rebuild, collecting the workers' replays, choosing the replica the logs back, installing it
+// and replaying every logged entry after it in position order, then serving what was held; and
+// the watch that finishes a rebuild at recovery_timeout and voids orphaned orders at
+// void_timeout.
+//
+// Out-of-line definitions of members of replica_log_server_part, declared in
+// asyncps/recovery/replica_log/server_part.hpp. Not a header to include on its own: server_part.hpp
+// includes it at its end, after the class it defines members of (so this file does not include
+// server_part.hpp back).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <asio/awaitable.hpp>
+
+#include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/ring.hpp"
+#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/error.hpp"
+#include "asyncps/recovery/replica_log/options.hpp"
+#include "asyncps/wire.hpp"
+
+namespace asyncps::recovery {
+
+template <class Ctx>
+void replica_log_server_part::start_recovery(Ctx ctx) {
+  rt_.value.mode_ = mode::recovering;
+  ++rt_.value.stats_.recoveries;
+  ctx.save_state(rt_.value.initial_);  // position 0: the seeded initial state
+  ctx.log("rebuilding from the workers' replicas and logs (replica-log)");
+  rt_.value.recovery_started_ = std::chrono::steady_clock::now();
+  watch(ctx);
+}
+
+template <class Ctx>
+std::optional<std::error_code> replica_log_server_part::on_replay(Ctx ctx, std::uint32_t w,
+                                                                  const frame_header& h) {
+  if (!h.has(frame_flags::state)) {
+    if (h.seq == 0) return make_error_code(errc::unexpected_message);  // 0: no position
+    rt_.value.expect_[w] = h.seq;  // the next push or clock message is the entry of position seq
+    return std::error_code{};
+  }
+  rt_.value.done_[w] = 1;
+  rt_.value.newest_stable_ = std::max(rt_.value.newest_stable_, h.seq);
+  if (std::all_of(rt_.value.done_.begin(), rt_.value.done_.end(), [](char c) { return c != 0; }))
+    finish_recovery(ctx, false);
+  return std::error_code{};
+}
+
+inline bool replica_log_server_part::logs_cover(std::uint64_t lo, std::uint64_t hi) const noexcept {
+  if (hi <= lo) return true;
+  std::uint64_t next = lo + 1;  // the next position to find
+  for (const auto& e : rt_.value.entries_) {
+    if (e.position < next) continue;
+    if (e.position != next) return false;
+    if (next == hi) return true;
+    ++next;
+  }
+  return false;
+}
+
+inline std::vector<std::uint32_t> replica_log_server_part::choose_replica() const {
+  const std::uint64_t stable = rt_.value.newest_stable_;
+  std::vector<std::uint32_t> backed, older;
+  for (std::uint32_t w = 0; w < rt_.value.replicas_.size(); ++w) {
+    const auto& r = rt_.value.replicas_[w];
+    if (!r) continue;
+    const std::uint64_t p = r->header.seq;
+    if (p >= stable && logs_cover(stable, p))
+      backed.push_back(w);
+    else if (p <= stable)
+      older.push_back(w);
+  }
+  const auto newest_first = [this](std::uint32_t a, std::uint32_t b) {
+    return rt_.value.replicas_[a]->header.seq > rt_.value.replicas_[b]->header.seq;
+  };
+  std::stable_sort(backed.begin(), backed.end(), newest_first);
+  std::stable_sort(older.begin(), older.end(), newest_first);
+  backed.insert(backed.end(), older.begin(), older.end());
+  return backed;
+}
+
+template <class Ctx>
+void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
+  std::uint64_t base = 0;
+  std::string why;
+  bool installed = false;
+  std::sort(rt_.value.entries_.begin(), rt_.value.entries_.end(),
+            [](const entry& a, const entry& b) { return a.position < b.position; });
+  std::uint32_t skipped = 0;  // replicas present but never tried (not backed by the logs)
+  for (const auto& r : rt_.value.replicas_) skipped += r ? 1 : 0;
+  for (const std::uint32_t w : choose_replica()) {
+    --skipped;
+    const message& r = *rt_.value.replicas_[w];
+    why.clear();
+    if (auto ec = detail::decode_state(r.payload.bytes(), rt_.value.scratch_, why)) {
+      ctx.log("the state replica of position " + std::to_string(r.header.seq) + " from worker " +
+              std::to_string(w) + " is invalid" + why);
+    } else if (auto ec2 = ctx.restore_state(rt_.value.scratch_)) {
+      ctx.log("the state replica of position " + std::to_string(r.header.seq) + " from worker " +
+              std::to_string(w) + " cannot be installed (" + ec2.message() + ")");
+    } else {
+      base = r.header.seq;
+      installed = true;
+      break;
+    }
+  }
+  if (skipped != 0)
+    ctx.log(std::to_string(skipped) + " state replica(s) above the newest stable position " +
+            std::to_string(rt_.value.newest_stable_) +
+            " claim positions no worker logged: not installed");
+  if (!installed) (void)ctx.restore_state(rt_.value.initial_);
+  if (on_replayed) on_replayed(base);
+  // Every position is at most protocol::max_seq = 2^62 (checked as it arrived), so neither
+  // `expected` nor `missing` (at most the highest position) can wrap.
+  std::uint64_t expected = base + 1;
+  std::uint64_t missing = 0;
+  for (auto& e : rt_.value.entries_) {
+    if (e.position < expected) continue;  // in the replica, or a duplicate
+    missing += e.position - expected;
+    catch_up(ctx, e.worker, e.m);
+    if (auto ec = ctx.dispatch_of(e.worker, e.m))
+      count_drop(ctx, "replayed", e.worker, e.position, e.m, ec);
+    ++rt_.value.stats_.replayed;
+    expected = e.position + 1;
+    rt_.value.position_ = e.position;
+    if (on_replayed) on_replayed(e.position);
+  }
+  rt_.value.position_ = std::max(rt_.value.position_, base);
+  if (rt_.value.newest_stable_ > base)
+    missing += rt_.value.newest_stable_ - base;  // truncated from the logs
+  rt_.value.stats_.missing_positions += missing;
+  // Every worker's log arrived and the newest stable replica was installed: every position
+  // the dead server applied was committed, hence logged, hence replayed. A position without
+  // an entry then had its order lost on the way (the server could apply nothing after it):
+  // not applied, and its push is resent. A replica above the newest stable position is
+  // installed only when the logs hold every position up to it (choose_replica): exactness
+  // is never taken on a replica's word.
+  const bool exact = !timed_out && rt_.value.newest_stable_ <= base &&
+                     (!installed || logs_cover(rt_.value.newest_stable_, base));
+  if (!exact) ++rt_.value.stats_.incomplete_recoveries;
+  rt_.value.stable_ = base;
+  rt_.value.stats_.stable = rt_.value.stable_;
+  rt_.value.stats_.position = rt_.value.position_;
+  rt_.value.next_ =
+      std::max({rt_.value.next_, rt_.value.position_ + 1, rt_.value.newest_stable_ + 1});
+  rt_.value.stats_.last_recovery_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - rt_.value.recovery_started_)
+          .count();
+  std::string missing_workers;
+  for (std::uint32_t w = 0; w < rt_.value.done_.size(); ++w)
+    if (!rt_.value.done_[w])
+      missing_workers += (missing_workers.empty() ? "" : ", ") + std::to_string(w);
+  ctx.log("rebuilt from " +
+          (installed ? "the replica of position " + std::to_string(base)
+                     : std::string("the initial state")) +
+          " and " + std::to_string(rt_.value.stats_.replayed) + " logged entries to position " +
+          std::to_string(rt_.value.position_) +
+          (exact
+               ? " (exact" + (missing == 0 ? std::string(")")
+                                           : "; " + std::to_string(missing) +
+                                                 " positions whose orders were lost: not applied, "
+                                                 "resent)")
+               : " (NOT exact: " + std::to_string(missing) + " positions missing" +
+                     (missing_workers.empty() ? std::string()
+                                              : ", no log from worker(s) " + missing_workers) +
+                     ")"));
+  rt_.value.entries_.clear();
+  for (auto& r : rt_.value.replicas_) r.reset();
+  rt_.value.mode_ = mode::serving;
+  if (on_rebuilt) on_rebuilt();
+  rt_.value.replica_clock_ = ctx.clock();
+  // What the workers sent meanwhile arrives now, in its order: pushes get positions.
+  detail::ring<held> waiting = std::move(rt_.value.held_);
+  rt_.value.held_ = detail::ring<held>{};
+  while (!waiting.empty()) {
+    held it = std::move(waiting.front());
+    waiting.pop_front();
+    const auto t = it.m.header.type;
+    if ((t == message_type::push || t == message_type::clock) &&
+        it.m.header.seq > ctx.last_seq(it.worker))
+      hold(ctx, it.session, it.worker, std::move(it.m), true);
+    else if (t != message_type::push && t != message_type::clock)
+      rt_.value.held_.push_back(std::move(it));
+  }
+  release(ctx);
+}
+
+template <class Ctx>
+void replica_log_server_part::watch(Ctx ctx) {
+  if (rt_.value.watching_) return;
+  rt_.value.watching_ = true;
+  ctx.spawn(watch_loop(ctx));
+}
+
+template <class Ctx>
+asio::awaitable<void> replica_log_server_part::watch_loop(Ctx ctx) {
+  typename Ctx::timer_type timer(ctx.executor());
+  const auto tick = std::chrono::milliseconds(50);
+  std::chrono::milliseconds recovering_for{0}, orphaned_for{0};
+  while (!ctx.stopped()) {
+    const bool orphans = has_orphans();
+    if (rt_.value.mode_ != mode::recovering && !orphans) break;
+    timer.expires_after(tick);
+    co_await timer.async_wait(detail::use_tuple);
+    if (ctx.stopped()) break;
+    if (rt_.value.mode_ == mode::recovering) {
+      recovering_for += tick;
+      if (recovering_for >= options.recovery_timeout) finish_recovery(ctx, true);
+    }
+    if (has_orphans()) {
+      orphaned_for += tick;
+      if (orphaned_for >= options.void_timeout) {
+        for (std::uint32_t w = 0; w < rt_.value.met_.size(); ++w)
+          if (!ctx.worker_connected(w)) void_unconfirmed(ctx, w);
+        ctx.log("dropped the unconfirmed updates of disconnected workers after " +
+                std::to_string(options.void_timeout.count()) + " ms");
+        release(ctx);
+        orphaned_for = std::chrono::milliseconds{0};
+      }
+    } else {
+      orphaned_for = std::chrono::milliseconds{0};
+    }
+  }
+  rt_.value.watching_ = false;
+}
+
+inline bool replica_log_server_part::has_orphans() const noexcept {
+  for (std::size_t i = 0; i < rt_.value.held_.size(); ++i)
+    if (rt_.value.held_[i].position != 0 && !rt_.value.held_[i].confirmed &&
+        rt_.value.held_[i].session == nullptr)
+      return true;
+  return false;
+}
+
+}  // namespace asyncps::recovery
