@@ -762,8 +762,9 @@ message push(std::uint32_t w, row_id first, std::uint32_t rows, const std::vecto
     m.header.row_count = static_cast<std::uint32_t>(keys.size());
   }
   m.payload = pool.allocate(kb + g.size() * sizeof(float));
+  // An empty `keys` has a null data(): memcpy must not see it (UBSan's nonnull check).
   std::memset(m.payload.data(), 0, kb);
-  std::memcpy(m.payload.data(), keys.data(), keys.size() * sizeof(row_id));
+  if (!keys.empty()) std::memcpy(m.payload.data(), keys.data(), keys.size() * sizeof(row_id));
   std::memcpy(m.payload.data() + kb, g.data(), g.size() * sizeof(float));
   return m;
 }
@@ -774,7 +775,8 @@ bool same_table(const Core& a, const Core& b) {
   const auto& x = a.table(0);
   const auto& y = b.table(0);
   const auto bits = [](const std::vector<float>& u, const std::vector<float>& v) {
-    return u.size() == v.size() && std::memcmp(u.data(), v.data(), u.size() * sizeof(float)) == 0;
+    return u.size() == v.size() &&
+           (u.empty() || std::memcmp(u.data(), v.data(), u.size() * sizeof(float)) == 0);
   };
   return bits(x.values, y.values) && bits(x.state, y.state) && x.step == y.step &&
          x.version == y.version && x.row_version == y.row_version &&
