@@ -238,14 +238,8 @@ class basic_rendezvous {
   // its place. Does not throw (serve_sessions' contract).
   void start(session& s) {
     s.last_seen = clock_type::now();
-    int spawned = 0;
-    try {
-      asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
-      ++spawned;
-      asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
-      ++spawned;
-    } catch (const std::bad_alloc&) {
-    } catch (const std::length_error&) {}
+    int spawned = detail::spawn_session_loops(
+        transport_.get_executor(), [&] { return read_loop(s); }, [&] { return write_loop(s); });
     if (spawned == 2) return;
     out_of_memory(s, "no memory to start its session");
     for (; spawned < 2; ++spawned) finish(s);  // the last one erases s

@@ -10,6 +10,8 @@
 #include <utility>
 
 #include <asio/awaitable.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 
 #include "asyncps/detail/accept_retry.hpp"
 #include "asyncps/detail/asio_compat.hpp"
@@ -84,6 +86,26 @@ asio::awaitable<std::error_code> serve_sessions(Acceptor& acceptor, Acceptor*& c
   stop();
   co_await running.async_wait();
   co_return result;
+}
+
+/// Spawns a new session's two coroutines on `ex`, detached: `make_read()` and then
+/// `make_write()`, each returning the `asio::awaitable<void>` of one loop (called inside, so
+/// that allocating its coroutine frame is covered). Returns how many were spawned: 2, or fewer
+/// when an allocation failed (`std::bad_alloc`, `std::length_error`: no memory for a frame).
+/// The caller then closes the session and finishes it once for each loop not spawned. Other
+/// exceptions pass. Used by every service's session start (shard server, chain master,
+/// rendezvous). Thread safety: on `ex`.
+template <class Executor, class MakeRead, class MakeWrite>
+int spawn_session_loops(const Executor& ex, MakeRead&& make_read, MakeWrite&& make_write) {
+  int spawned = 0;
+  try {
+    asio::co_spawn(ex, make_read(), asio::detached);
+    ++spawned;
+    asio::co_spawn(ex, make_write(), asio::detached);
+    ++spawned;
+  } catch (const std::bad_alloc&) {
+  } catch (const std::length_error&) {}
+  return spawned;
 }
 
 }  // namespace asyncps::detail

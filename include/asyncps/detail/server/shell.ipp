@@ -22,6 +22,7 @@
 #include <asio/detached.hpp>
 
 #include "asyncps/consistency.hpp"
+#include "asyncps/detail/accept_loop.hpp"
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
@@ -60,14 +61,8 @@ auto basic_server<Transport, Consistency, Recovery, Optimizer>::add_session(
   // A loop that cannot be spawned (no memory for its coroutine frame) is finished here in its
   // place, after the session is closed (so a loop that did start ends too): no session is
   // left that nothing will finish, and async_serve still completes.
-  int started = 0;
-  try {
-    asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
-    ++started;
-    asio::co_spawn(transport_.get_executor(), write_loop(s), asio::detached);
-    ++started;
-  } catch (const std::bad_alloc&) {
-  } catch (const std::length_error&) {}
+  const int started = detail::spawn_session_loops(
+      transport_.get_executor(), [&] { return read_loop(s); }, [&] { return write_loop(s); });
   if (started < 2) {
     detail::despite_no_memory([&] { proto_.close(s); });
     for (int i = started; i < 2; ++i) finish(s);
