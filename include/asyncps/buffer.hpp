@@ -103,22 +103,44 @@ class buffer {
   std::size_t size_ = 0;
 };
 
-/// Counters of a `buffer_pool` (for tests and benchmarks).
+/// Counters of a `buffer_pool` (for tests, benchmarks and memory reports).
 struct buffer_pool_stats {
   std::uint64_t fresh_blocks = 0;   ///< blocks obtained from the heap
   std::uint64_t reused_blocks = 0;  ///< allocations served from the free lists
+  /// Blocks given back to the heap while the pool lives: freed beyond the budget
+  /// (`max_cached_bytes`), dropped from the cache by `try_allocate`, `trim` or
+  /// `release_cached`.
+  std::uint64_t returned_blocks = 0;
+  std::uint64_t returned_bytes = 0;  ///< their capacity, in bytes
+  std::uint64_t trims = 0;           ///< calls of `trim`
+  std::size_t cached_bytes = 0;      ///< capacity bytes in the free lists at the snapshot
 };
 
 /// A thread-safe pool of 64-byte-aligned blocks in power-of-two size classes (64 B .. 4 GiB).
 ///
-/// Preconditions: the pool outlives every `buffer` it handed out. Thread safety: `allocate`
-/// and buffer release may be called concurrently from any threads (one mutex per pool; held
-/// for a free-list push/pop only). Freed blocks are cached until `max_cached_bytes` is reached,
-/// then returned to the heap.
+/// Freed blocks are cached in per-class free lists, so a steady working set (the same buffer
+/// sizes, step after step) is served without touching the heap. Two bounds keep a burst (e.g. a
+/// flood of big frames) from pinning its memory until the process ends:
+/// - a budget: a block freed while the free lists hold `max_cached_bytes` (capacity bytes)
+///   goes back to the heap at once;
+/// - `trim()`, for an owner to call now and then (e.g. when idle, or every few seconds): it
+///   gives back what the working set since the previous call did not need, so a burst's
+///   blocks leave the cache at the second call after it, and an idle pool keeps nothing.
+///
+/// Preconditions: the pool outlives every `buffer` it handed out. Thread safety: every member
+/// may be called concurrently from any threads, as may buffer release (one mutex per pool;
+/// held for a free-list push/pop or a trim's unlinking only; blocks go back to the heap
+/// outside it).
 class buffer_pool {
  public:
-  /// `max_cached_bytes`: upper bound on bytes kept in the free lists.
-  explicit buffer_pool(std::size_t max_cached_bytes = std::size_t{1} << 30) noexcept
+  /// The default budget of the free lists: 64 MiB of capacity.
+  static constexpr std::size_t default_max_cached_bytes = std::size_t{64} << 20;
+
+  /// `max_cached_bytes`: the budget, an upper bound on the capacity bytes kept in the free
+  /// lists (blocks count their power-of-two capacity: a 40 MiB buffer's block counts 64 MiB).
+  /// A working set larger than the budget is partly reallocated from the heap at each use:
+  /// raise it to at least the working set (e.g. twice the largest model message per peer).
+  explicit buffer_pool(std::size_t max_cached_bytes = default_max_cached_bytes) noexcept
       : max_cached_bytes_(max_cached_bytes) {}
   buffer_pool(const buffer_pool&) = delete;
   buffer_pool& operator=(const buffer_pool&) = delete;
@@ -140,16 +162,13 @@ class buffer_pool {
     detail::block_header* b = nullptr;
     {
       std::lock_guard lock(mutex_);
-      b = free_[cls];
+      b = pop(cls);
       if (b != nullptr) {
-        free_[cls] = b->next_free;
-        cached_bytes_ -= std::size_t{1} << cls;
         ++stats_.reused_blocks;
       } else {
         ++stats_.fresh_blocks;
       }
-      ++outstanding_;
-      lent_bytes_ += std::size_t{1} << cls;
+      lent(cls);
     }
     return lend(b != nullptr ? b : fresh_block(cls), bytes);
   }
@@ -170,37 +189,68 @@ class buffer_pool {
     {
       std::lock_guard lock(mutex_);
       if (cap > max_bytes || lent_bytes_ > max_bytes - cap) return buffer{};
-      b = free_[cls];
+      b = pop(cls);
       if (b != nullptr) {
-        free_[cls] = b->next_free;
-        cached_bytes_ -= cap;
         ++stats_.reused_blocks;
       } else {
         ++stats_.fresh_blocks;
         // Make room: hand back cached blocks, largest first, until lent + cached + cap fit.
-        for (std::uint32_t c = 63; cached_bytes_ > max_bytes - cap - lent_bytes_ && c > 0;) {
-          detail::block_header* h = free_[c];
-          if (h == nullptr) {
-            --c;
-            continue;
-          }
-          free_[c] = h->next_free;
-          cached_bytes_ -= std::size_t{1} << c;
-          h->next_free = to_free;
-          to_free = h;
-        }
+        to_free = unlink_largest(max_bytes - cap - lent_bytes_);
       }
-      ++outstanding_;
-      lent_bytes_ += cap;
+      lent(cls);
     }
-    while (to_free != nullptr) {
-      auto* next = to_free->next_free;
-      free_block(to_free);
-      to_free = next;
-    }
+    free_all(to_free);
     return lend(b != nullptr ? b : fresh_block(cls), bytes);
   }
 
+  /// Gives back to the heap the cached blocks that the working set since the previous `trim`
+  /// (or since construction) did not need: per size class, the free list keeps at most the
+  /// most blocks lent at once in that period minus those lent now, so the same working set
+  /// again is still served without the heap. Then a new period starts. Called when idle (no
+  /// buffer lent all period) it empties the cache; called periodically, a burst's blocks go
+  /// back at the second call after the burst. Returns the capacity bytes given back.
+  /// Complexity: O(blocks given back) plus 64 steps. Thread safety: any thread.
+  std::size_t trim() noexcept {
+    detail::block_header* to_free = nullptr;
+    std::size_t released = 0;
+    {
+      std::lock_guard lock(mutex_);
+      ++stats_.trims;
+      for (std::uint32_t c = 0; c < 64; ++c) {
+        const std::size_t keep = peak_count_[c] - lent_count_[c];  // peak >= lent
+        while (cached_count_[c] > keep) {
+          detail::block_header* h = pop(c);
+          returned(c);
+          released += std::size_t{1} << c;
+          h->next_free = to_free;
+          to_free = h;
+        }
+        peak_count_[c] = lent_count_[c];
+      }
+    }
+    free_all(to_free);
+    return released;
+  }
+
+  /// Gives back cached blocks to the heap, largest first, until at most `keep_bytes` of
+  /// capacity stay cached (0: all). Returns the capacity bytes given back. Thread safety: any
+  /// thread.
+  std::size_t release_cached(std::size_t keep_bytes = 0) noexcept {
+    detail::block_header* to_free = nullptr;
+    std::size_t before = 0;
+    std::size_t after = 0;
+    {
+      std::lock_guard lock(mutex_);
+      before = cached_bytes_;
+      to_free = unlink_largest(keep_bytes);
+      after = cached_bytes_;
+    }
+    free_all(to_free);
+    return before - after;
+  }
+
+  /// The budget of the free lists, in capacity bytes (see the constructor).
+  std::size_t max_cached_bytes() const noexcept { return max_cached_bytes_; }
   /// Capacity bytes of the blocks lent out (their `buffer`s alive). Thread safety: any thread.
   std::size_t lent_bytes() const {
     std::lock_guard lock(mutex_);
@@ -215,7 +265,9 @@ class buffer_pool {
   /// Snapshot of the counters. Thread safety: any thread.
   buffer_pool_stats stats() const {
     std::lock_guard lock(mutex_);
-    return stats_;
+    buffer_pool_stats s = stats_;
+    s.cached_bytes = cached_bytes_;
+    return s;
   }
 
  private:
@@ -225,6 +277,57 @@ class buffer_pool {
     const std::size_t n = bytes < 64 ? 64 : bytes;
     return static_cast<std::uint32_t>(std::bit_width(n - 1));
   }
+  // The free-list operations below run under `mutex_`.
+  // The head of class `c`'s free list, unlinked, or null.
+  detail::block_header* pop(std::uint32_t c) noexcept {
+    detail::block_header* b = free_[c];
+    if (b != nullptr) {
+      free_[c] = b->next_free;
+      cached_bytes_ -= std::size_t{1} << c;
+      --cached_count_[c];
+    }
+    return b;
+  }
+  // A block of class `c` is lent out.
+  void lent(std::uint32_t c) noexcept {
+    ++outstanding_;
+    lent_bytes_ += std::size_t{1} << c;
+    if (++lent_count_[c] > peak_count_[c]) peak_count_[c] = lent_count_[c];
+  }
+  // Undoes `lent(c)` (a block given back, or one the heap could not provide).
+  void unlent(std::uint32_t c) noexcept {
+    --outstanding_;
+    lent_bytes_ -= std::size_t{1} << c;
+    --lent_count_[c];
+  }
+  // A block of class `c` leaves the pool for the heap.
+  void returned(std::uint32_t c) noexcept {
+    ++stats_.returned_blocks;
+    stats_.returned_bytes += std::size_t{1} << c;
+  }
+  // Unlinks cached blocks, largest first, until at most `keep_bytes` stay cached; returns
+  // them as a list (through `next_free`) for `free_all` outside the lock.
+  detail::block_header* unlink_largest(std::size_t keep_bytes) noexcept {
+    detail::block_header* out = nullptr;
+    for (std::uint32_t c = 63; cached_bytes_ > keep_bytes && c > 0;) {
+      detail::block_header* h = pop(c);
+      if (h == nullptr) {
+        --c;
+        continue;
+      }
+      returned(c);
+      h->next_free = out;
+      out = h;
+    }
+    return out;
+  }
+  static void free_all(detail::block_header* list) noexcept {
+    while (list != nullptr) {
+      auto* next = list->next_free;
+      free_block(list);
+      list = next;
+    }
+  }
   detail::block_header* fresh_block(std::uint32_t cls) {
     void* mem = nullptr;
     try {
@@ -232,8 +335,7 @@ class buffer_pool {
                            std::align_val_t{64});
     } catch (...) {
       std::lock_guard lock(mutex_);
-      --outstanding_;
-      lent_bytes_ -= std::size_t{1} << cls;
+      unlent(cls);
       throw;
     }
     auto* b = ::new (mem) detail::block_header{};
@@ -251,23 +353,28 @@ class buffer_pool {
     ::operator delete(static_cast<void*>(b), std::align_val_t{64});
   }
   void release(detail::block_header* b) noexcept {
-    const std::size_t cap = std::size_t{1} << b->size_class;
+    const std::uint32_t c = b->size_class;
+    const std::size_t cap = std::size_t{1} << c;
     {
       std::lock_guard lock(mutex_);
-      --outstanding_;
-      lent_bytes_ -= cap;
+      unlent(c);
       if (cached_bytes_ + cap <= max_cached_bytes_) {
-        b->next_free = free_[b->size_class];
-        free_[b->size_class] = b;
+        b->next_free = free_[c];
+        free_[c] = b;
         cached_bytes_ += cap;
+        ++cached_count_[c];
         return;
       }
+      returned(c);
     }
     free_block(b);
   }
 
   mutable std::mutex mutex_;
   detail::block_header* free_[64] = {};
+  std::size_t cached_count_[64] = {};  // blocks in each free list
+  std::size_t lent_count_[64] = {};    // blocks of each class lent out
+  std::size_t peak_count_[64] = {};    // the most of them lent at once since the last trim
   std::size_t cached_bytes_ = 0;
   std::size_t max_cached_bytes_;
   std::size_t outstanding_ = 0;  // blocks lent out

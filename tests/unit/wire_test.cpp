@@ -544,3 +544,81 @@ TEST_CASE("validate_header: a state transfer never goes without its payload chec
   h.flags = 128;
   CHECK(validate_header(h, wire_limits{}) == errc::bad_flags);
 }
+
+TEST_CASE("buffer_pool: a block freed beyond the budget goes back to the heap, counted") {
+  CHECK(buffer_pool{}.max_cached_bytes() == buffer_pool::default_max_cached_bytes);
+  CHECK(buffer_pool::default_max_cached_bytes == std::size_t{64} << 20);
+  buffer_pool pool(8192 + 64);  // room for two 4 KiB blocks and a 64-byte one
+  std::vector<buffer> held;
+  for (int i = 0; i < 4; ++i) held.push_back(pool.allocate(4000));
+  CHECK(pool.lent_bytes() == 4 * 4096);
+  held.clear();
+  auto s = pool.stats();
+  CHECK(s.fresh_blocks == 4);
+  CHECK(s.cached_bytes == 8192);
+  CHECK(pool.cached_bytes() == 8192);
+  CHECK(s.returned_blocks == 2);
+  CHECK(s.returned_bytes == 8192);
+  // A working set within the budget is reused, never reallocated.
+  for (int step = 0; step < 3; ++step) {
+    buffer a = pool.allocate(4000), b = pool.allocate(4096);
+  }
+  s = pool.stats();
+  CHECK(s.fresh_blocks == 4);
+  CHECK(s.reused_blocks == 6);
+  CHECK(s.returned_blocks == 2);
+  // release_cached: largest first, down to what may stay.
+  buffer small = pool.allocate(64);
+  small.reset();
+  CHECK(pool.cached_bytes() == 8192 + 64);
+  CHECK(pool.release_cached(4096 + 64) == 4096);
+  CHECK(pool.cached_bytes() == 4096 + 64);
+  CHECK(pool.release_cached() == 4096 + 64);
+  CHECK(pool.stats().cached_bytes == 0);
+  CHECK(pool.stats().returned_blocks == 5);
+}
+
+TEST_CASE("buffer_pool::trim gives back a burst's blocks and keeps the working set") {
+  buffer_pool pool;            // the default budget: 64 MiB
+  const auto step = [&pool] {  // one step of a steady working set: 2 x 1 KiB + 128 KiB
+    buffer a = pool.allocate(1000), b = pool.allocate(1000), c = pool.allocate(100'000);
+  };
+  const std::size_t working_set = 2 * 1024 + (std::size_t{128} << 10);
+  for (int i = 0; i < 3; ++i) step();
+  CHECK(pool.stats().fresh_blocks == 3);
+  {  // a burst: 20 frames of 1 MiB held at once (e.g. a flood of big pushes)
+    std::vector<buffer> burst;
+    for (int i = 0; i < 20; ++i) burst.push_back(pool.allocate(std::size_t{1} << 20));
+  }
+  const std::size_t burst_bytes = std::size_t{20} << 20;
+  CHECK(pool.cached_bytes() == working_set + burst_bytes);
+  step();
+  // The first trim after the burst keeps it (its period needed it) ...
+  CHECK(pool.trim() == 0);
+  CHECK(pool.cached_bytes() == working_set + burst_bytes);
+  for (int i = 0; i < 3; ++i) step();
+  // ... the second gives it back, and keeps exactly what the steady steps use.
+  CHECK(pool.trim() == burst_bytes);
+  CHECK(pool.cached_bytes() == working_set);
+  const auto before = pool.stats();
+  CHECK(before.returned_blocks == 20);
+  CHECK(before.returned_bytes == burst_bytes);
+  CHECK(before.trims == 2);
+  for (int i = 0; i < 5; ++i) step();
+  CHECK(pool.trim() == 0);
+  CHECK(pool.stats().fresh_blocks == before.fresh_blocks);  // the working set was reused
+  // A block lent at the trim still counts in its period's need: two 1 KiB blocks were lent
+  // at once and one is lent now, so one stays cached, and so does the 128 KiB block.
+  step();
+  buffer held = pool.allocate(1000);
+  CHECK(pool.trim() == 0);
+  CHECK(pool.cached_bytes() == 1024 + (128 << 10));
+  held.reset();
+  // Idle from here: the next trim keeps what the last period had lent at its start (one
+  // 1 KiB block), the one after nothing.
+  CHECK(pool.trim() == 1024 + (128 << 10));
+  CHECK(pool.cached_bytes() == 1024);
+  CHECK(pool.trim() == 1024);
+  CHECK(pool.cached_bytes() == 0);
+  CHECK(pool.lent_bytes() == 0);
+}
