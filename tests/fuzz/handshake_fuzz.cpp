@@ -1,19 +1,38 @@
-// libFuzzer target `handshake`: the typed control messages of protocol.hpp. Input: frames as
-// fuzz_support.hpp reads them; each frame that a transport would accept is given to every
-// decoder (hello, welcome, error, report, chain_hello, chain_config, order, and the rendezvous's
-// announce, assigned, lookup, directory).
+// libFuzzer target `handshake`: the typed control messages of protocol.hpp and the replica
+// log's worker part. Input: frames as fuzz_support.hpp reads them; each frame that a transport
+// would accept is given to every decoder (hello, welcome, error, report, chain_hello,
+// chain_config, order, and the rendezvous's announce, assigned, lookup, directory), then to one
+// `recovery::replica_log_worker_part` (2 shards, `max_unacked` 4; shard = header `sender` mod 2)
+// as the event its type names: push and clock are the worker's own messages (`on_push`, when
+// their seq exceeds the shard's last), ack `on_ack`, welcome `on_welcome` (flag `state`: the
+// shard rebuilds), hello asks `hello_flags`/`hello_clock`, replay runs `on_rejoin`, and every
+// other type (order, state, commit, ...) is a server message (`on_server_message`).
 //
 // Invariants (abort on violation): a decoder accepts only its own message type; what it
 // accepts re-encodes to the same payload bytes and the same header fields (type, sender where
 // the message carries one, clock where it carries one, flags); decoded values respect the
-// documented ranges.
+// documented ranges; refusals say what is wrong. The replica-log worker part agrees with a
+// model of its documented behaviour: it takes exactly the orders `decode` accepts (committing
+// the position of a logged, unapplied push of that seq, else nothing) and every state replica
+// (committing it with flag `state`), refuses other server messages as unexpected, frees
+// entries only when applied and covered by a stable position, replays a rebuilding shard's
+// replica and ordered entries, and its counters (entries, bytes, replicas, orders, replayed)
+// and flow control match the model after every event.
+//
+// Not here: commit and replay carry no payload (header `seq` only); the server part's range
+// check of their positions needs a server context (tests/unit/insider_test.cpp).
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/replica_log/worker_part.hpp"
 #include "asyncps/wire.hpp"
 #include "fuzz_support.hpp"
 
@@ -97,11 +116,227 @@ void round_trip(const message& m, message_type type, bool carries_clock, bool ca
   require(same_payload(back, m), "the payload round-trips");
 }
 
+// ---- the replica log's worker part against a model ----
+
+constexpr std::uint32_t log_shards = 2;
+constexpr std::uint32_t log_max_unacked = 4;
+
+struct model_entry {
+  frame_header header;
+  std::size_t bytes = 0;
+  std::uint64_t position = 0;  // 0: not ordered
+};
+
+struct model_shard {
+  std::vector<model_entry> log;  // oldest first
+  std::size_t unapplied = 0;
+  std::uint64_t stable = 0;
+  std::optional<frame_header> replica;
+  std::size_t replica_bytes = 0;
+  bool met = false;
+  bool rebuilding = false;
+  std::uint64_t last_seq = 0;  // of the worker's own pushes and clock messages
+};
+
+struct log_model {
+  recovery::replica_log_worker_part part;
+  model_shard shards[log_shards];
+  recovery::replica_log_worker_stats stats{};
+
+  log_model() {
+    part.on_start(worker_setup{.shards = log_shards, .tables = 1, .max_unacked = log_max_unacked});
+  }
+
+  void truncate(model_shard& sh) {
+    while (sh.unapplied > 0 && sh.log.front().position != 0 &&
+           sh.log.front().position <= sh.stable) {
+      stats.log_bytes -= sh.log.front().bytes;
+      --stats.log_entries;
+      sh.log.erase(sh.log.begin());
+      --sh.unapplied;
+    }
+  }
+
+  void check(std::uint32_t s) const {
+    const auto& got = part.stats();
+    require(got.log_entries == stats.log_entries, "replica log: log_entries");
+    require(got.log_bytes == stats.log_bytes, "replica log: log_bytes");
+    require(got.max_log_bytes == stats.max_log_bytes, "replica log: max_log_bytes");
+    require(got.replica_bytes == stats.replica_bytes, "replica log: replica_bytes");
+    require(got.max_replica_bytes == stats.max_replica_bytes, "replica log: max_replica_bytes");
+    require(got.replicas_stored == stats.replicas_stored, "replica log: replicas_stored");
+    require(got.replayed == stats.replayed, "replica log: replayed");
+    require(got.orders == stats.orders, "replica log: orders");
+    const auto& sh = shards[s];
+    const std::size_t left = sh.log.size() - sh.unapplied;
+    require(part.flow_blocked(s) == (left >= log_max_unacked), "replica log: flow control");
+    require(part.has_pending(s, false) == (left != 0), "replica log: pending entries");
+  }
+
+  void on_frame(message& m) {
+    const std::uint32_t s = m.header.sender % log_shards;
+    auto& sh = shards[s];
+    switch (m.header.type) {
+      case message_type::push:
+      case message_type::clock:
+        if (m.header.seq <= sh.last_seq) break;  // a worker numbers its messages upwards
+        sh.last_seq = m.header.seq;
+        part.on_push(s, m);
+        sh.log.push_back(model_entry{m.header, m.payload.size(), 0});
+        ++stats.log_entries;
+        stats.log_bytes += m.payload.size();
+        stats.max_log_bytes = std::max(stats.max_log_bytes, stats.log_bytes);
+        break;
+      case message_type::ack: {
+        const bool full = sh.log.size() - sh.unapplied >= log_max_unacked;
+        while (sh.unapplied < sh.log.size() && sh.log[sh.unapplied].header.seq <= m.header.seq)
+          ++sh.unapplied;
+        truncate(sh);
+        const std::size_t left = sh.log.size() - sh.unapplied;
+        require(part.on_ack(s, m.header.seq) == (left == 0 || (full && left < log_max_unacked)),
+                "replica log: on_ack wakes the worker when flow control opens or all is applied");
+        break;
+      }
+      case message_type::welcome: {
+        const bool lost = m.header.has(frame_flags::state);
+        require(part.on_welcome(welcome_part{.shard = s, .server_lost_state = lost}) ==
+                    welcome_action::resend,
+                "replica log: a welcome resends");
+        sh.met = true;
+        sh.rebuilding = lost;
+        break;
+      }
+      case message_type::hello: {
+        require(part.hello_flags(s) == (sh.met ? frame_flags::state : std::uint8_t{0}),
+                "replica log: a hello says whether the worker holds a log");
+        const clock_value now = 1000;
+        const clock_value want =
+            sh.unapplied < sh.log.size() ? sh.log[sh.unapplied].header.clock : now;
+        require(part.hello_clock(s, now) == want, "replica log: hello clock");
+        break;
+      }
+      case message_type::replay: rejoin(s); break;
+      default: server_message(s, m);
+    }
+    check(s);
+  }
+
+  void server_message(std::uint32_t s, message& m) {
+    auto& sh = shards[s];
+    std::vector<message> replies;
+    const frame_header h = m.header;
+    const std::size_t bytes = m.payload.size();
+    std::optional<protocol::order> o;
+    if (h.type == message_type::order) {
+      protocol::order d;
+      std::string why;
+      if (!protocol::decode(m, d, why)) o = d;
+    }
+    const std::error_code ec = part.on_server_message(s, m, replies);
+    if (h.type == message_type::order) {
+      require(!ec == o.has_value(), "replica log: an order is taken exactly when it decodes");
+      if (ec) {
+        require(replies.empty(), "replica log: a refused order commits nothing");
+        return;
+      }
+      ++stats.orders;
+      bool found = false;
+      for (std::size_t i = sh.log.size(); i-- > sh.unapplied;) {
+        if (sh.log[i].header.seq != o->seq) continue;
+        sh.log[i].position = o->position;
+        found = true;
+        break;
+      }
+      require(replies.size() == (found ? 1u : 0u), "replica log: one commit per logged order");
+      if (found)
+        require(replies[0].header.type == message_type::commit && replies[0].header.flags == 0 &&
+                    replies[0].header.seq == o->position && replies[0].payload.empty(),
+                "replica log: the commit names the order's position");
+      if (o->stable > sh.stable) {
+        sh.stable = o->stable;
+        if (sh.replica && sh.replica->seq < sh.stable) {
+          stats.replica_bytes -= sh.replica_bytes;
+          sh.replica.reset();
+        }
+        truncate(sh);
+      }
+      return;
+    }
+    if (h.type == message_type::state) {
+      require(!ec, "replica log: a state replica is stored");
+      require(replies.size() == 1 && replies[0].header.type == message_type::commit &&
+                  replies[0].header.flags == frame_flags::state && replies[0].header.seq == h.seq,
+              "replica log: a stored replica is committed with flag state");
+      if (sh.replica) stats.replica_bytes -= sh.replica_bytes;
+      sh.replica = h;
+      sh.replica_bytes = bytes;
+      stats.replica_bytes += bytes;
+      stats.max_replica_bytes = std::max(stats.max_replica_bytes, stats.replica_bytes);
+      ++stats.replicas_stored;
+      return;
+    }
+    require(ec == errc::unexpected_message && replies.empty(),
+            "replica log: other server messages are unexpected");
+  }
+
+  void rejoin(std::uint32_t s) {
+    auto& sh = shards[s];
+    std::vector<rejoin_message> out;
+    rejoin_context r(
+        s, 0, 0, 0, sh.rebuilding, {}, [](void*, std::size_t n) { return fuzz::allocate(n); },
+        nullptr, out);
+    part.on_rejoin(r);
+    std::size_t k = 0;
+    auto next = [&]() -> const message& {
+      require(k < out.size(), "replica log: a rejoin sends every expected message");
+      return out[k++].msg;
+    };
+    auto is_entry = [](const message& m, const model_entry& e) {
+      return m.header.type == e.header.type && m.header.seq == e.header.seq &&
+             m.header.clock == e.header.clock && m.payload.size() == e.bytes;
+    };
+    if (sh.rebuilding) {
+      if (sh.replica) {
+        const message& m = next();
+        require(m.header.type == message_type::state && m.header.seq == sh.replica->seq &&
+                    m.payload.size() == sh.replica_bytes,
+                "replica log: a rebuilding shard gets the replica first");
+      }
+      for (const auto& e : sh.log) {
+        if (e.position == 0) continue;
+        const message& a = next();
+        require(a.header.type == message_type::replay && a.header.flags == 0 &&
+                    a.header.seq == e.position,
+                "replica log: each ordered entry is announced by a replay of its position");
+        require(is_entry(next(), e), "replica log: the announced entry follows");
+        ++stats.replayed;
+      }
+    } else {
+      for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i) {
+        if (sh.log[i].position == 0) continue;
+        const message& c = next();
+        require(c.header.type == message_type::commit && c.header.flags == 0 &&
+                    c.header.seq == sh.log[i].position,
+                "replica log: a rejoin repeats the commits of unapplied ordered entries");
+      }
+    }
+    const message& end = next();
+    require(end.header.type == message_type::replay && end.header.flags == frame_flags::state &&
+                end.header.seq == sh.stable,
+            "replica log: the replay ends with the stable position");
+    for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i)
+      if (sh.log[i].position == 0)
+        require(is_entry(next(), sh.log[i]), "replica log: unordered entries are resent");
+    require(k == out.size(), "replica log: a rejoin sends nothing else");
+  }
+};
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   fuzz::byte_reader in(std::as_bytes(std::span(data, size)));
   const wire_limits limits{};
+  log_model replica_log;
   while (in.left() != 0) {
     message m;
     const auto r = fuzz::read_frame(in, limits, m);
@@ -118,6 +353,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     round_trip<protocol::assigned>(m, message_type::assigned, false, false, false);
     round_trip<protocol::lookup>(m, message_type::lookup, false, false);
     round_trip<protocol::directory>(m, message_type::directory, false, false, false);
+    replica_log.on_frame(m);
   }
   return 0;
 }

@@ -271,6 +271,53 @@ void handshake_corpus() {
                                            .num_workers = 4,
                                            .servers = {{"10.0.0.7", 7000}, {"fe80::1%eth0", 7001}}},
                        fuzz::allocate));
+
+  // The replica log's worker part (handshake_fuzz.cpp): the worker's pushes and clock
+  // message on shard 0 (sender 0), their orders, a state replica, acks, then a rejoin: to a
+  // rebuilding shard (welcome flag state) and to one that kept its state.
+  auto welcome = [](bool rebuilding) {
+    return protocol::encode(protocol::welcome{.shard = 0,
+                                              .num_shards = 2,
+                                              .server_clock = 1,
+                                              .worker_clock = 1,
+                                              .wants_state = rebuilding,
+                                              .tables = {{8, 2, 3}}},
+                            fuzz::allocate);
+  };
+  auto seq = [](message m, std::uint64_t s) {
+    m.header.seq = s;
+    m.header.flags |= frame_flags::want_ack;
+    return m;
+  };
+  auto order = [](std::uint64_t s, std::uint64_t position, std::uint64_t stable) {
+    return protocol::encode(
+        protocol::order{.shard = 0, .seq = s, .position = position, .stable = stable},
+        fuzz::allocate);
+  };
+  auto replica = [](std::uint64_t position) {
+    message m = range_push(0, 0, 1, 2, 0, 4);  // a few bytes standing for the state
+    m.header.type = message_type::state;
+    m.header.flags = 0;
+    m.header.seq = position;
+    return m;
+  };
+  for (const bool rebuilding : {true, false}) {
+    bytes b;
+    add(b, welcome(false));
+    add(b, seq(push(0, 0, 0, 2, {1, 3}), 1));
+    add(b, seq(push(0, 0, 0, 2, {2}), 2));
+    add(b, seq(bare(message_type::clock, 0, 0), 3));
+    add(b, order(1, 1, 0));
+    add(b, order(2, 2, 0));
+    add(b, replica(2));
+    add(b, bare(message_type::ack, 0, 0, 1));
+    add(b, order(3, 3, 2));
+    add(b, seq(push(0, 0, 1, 2, {5}), 4));
+    add(b, bare(message_type::hello, 0));
+    add(b, welcome(rebuilding));
+    add(b, bare(message_type::replay, 0));
+    write("handshake", rebuilding ? "replica_log_rebuild" : "replica_log_rejoin", b);
+  }
 }
 
 // `sparse_keys`: shard 1 of 3 owns rows [3, 6) of table 0 (width 3) and [33, 66) of table 1.

@@ -6,8 +6,12 @@
 // to the same bytes (has_last_seq aside when there are no workers: 0 and 1 then mean the same); a
 // state that restores leaves the shard holding exactly it (save_state gives it back, the server
 // clock being the minimum of its worker clocks), and one that is refused leaves the shard
-// unchanged.
+// unchanged. A refusal is `layout_mismatch` or `bad_state` and names the field; what restores
+// is a state a run can reach (`shard_core::check_state`: values and optimizer state finite,
+// worker clocks in [0, protocol::max_clock], steps, applied counts and last_seq at most
+// protocol::max_seq).
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +22,7 @@
 #include "asyncps/detail/shard_core.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
+#include "asyncps/protocol.hpp"
 #include "asyncps/shard_state.hpp"
 #include "fuzz_support.hpp"
 
@@ -73,7 +78,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   core_t core(0, 2, 2, layout, 3, optimizer::momentum{});
   shard_state before;
   core.save_state(before);
-  if (core.restore_state(st)) {
+  std::string detail;
+  if (const auto ec = core.restore_state(st, detail)) {
+    require(ec == errc::layout_mismatch || ec == errc::bad_state, "restore refuses a bad state");
+    require(!detail.empty() &&
+                (ec != errc::bad_state || detail.find("field '") != std::string::npos),
+            "a restore refusal names what is wrong");
     shard_state unchanged;
     core.save_state(unchanged);
     require(same_tables(unchanged, before) && unchanged.worker_clocks == before.worker_clocks &&
@@ -81,6 +91,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             "a refused state changes nothing");
     return 0;
   }
+  const auto finite = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  for (const auto& t : st.tables)
+    require(finite(t.values) && finite(t.optimizer_state) && t.step <= protocol::max_seq,
+            "a restored table is finite, its step at most max_seq");
+  for (const auto c : st.worker_clocks)
+    require(c >= 0 && c <= protocol::max_clock, "restored clocks lie in [0, max_clock]");
+  for (const auto a : st.applied) require(a <= protocol::max_seq, "restored counts <= max_seq");
+  for (const auto q : st.last_seq) require(q <= protocol::max_seq, "restored last_seq <= max_seq");
   shard_state now;
   core.save_state(now);
   require(same_tables(now, st), "a restored shard holds the state's tables");
