@@ -52,6 +52,7 @@
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
+#include "asyncps/detail/server/part_context.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/server_protocol.hpp"
 #include "asyncps/detail/server_session.hpp"
@@ -293,23 +294,19 @@ class basic_server {
   std::error_code restore_state(const shard_state& st) { return proto_.restore_state(st); }
 
   /// What the recovery part's hooks (recovery.hpp, server hooks) may do with this server: a
-  /// copyable handle, valid while the server lives; every call on the server's executor.
-  class context {
+  /// copyable handle, valid while the server lives; every call on the server's executor. The
+  /// shard and the sessions through `detail::part_context` (sans-io: a test steps a part with
+  /// that alone, tests/unit/policy_steps_test.cpp); here the I/O a part may start on its own
+  /// (connects, coroutines, timers) and the transport's limits.
+  class context : public detail::part_context<protocol_type> {
    public:
     using timer_type = detail::transport_timer_t<Transport>;  ///< the transport's timer
     using endpoint_type = typename Transport::endpoint_type;  ///< the transport's address
     using connection_type = typename Transport::connection_type;
 
-    explicit context(basic_server* s) noexcept : s_(s) {}
+    explicit context(basic_server* s) noexcept
+        : detail::part_context<protocol_type>(s->proto_), s_(s) {}
 
-    const server_options& options() const noexcept { return s_->options(); }
-    /// The policy fingerprint workers and peers must send (protocol.hpp).
-    static constexpr std::uint32_t fingerprint() noexcept {
-      return policy_fingerprint<Consistency, Recovery>();
-    }
-    static constexpr std::string_view policy_name() noexcept { return Recovery::name; }
-    /// Logs one line as this server.
-    void log(const std::string& line) const { p().log(line); }
     typename Transport::executor_type executor() const { return s_->transport_.get_executor(); }
     /// Connects to `ep` through the server's transport.
     auto async_connect(endpoint_type ep) const { return s_->transport_.async_connect(ep); }
@@ -320,107 +317,9 @@ class basic_server {
     /// Serves connection `c` (one the part opened) as a peer session with tag `role`.
     detail::session_base& add_peer(connection_type c, std::uint8_t role) const {
       auto& s = s_->add_session(std::move(c));
-      claim(s, role);
+      this->claim(s, role);
       return s;
     }
-    /// Makes `s` a peer session with tag `role`: its messages go to `on_peer_message`.
-    static void claim(detail::session_base& s, std::uint8_t role) noexcept {
-      s.kind = detail::session_base::kind_type::peer;
-      s.role = role;
-    }
-    /// Queues `m` to peer `s` (not bounded by the per-worker queue limits).
-    void send_peer(detail::session_base& s, message m) const {
-      p().enqueue(as_session(s), std::move(m), true);
-    }
-    /// Acknowledges push `seq` to worker session `s`, or to worker `w` when it is connected.
-    void ack(detail::session_base& s, std::uint64_t seq) const { p().send_ack(as_session(s), seq); }
-    void ack_worker(std::uint32_t w, std::uint64_t seq) const {
-      if (session* ws = p().worker_session(w)) p().send_ack(*ws, seq);
-    }
-    /// Queues `m` to worker `w` when it is connected (not bounded by the queue limits).
-    void send_worker(std::uint32_t w, message m) const {
-      if (session* ws = p().worker_session(w)) p().enqueue(*ws, std::move(m), true);
-    }
-    /// Whether worker `w` is connected now.
-    bool worker_connected(std::uint32_t w) const { return p().worker_session(w) != nullptr; }
-    /// Dispatches `m`, a message of worker session `s` that the part held (hook
-    /// `on_worker_message`), as if it arrived now; an error refuses `s` and is returned.
-    std::error_code dispatch(detail::session_base& s, message& m) const {
-      std::string detail;
-      auto ec = p().dispatch(as_session(s), m, detail);
-      if (ec) p().reject(as_session(s), ec, detail);
-      return ec;
-    }
-    /// Dispatches `m`, a push or clock message of worker `w` that the part held, on the
-    /// worker's session now, or without one when it is not connected (applied, not
-    /// acknowledged); an error refuses the session and is returned.
-    std::error_code dispatch_of(std::uint32_t w, message& m) const {
-      std::string detail;
-      session* ws = p().worker_session(w);
-      auto ec = p().dispatch_held(w, ws, m, detail);
-      if (ec && ws != nullptr) p().reject(*ws, ec, detail);
-      return ec;
-    }
-    /// How long ago the last message arrived on `s` (its silence), in the transport clock's
-    /// duration (from the clock's epoch when nothing has arrived on it yet).
-    auto silent_for(const detail::session_base& s) const {
-      return clock_type::now() - static_cast<const session&>(s).heard;
-    }
-    /// Logs `line` as this server unless lines of `kind` (a `detail::log_kind` constant or a
-    /// literal: static storage) are over their rate (a few every 10 s, then a count of the
-    /// rest, as the server's refusals; detail::log_limiter). Returns whether it was logged.
-    bool log_limited(std::string_view kind, const std::string& line) const {
-      if (!p().log_allowed(kind, "")) return false;
-      p().log(line);
-      return true;
-    }
-    /// Closes `s` now / after its queued messages.
-    void close(detail::session_base& s) const { p().close(as_session(s)); }
-    void close_after_flush(detail::session_base& s) const { p().close_after_flush(as_session(s)); }
-    /// Closes every session `pred(session)` selects, in the order they were opened.
-    template <class Pred>
-    void close_if(Pred pred) const {
-      for (auto& s : p().sessions())
-        if (pred(static_cast<const detail::session_base&>(s))) p().close(s);
-    }
-    // The shard.
-    std::size_t num_tables() const noexcept { return p().core().num_tables(); }
-    key_range range(table_id t) const noexcept { return p().core().table(t).range; }
-    clock_value clock() const noexcept { return p().core().clock(); }
-    clock_value worker_clock(std::uint32_t w) const noexcept { return p().core().worker_clock(w); }
-    /// Highest push (or clock) sequence number applied per worker.
-    std::uint64_t& last_seq(std::uint32_t w) const noexcept { return p().core().last_seq(w); }
-    /// Whether the shard holds trained state (a push applied or a state restored).
-    bool has_state() const noexcept { return p().core().has_state(); }
-    /// Validates table, width and rows of push/pull `m` against this shard.
-    std::error_code check_rows(const message& m, std::string& detail) const {
-      return p().core().check_rows(m, detail);
-    }
-    static bool all_finite(std::span<const float> g) noexcept { return core_type::all_finite(g); }
-    /// Applies checked push `m` of worker `m.header.sender` and counts it like a worker's.
-    /// Errors: `errc::non_finite_update` when it would make a value or the optimizer's state
-    /// non-finite (nothing applied or counted; deterministic, so every replica refuses it).
-    [[nodiscard]] std::error_code apply_push(const message& m) const {
-      std::string detail;
-      if (auto ec = p().apply(m, detail)) return ec;
-      p().core().count_push(m.header.sender, m.header.table);
-      ++p().stats().pushes;
-      return {};
-    }
-    /// Applies checked update `m` without counting it as a worker's push. Errors: as
-    /// `apply_push`.
-    [[nodiscard]] std::error_code apply_update(const message& m) const {
-      std::string detail;
-      return p().apply(m, detail);
-    }
-    /// Replaces table `t`'s values with `v` and clears its optimizer state.
-    void install_replica(table_id t, std::span<const float> v) const {
-      p().core().install_replica(t, v);
-    }
-    /// Moves worker `w`'s clock to `c` (answers pulls, pushes eager rows, ...).
-    void advance(std::uint32_t w, clock_value c) const { p().advance(w, c); }
-    void save_state(shard_state& out) const { s_->save_state(out); }
-    std::error_code restore_state(const shard_state& st) const { return s_->restore_state(st); }
     /// The largest frame the transport accepts, in bytes.
     std::size_t max_frame_bytes() const {
       return wire_limits(s_->transport_.limits()).max_frame_bytes;
@@ -428,10 +327,6 @@ class basic_server {
     buffer allocate(std::size_t n) const { return s_->transport_.allocate(n); }
 
    private:
-    static session& as_session(detail::session_base& s) noexcept {
-      return static_cast<session&>(s);
-    }
-    protocol_type& p() const noexcept { return s_->proto_; }
     basic_server* s_;
   };
 

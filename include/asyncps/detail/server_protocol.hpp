@@ -82,6 +82,10 @@ class server_protocol {
  public:
   using core_type = shard_core<Optimizer, Session*, TimePoint>;
   using part_type = typename Recovery::server_part;
+  using session_type = Session;
+  using time_point = TimePoint;
+  using consistency_type = Consistency;
+  using recovery_type = Recovery;
   static constexpr std::uint32_t no_worker = session_base::none;
 
   /// Builds the shard of `opts` (throws `std::invalid_argument` naming a bad field).
@@ -101,6 +105,8 @@ class server_protocol {
   }
 
   const server_options& options() const noexcept { return opts_; }
+  /// The shell's time now (`io.now()`).
+  TimePoint now() const { return io_->now(); }
   server_stats& stats() noexcept { return stats_; }
   const server_stats& stats() const noexcept { return stats_; }
   part_type& part() noexcept { return part_; }
