@@ -21,6 +21,7 @@
 #include <openssl/ssl.h>
 
 #include "asyncps/detail/config.hpp"
+#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/result.hpp"
 
@@ -28,9 +29,14 @@ namespace asyncps {
 
 /// Mutual TLS for `tcp_transport` (`tcp_options::tls`). Every node presents its certificate and
 /// checks the peer's against `ca_file`, in both directions: a listener refuses a peer without
-/// a certificate. Any certificate the CA signs is a member of the run (names and addresses are
-/// not checked), so use a CA of its own for the cluster. TLS 1.3 only; no session resumption.
-/// All three files empty: no TLS. Thread safety: a plain aggregate.
+/// a certificate. Use a CA of its own for the cluster. Host names and addresses are not
+/// checked; what a certificate may do is what its identities say (`peer_identity`: URI subject
+/// alternative names `asyncps://<role>/<id>`, docs/security.md "Identities"): a shard server
+/// takes a worker hello only for a worker id the certificate names, the chain master and chain
+/// members a chain_hello only for a member it names, the rendezvous an announce or a worker id
+/// only as named. A certificate naming no asyncps identity may act as any member (as a shared
+/// secret does) unless `require_identity`. TLS 1.3 only; no session resumption. All three
+/// files empty: no TLS. Thread safety: a plain aggregate.
 struct tls_options {
   /// PEM file: this node's certificate, optionally followed by intermediate CA certificates.
   std::string certificate_file;
@@ -41,6 +47,11 @@ struct tls_options {
   /// Check the peer's certificate (both directions). Off: the traffic is encrypted, but an
   /// on-path attacker can pose as either end (tests only); `ca_file` may then be empty.
   bool verify_peer = true;
+  /// Refuse a peer whose certificate names no asyncps identity (both directions: the TLS
+  /// handshake fails with `errc::tls_handshake_failed`). Off: such a peer may claim any id.
+  /// A certificate naming a malformed asyncps URI (e.g. `asyncps://wroker/1`) is refused
+  /// either way. Needs `verify_peer` (identities of unverified certificates mean nothing).
+  bool require_identity = false;
 
   /// Whether TLS is asked for (any file set).
   bool enabled() const noexcept {
@@ -55,6 +66,13 @@ struct ssl_ctx_deleter {
 
 // "what 'path': reason" from errno (when the file cannot be opened) or OpenSSL's error queue.
 ASYNCPS_DECL std::string tls_file_problem(const char* what, const std::string& path);
+
+// The asyncps identity of the verified peer of `ssl` (after its handshake) into `out`: null
+// when its certificate has no URI SAN starting with "asyncps:". Returns nullptr, or why the
+// peer is refused (a string with static storage): a malformed asyncps URI, or none while
+// `require`. Thread safety: the thread that owns `ssl`.
+ASYNCPS_DECL const char* read_peer_identity(SSL* ssl, bool require,
+                                            std::shared_ptr<const peer_identity>& out);
 }  // namespace detail
 
 /// An owned OpenSSL context (`SSL_CTX_free` on destruction).
@@ -69,7 +87,8 @@ using ssl_ctx_ptr = std::unique_ptr<SSL_CTX, detail::ssl_ctx_deleter>;
 /// (e.g. `certificate file 'node.pem': No such file or directory`, `... 'node.pem': no start
 /// line (OpenSSL)` for a file that is not PEM, `private key file 'node.key': key values
 /// mismatch (OpenSSL)`): a missing certificate or key file name, a file that cannot be read or
-/// parsed, a key that does not match the certificate, or no `ca_file` while `verify_peer`.
+/// parsed, a key that does not match the certificate, no `ca_file` while `verify_peer`, or
+/// `require_identity` without `verify_peer`.
 /// `why` is left as it is on success. Blocking file I/O: call it at start-up. Thread safety:
 /// any thread (OpenSSL's error queue is per thread).
 ASYNCPS_DECL result<ssl_ctx_ptr> make_tls_context(const tls_options& o, std::string& why);

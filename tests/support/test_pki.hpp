@@ -1,7 +1,7 @@
-// Test helper: a throwaway certificate authority and node certificates for TLS tests and the
-// bench, made with OpenSSL's C API (no `openssl` command needed) as PEM files in a fresh
-// temporary directory that is removed with the object. Nothing here is a secret worth keeping:
-// the keys live only as long as the test.
+// Test helper: a throwaway certificate authority and node certificates (optionally naming
+// asyncps identities as URI SANs) for TLS tests and the bench, made with OpenSSL's C API (no
+// `openssl` command needed) as PEM files in a fresh temporary directory that is removed with
+// the object. Nothing here is a secret worth keeping: the keys live only as long as the test.
 #pragma once
 
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -46,12 +47,13 @@ class test_pki {
   test_pki& operator=(const test_pki&) = delete;
 
   /// Issues a certificate for `common_name` signed by this CA and writes it and its key (mode
-  /// 0600) next to the CA file. Returns the `tls_options` of a node holding it and trusting
-  /// this CA.
-  tls_options issue(const std::string& common_name) {
+  /// 0600) next to the CA file. `uris`: URI subject alternative names, e.g. an asyncps identity
+  /// "asyncps://worker/1" (docs/security.md, "Identities"); none: no SAN extension. Returns the
+  /// `tls_options` of a node holding it and trusting this CA.
+  tls_options issue(const std::string& common_name, const std::vector<std::string>& uris = {}) {
     key_ptr key(EVP_EC_gen("P-256"));
     if (!key) throw std::runtime_error("test_pki: EC key generation failed");
-    const auto cert = make_cert(common_name, key.get(), ca_cert_.get(), ca_key_.get(), false);
+    const auto cert = make_cert(common_name, key.get(), ca_cert_.get(), ca_key_.get(), false, uris);
     tls_options o;
     o.certificate_file = (dir_ / (common_name + ".pem")).string();
     o.private_key_file = (dir_ / (common_name + ".key")).string();
@@ -90,8 +92,9 @@ class test_pki {
 
   // A certificate for `cn` holding `key`'s public key, signed by `signer_key` as `issuer`
   // (nullptr: self-signed).
+  // `uris`: its URI subject alternative names (none: no SAN extension).
   cert_ptr make_cert(const std::string& cn, EVP_PKEY* key, X509* issuer, EVP_PKEY* signer_key,
-                     bool ca) {
+                     bool ca, const std::vector<std::string>& uris = {}) {
     cert_ptr cert(X509_new());
     if (!cert) throw std::runtime_error("test_pki: X509_new failed");
     X509* c = cert.get();
@@ -114,6 +117,9 @@ class test_pki {
       add_ext(c, issuer, NID_basic_constraints, "critical,CA:FALSE");
       add_ext(c, issuer, NID_key_usage, "critical,digitalSignature");
       add_ext(c, issuer, NID_ext_key_usage, "serverAuth,clientAuth");
+      std::string san;
+      for (const auto& u : uris) san += (san.empty() ? "URI:" : ",URI:") + u;
+      if (!san.empty()) add_ext(c, issuer, NID_subject_alt_name, san.c_str());
     }
     if (X509_sign(c, signer_key, EVP_sha256()) == 0)
       throw std::runtime_error("test_pki: X509_sign failed");

@@ -7,6 +7,9 @@
 // allocation failure while a frame is received closes that connection only, logged (the shard
 // server, the chain master, the rendezvous), and an accept that throws is retried (the chain
 // master, the rendezvous).
+// The "identity:" cases (real TCP + TLS, certificates made by test_pki.hpp): a certificate's
+// asyncps identity (URI SAN `asyncps://<role>/<id>`) bounds the ids its holder may claim: a
+// worker hello, a chain_hello at the master or a member, a rendezvous announce or lookup.
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -41,11 +44,13 @@
 #include "asyncps/rendezvous.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
+#include "asyncps/transport/tcp.hpp"
 #include "asyncps/worker.hpp"
 #include "counter_model.hpp"
 #include "listen_and_serve.hpp"
 #include "log_lines.hpp"
 #include "run_coro.hpp"
+#include "test_pki.hpp"
 
 using namespace asyncps;
 using namespace std::chrono_literals;
@@ -1203,4 +1208,223 @@ TEST_CASE("memory: a std::bad_alloc while the rendezvous receives a frame closes
   CHECK(std::get<1>(*after_accept).worker_id == 1);
   CHECK(rv.stats().lookups == 2);
   CHECK(served);  // async_serve completed: every session finished
+}
+
+namespace {
+
+// TCP options over TLS with `tls` (the certificate issued by test_pki).
+tcp_options tls_only(const tls_options& tls) {
+  tcp_options o;
+  o.tls = tls;
+  return o;
+}
+
+// Listens on a free loopback port of `t`; `node.async_serve` runs on `io`. Returns the port.
+template <class Node>
+asio::ip::tcp::endpoint serve_loopback(asio::io_context& io, tcp_transport& t, Node& node) {
+  auto acc = t.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  asio::co_spawn(io, node.async_serve(std::move(acc).value()), asio::detached);
+  return ep;
+}
+
+}  // namespace
+
+TEST_CASE("identity: URIs parse strictly; a name covers its own id or every id of its role") {
+  CHECK(parse_peer_name("asyncps://worker/1") == peer_name{peer_role::worker, 1});
+  CHECK(parse_peer_name("asyncps://server/*") == peer_name{peer_role::server, peer_name::any});
+  CHECK(parse_peer_name("asyncps://chain/0/2") == peer_name{peer_role::chain, 0, 2});
+  CHECK(parse_peer_name("asyncps://reader/*").has_value());
+  for (const char* bad : {"asyncps://wroker/1", "asyncps://Worker/1", "asyncps://worker/",
+                          "asyncps://worker", "asyncps://worker/1/2", "asyncps://chain/0",
+                          "asyncps://worker/-1", "asyncps://worker/4294967295",
+                          "asyncps://worker/99999999999", "asyncps:/worker/1", "https://x/1"}) {
+    INFO(bad);
+    CHECK(!parse_peer_name(bad).has_value());
+  }
+  CHECK(is_identity_uri("ASYNCPS://worker/1"));  // refused as malformed, never ignored
+  CHECK(!is_identity_uri("https://example.org"));
+  const peer_identity p{{{peer_role::worker, 1}, {peer_role::chain, 0, peer_name::any}}};
+  CHECK(p.allows(peer_role::worker, 1));
+  CHECK(!p.allows(peer_role::worker, 0));
+  CHECK(p.allows(peer_role::chain, 0, 5));
+  CHECK(!p.allows(peer_role::chain, 1, 5));
+  CHECK(!p.allows(peer_role::server, 0));
+  CHECK(to_string(p) == "asyncps://worker/1, asyncps://chain/0/*");
+  CHECK(detail::identity_refusal(nullptr, "x", peer_role::worker, 0).empty());
+  CHECK(detail::identity_refusal(&p, "a hello as worker 0", peer_role::worker, 0) ==
+        "a hello as worker 0, but this connection's certificate names asyncps://worker/1, "
+        "asyncps://chain/0/*");
+}
+
+TEST_CASE("identity: the TLS connection names the peer's identity; a malformed one, or none "
+          "under require_identity, fails the handshake; none without it is any member") {
+  asio::io_context io(1);
+  test::test_pki pki("identity");
+  tls_options listener_tls = pki.issue("server-0", {"asyncps://server/0"});
+  listener_tls.require_identity = true;
+  tcp_transport strict(io.get_executor(), tls_only(listener_tls));
+  tcp_transport lenient(io.get_executor(), tls_only(pki.issue("server-1")));
+  tcp_transport named(io.get_executor(), tls_only(pki.issue("worker-1", {"asyncps://worker/1",
+                                                                         "asyncps://reader/*"})));
+  tcp_transport unnamed(io.get_executor(), tls_only(pki.issue("plain")));
+  tcp_transport misspelt(io.get_executor(), tls_only(pki.issue("typo", {"asyncps://wroker/1"})));
+  auto sacc = strict.listen({asio::ip::make_address("127.0.0.1"), 0});
+  auto lacc = lenient.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(sacc.has_value());
+  REQUIRE(lacc.has_value());
+  const auto sep = sacc.value().local_endpoint();
+  const auto lep = lacc.value().local_endpoint();
+  std::string named_seen, named_saw_listener, unnamed_refusal, listener_refusal, typo_refusal,
+      typo_listener_refusal;
+  std::error_code unnamed_ec, typo_ec;
+  bool lenient_unnamed_null = false;
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
+    // A named certificate: accepted, and both ends see the other's names.
+    {
+      auto accepted = [&]() -> asio::awaitable<void> {
+        auto [aec, a] = co_await sacc.value().async_accept();
+        REQUIRE(!aec);
+        CHECK(a.identity() == nullptr);  // the handshake runs in the first receive
+        auto [rec, m] = co_await a.async_receive();
+        REQUIRE(!rec);
+        REQUIRE(a.identity() != nullptr);
+        named_seen = to_string(*a.identity());
+      };
+      asio::co_spawn(io, accepted(), asio::detached);
+      auto [ec, c] = co_await named.async_connect(sep);
+      REQUIRE(!ec);
+      REQUIRE(c.identity() != nullptr);
+      named_saw_listener = to_string(*c.identity());
+      (void)co_await c.async_send(header_only(message_type::heartbeat, 0, 0));
+      co_await wait_until(io, [&] { return !named_seen.empty(); });
+    }
+    // No asyncps name under require_identity: refused, and the connector is told (final).
+    {
+      auto accepted = [&]() -> asio::awaitable<void> {
+        auto [aec, a] = co_await sacc.value().async_accept();
+        REQUIRE(!aec);
+        auto [rec, m] = co_await a.async_receive();
+        CHECK(rec == errc::tls_handshake_failed);
+        listener_refusal = std::string(a.tls_failure());
+      };
+      asio::co_spawn(io, accepted(), asio::detached);
+      auto [ec, c] = co_await unnamed.async_connect(sep);
+      unnamed_ec = ec;
+      unnamed_refusal = std::string(c.tls_failure());
+    }
+    // A misspelt asyncps name: refused even by a listener without require_identity.
+    {
+      auto accepted = [&]() -> asio::awaitable<void> {
+        auto [aec, a] = co_await lacc.value().async_accept();
+        REQUIRE(!aec);
+        auto [rec, m] = co_await a.async_receive();
+        CHECK(rec == errc::tls_handshake_failed);
+        typo_listener_refusal = std::string(a.tls_failure());
+      };
+      asio::co_spawn(io, accepted(), asio::detached);
+      auto [ec, c] = co_await misspelt.async_connect(lep);
+      typo_ec = ec;
+      typo_refusal = std::string(c.tls_failure());
+    }
+    // Without require_identity, no name is today's behaviour: accepted, no identity.
+    {
+      bool received = false;
+      auto accepted = [&]() -> asio::awaitable<void> {
+        auto [aec, a] = co_await lacc.value().async_accept();
+        REQUIRE(!aec);
+        auto [rec, m] = co_await a.async_receive();
+        lenient_unnamed_null = !rec && a.identity() == nullptr;
+        received = true;
+      };
+      asio::co_spawn(io, accepted(), asio::detached);
+      auto [ec, c] = co_await unnamed.async_connect(lep);
+      REQUIRE(!ec);
+      CHECK(c.identity() == nullptr);  // the listener's certificate names none either
+      (void)co_await c.async_send(header_only(message_type::heartbeat, 0, 0));
+      co_await wait_until(io, [&] { return received; });
+    }
+  });
+  CHECK(named_seen == "asyncps://worker/1, asyncps://reader/*");
+  CHECK(named_saw_listener == "asyncps://server/0");
+  CHECK(unnamed_ec == errc::tls_handshake_failed);
+  CHECK(is_final_connect_error(unnamed_ec));
+  CHECK(unnamed_refusal.find("the listener refused this node's certificate identity") == 0);
+  CHECK(listener_refusal ==
+        "the peer's certificate names no asyncps identity (tls_options::require_identity)");
+  CHECK(typo_ec == errc::tls_handshake_failed);
+  CHECK(typo_listener_refusal.find("malformed asyncps identity") != std::string::npos);
+  CHECK(typo_refusal.find("the listener refused") == 0);
+  CHECK(lenient_unnamed_null);
+  // require_identity means nothing without verification: refused at setup.
+  tls_options unverified = pki.issue("unverified");
+  unverified.verify_peer = false;
+  unverified.require_identity = true;
+  std::string why;
+  CHECK(!make_tls_context(unverified, why));
+  CHECK(why.find("require_identity needs verify_peer") != std::string::npos);
+}
+
+TEST_CASE("identity: worker 1's certificate cannot say hello as worker 0; a matching one and "
+          "one naming no identity train") {
+  asio::io_context io(1);
+  test::test_pki pki("hello");
+  tcp_transport st(io.get_executor(), tls_only(pki.issue("server", {"asyncps://server/0"})));
+  test::log_lines slog;
+  server_options so = logged_options(2, slog);
+  so.tables = {table_spec{0, 2, 4, 0.0f}};  // counter_model's: one row per worker
+  basic_server<tcp_transport, consistency::ssp<1>> server(st, so, optimizer::sgd{1.0f});
+  const auto ep = serve_loopback(io, st, server);
+  using worker_t = basic_worker<test::counter_model, tcp_transport, consistency::ssp<1>>;
+  // Worker 0 with worker 1's certificate; then worker 0 with its own, worker 1 with none.
+  const std::vector<std::pair<std::uint32_t, std::vector<std::string>>> runs{
+      {0, {"asyncps://worker/1"}}, {0, {"asyncps://worker/0"}}, {1, {}}};
+  std::vector<std::unique_ptr<tcp_transport>> ts;
+  std::vector<std::unique_ptr<test::counter_model>> models;
+  std::vector<std::unique_ptr<worker_t>> ws;
+  test::log_lines wlog;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    ts.push_back(std::make_unique<tcp_transport>(
+        io.get_executor(), tls_only(pki.issue("worker-run-" + std::to_string(i), runs[i].second))));
+    models.push_back(std::make_unique<test::counter_model>(runs[i].first, 2, 1));
+    worker_options<asio::ip::tcp::endpoint> o;
+    o.id = runs[i].first;
+    o.servers = {ep};
+    o.wait_timeout = 10s;
+    o.log = [&wlog](std::string_view l) { wlog.emplace_back(l); };
+    ws.push_back(std::make_unique<worker_t>(*ts[i], *models[i], o));
+  }
+  std::error_code impostor, errors[2];
+  std::uint64_t rejected_after_impostor = 0;
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        impostor = co_await ws[0]->async_run(5);
+        rejected_after_impostor = server.stats().rejected;
+        int done = 0;
+        for (std::size_t i = 1; i < 3; ++i)
+          asio::co_spawn(
+              io,
+              [&, i]() -> asio::awaitable<void> {
+                errors[i - 1] = co_await ws[i]->async_run(5);
+                ++done;
+              },
+              asio::detached);
+        co_await wait_until(io, [&] { return done == 2; }, 20s);
+        server.stop();
+      },
+      30s);
+  INFO(joined(slog));
+  INFO(joined(wlog));
+  CHECK(impostor == errc::bad_sender);
+  CHECK(rejected_after_impostor == 1);
+  CHECK(any_line_has(slog, "a hello as worker 0, but this connection's certificate names "
+                           "asyncps://worker/1"));
+  CHECK(!errors[0]);
+  CHECK(!errors[1]);
+  const auto v = server.values(0);
+  bool exact = true;
+  for (float x : v) exact = exact && x == 5.0f;  // row w: worker w's 5 pushes
+  CHECK(exact);
 }

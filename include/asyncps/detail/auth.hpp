@@ -49,7 +49,9 @@ inline constexpr std::size_t verdict_bytes = prefix_bytes + mac_bytes;
 /// `tls_ready`, sent inside TLS once the TLS handshake is done (under TLS 1.3 the connector's
 /// handshake ends before the listener has checked the connector's certificate, so the connector
 /// waits for it), and `tls_required`, sent in the clear to a peer whose first byte is not a TLS
-/// record, before the listener closes (so that peer can say what is missing).
+/// record, before the listener closes (so that peer can say what is missing). A bare `refuse`
+/// inside TLS, in place of `tls_ready`, says that the listener refused the connector's
+/// certificate identity (`tls_options::require_identity`, or a malformed asyncps URI SAN).
 enum class kind : std::uint8_t {
   challenge = 1,
   response = 2,

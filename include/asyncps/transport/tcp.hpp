@@ -64,7 +64,10 @@ namespace asyncps {
 /// TLS handshake runs where the secret's handshake runs (inside `async_connect`; inside an
 /// accepted connection's first `async_receive`, under the same `auth_timeout`) and before it;
 /// then the listener sends an 8-byte `tls_ready` message, so that `async_connect` completes only
-/// once the listener has accepted this node's certificate (docs/wire-format.md). With TLS the
+/// once the listener has accepted this node's certificate (docs/wire-format.md). Both ends then
+/// read the peer certificate's asyncps identity (`connection::identity()`); one that names a
+/// malformed identity, or none under `tls_options::require_identity`, fails the handshake
+/// (a listener sends a bare `refuse` in place of `tls_ready`). With TLS the
 /// executor must run one handler at a time (a strand, or an `io_context` run by one thread):
 /// `asio::ssl::stream` allows one read and one write in flight, on one strand. `close()` does
 /// not send TLS's close_notify (it cannot wait for the peer): the peer sees the TCP end, which
@@ -100,7 +103,8 @@ class tcp_transport {
     /// the stream cannot be parsed any more, so later receives repeat that error, but sending
     /// still works (to tell the peer why) until the owner calls `close()`. On an accepted
     /// connection of a transport with a secret or TLS, the first receive runs the handshakes
-    /// first: `errc::tls_handshake_failed` (no TLS, or a certificate the CA did not sign;
+    /// first: `errc::tls_handshake_failed` (no TLS, a certificate the CA did not sign, or one
+    /// whose asyncps identity is malformed or missing under `require_identity`;
     /// `tls_failure()` says why), `errc::authentication_failed` (wrong or no secret; the peer
     /// got a refusal) or `errc::timeout` (no proof within `auth_timeout`) close the connection
     /// for good. `errc::authentication_required`: the peer requires a secret or TLS that this
@@ -122,6 +126,12 @@ class tcp_transport {
     /// something else), or "" (no failure, or no reason known: the peer hung up). A string
     /// with static storage.
     std::string_view tls_failure() const noexcept { return tls_failure_; }
+    /// The identity the peer's verified certificate names (URI SANs `asyncps://<role>/<id>`,
+    /// read once after the TLS handshake; `peer_identity`, docs/security.md "Identities").
+    /// Null: no TLS, `verify_peer` off, the handshake not done yet (an accepted connection
+    /// before its first receive completed), or a certificate naming no asyncps identity (the
+    /// peer may claim any id). Still valid after `close()`.
+    const std::shared_ptr<const peer_identity>& identity() const noexcept { return identity_; }
 
     /// The peer's address when the connection was made (for logs; still valid after
     /// `close()`). Empty endpoint for a placeholder connection.
@@ -200,6 +210,7 @@ class tcp_transport {
     std::optional<asio::ip::tcp::socket> socket_;  // without TLS
     std::unique_ptr<tls_stream> tls_;              // with TLS (the socket is its next layer)
     const char* tls_failure_ = "";
+    std::shared_ptr<const peer_identity> identity_;  // see identity()
     endpoint_type remote_{};
     auth_state auth_ = auth_state::done;
     bool accepted_ = false;  // made by an acceptor (the listener's side of the handshake)
@@ -271,7 +282,8 @@ class tcp_transport {
   /// once both ends proved themselves (TLS: the listener accepted this node's certificate and
   /// this node the listener's). Errors: the socket's (e.g. connection refused);
   /// `errc::tls_setup_failed`; `errc::weak_secret`; `errc::tls_handshake_failed` (the
-  /// listener does not speak TLS, or one side refused the other's certificate; the returned,
+  /// listener does not speak TLS, or one side refused the other's certificate or its asyncps
+  /// identity; the returned,
   /// closed connection's `tls_failure()` says why); `errc::authentication_failed` (the
   /// listener refused this node's proof, or its own proof is wrong: it does not hold the
   /// secret); `errc::authentication_required` (the listener answered with a frame, not a

@@ -1,7 +1,7 @@
 // asyncps — detail::server_protocol, the front door: a session's first message (a worker's hello, a
 // reader's hello, or through the recovery part a peer's), the hello's checks (policy fingerprint,
-// sender, clock, layout), registering the worker and its welcome, and taking a worker id over from
-// an older connection.
+// sender, the certificate's identity, clock, layout), registering the worker and its welcome, and
+// taking a worker id over from an older connection.
 //
 // Out-of-line definitions of members declared in asyncps/detail/server_protocol.hpp. Not a header
 // to include on its own: server_protocol.hpp includes it at its end, after the class it defines
@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "asyncps/consistency.hpp"
+#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/server_session.hpp"
 #include "asyncps/detail/shard_core.hpp"
@@ -41,7 +42,16 @@ std::error_code server_protocol<Consistency, Recovery, Optimizer, Session, TimeP
   }
   protocol::hello& hello = hello_;  // reused: a hello decodes into the same vector
   if (auto ec = protocol::decode(m, hello, detail)) return ec;
-  if (h.sender == protocol::reader_id) return greet_reader(s, hello, detail);
+  if (h.sender == protocol::reader_id) {
+    // A reader only reads the model: a reader's or a worker's certificate may.
+    if (s.identity && !s.identity->has_role(peer_role::reader) &&
+        !s.identity->has_role(peer_role::worker)) {
+      detail = " (a reader's hello, but this connection's certificate names " +
+               asyncps::to_string(*s.identity) + ")";
+      return errc::bad_sender;
+    }
+    return greet_reader(s, hello, detail);
+  }
   if (hello.fingerprint != policy_fingerprint<Consistency, Recovery>()) {
     detail = std::string(" (this server runs ") + (Consistency::eager ? "eager" : "lazy") +
              " consistency and recovery '" + std::string(Recovery::name) + "')";
@@ -50,6 +60,12 @@ std::error_code server_protocol<Consistency, Recovery, Optimizer, Session, TimeP
   if (h.sender >= opts_.num_workers) {
     detail = " (got " + std::to_string(h.sender) + ", num_workers " +
              std::to_string(opts_.num_workers) + ")";
+    return errc::bad_sender;
+  }
+  if (auto why = identity_refusal(s.identity.get(), "a hello as worker " + std::to_string(h.sender),
+                                  peer_role::worker, h.sender);
+      !why.empty()) {
+    detail = " (" + why + ")";
     return errc::bad_sender;
   }
   if (auto ec = check_hello_clock(h.sender, h.clock, detail)) return ec;

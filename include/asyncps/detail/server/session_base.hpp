@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+
+#include "asyncps/detail/peer_identity.hpp"
 
 namespace asyncps::detail {
 
@@ -23,6 +26,11 @@ struct session_base {
   bool ready = false;           ///< peer sessions: the part's "handshake done" flag
   std::uint32_t worker = none;  ///< worker sessions: the worker id
   std::uint32_t peer = none;    ///< peer sessions: the part's peer id (e.g. a chain member)
+  /// The identity the peer's certificate names (`peer_identity`), taken from the connection
+  /// when its first message arrives (the handshake is over by then): the ids it may claim in a
+  /// hello or chain_hello. Null: the transport names none (no TLS, another transport, a
+  /// certificate without an asyncps identity): any id, as with a shared secret only.
+  std::shared_ptr<const peer_identity> identity;
 
   bool is_worker() const noexcept { return kind == kind_type::worker; }
   bool is_peer() const noexcept { return kind == kind_type::peer; }

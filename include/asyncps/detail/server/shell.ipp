@@ -26,6 +26,7 @@
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
+#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer.hpp"
 #include "asyncps/recovery.hpp"
@@ -162,6 +163,9 @@ basic_server<Transport, Consistency, Recovery, Optimizer>::read_loop(session& s)
       }
       break;
     }
+    // The certificate's identity, for the hello or chain_hello that makes this session a
+    // worker or a peer (read once the transport's handshake is over: the first receive).
+    if (s.is_unknown() && !s.identity) s.identity = detail::identity_of(s.conn);
     if (!proto_.receive(s, m)) break;
   }
   proto_.close_after_flush(s);

@@ -211,8 +211,16 @@ ASYNCPS_DECL asio::awaitable<std::error_code> tcp_transport::connection::tls_ste
   auto [ec] = co_await tls_->async_handshake(listener ? asio::ssl::stream_base::server
                                                       : asio::ssl::stream_base::client,
                                              detail::use_tuple);
+  // The peer's identity (its certificate verified: the handshake succeeded). A refusal here
+  // is this end's: the listener tells the connector with a bare `refuse` in place of
+  // `tls_ready`, so that the connector fails for good instead of retrying a hang-up.
+  const char* refusal = nullptr;
+  if (!ec && transport_->options_.tls.verify_peer)
+    refusal = detail::read_peer_identity(tls_->native_handle(),
+                                         transport_->options_.tls.require_identity, identity_);
   if (!ec && listener) {
-    const auto ready = detail::auth::encode_bare(detail::auth::kind::tls_ready);
+    const auto ready = detail::auth::encode_bare(
+        refusal != nullptr ? detail::auth::kind::refuse : detail::auth::kind::tls_ready);
     auto [wec, wn] = co_await asio::async_write(*tls_, asio::buffer(ready), detail::use_tuple);
     (void)wn;
     ec = wec;
@@ -221,8 +229,19 @@ ASYNCPS_DECL asio::awaitable<std::error_code> tcp_transport::connection::tls_ste
     auto [rec, rn] = co_await asio::async_read(*tls_, asio::buffer(ready), detail::use_tuple);
     (void)rn;
     ec = rec;
+    if (!ec && !detail::auth::check_prefix(ready, detail::auth::kind::refuse)) {
+      tls_failure_ = "the listener refused this node's certificate identity (malformed, or none "
+                     "under its require_identity)";
+      identity_.reset();
+      co_return make_error_code(errc::tls_handshake_failed);
+    }
     if (!ec && detail::auth::check_prefix(ready, detail::auth::kind::tls_ready))
       ec = make_error_code(errc::tls_handshake_failed);
+  }
+  if (!ec && refusal != nullptr) {
+    tls_failure_ = refusal;
+    identity_.reset();
+    co_return make_error_code(errc::tls_handshake_failed);
   }
   if (!ec) co_return ec;
   // The listener hung up without a TLS alert (it may have died): retrying may succeed.
