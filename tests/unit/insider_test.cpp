@@ -1428,3 +1428,108 @@ TEST_CASE("identity: worker 1's certificate cannot say hello as worker 0; a matc
   for (float x : v) exact = exact && x == 5.0f;  // row w: worker w's 5 pushes
   CHECK(exact);
 }
+
+TEST_CASE("identity: a worker's certificate cannot register as a chain member, at the master "
+          "or at a member; a chain certificate registers only the member it names") {
+  asio::io_context io(1);
+  test::test_pki pki("chain");
+  test::log_lines slog, mlog;
+  tcp_transport mt(io.get_executor(), tls_only(pki.issue("master", {"asyncps://master/*"})));
+  chain_master_options mo;
+  mo.members = 2;
+  mo.log = [&](std::string_view l) { mlog.emplace_back(l); };
+  basic_chain_master<tcp_transport> master(mt, mo);
+  const auto mep = serve_loopback(io, mt, master);
+  using tcp_chain_server = basic_server<tcp_transport, consistency::bsp, strict_chain>;
+  const server_options so = logged_options(1, slog);
+  strict_chain::server_part part;
+  part.options.heartbeat_interval = 20ms;
+  std::vector<std::unique_ptr<tcp_transport>> sts;
+  std::vector<std::unique_ptr<tcp_chain_server>> servers;
+  std::vector<tcp_transport::acceptor> accs;
+  std::vector<asio::ip::tcp::endpoint> eps;
+  for (std::uint32_t m = 0; m < 2; ++m) {
+    sts.push_back(std::make_unique<tcp_transport>(
+        io.get_executor(), tls_only(pki.issue("member-" + std::to_string(m),
+                                              {"asyncps://chain/0/" + std::to_string(m)}))));
+    auto acc = sts.back()->listen({asio::ip::make_address("127.0.0.1"), 0});
+    REQUIRE(acc.has_value());
+    eps.push_back(acc.value().local_endpoint());
+    accs.push_back(std::move(acc).value());
+  }
+  tcp_transport worker_cert(io.get_executor(),
+                            tls_only(pki.issue("worker-0", {"asyncps://worker/0"})));
+  tcp_transport member1_cert(io.get_executor(),
+                             tls_only(pki.issue("member-1-again", {"asyncps://chain/0/1"})));
+  std::vector<bool> refused_at_master;
+  std::optional<errc> worker_at_member, other_member_at_member;
+  bool started = false;
+  std::vector<std::uint32_t> chain;
+  // A chain_hello of member `member` over a new connection of `t` to `ep`; the error code
+  // of the refusal (nullopt: none, e.g. closed without a word).
+  const auto claim = [&](tcp_transport& t, asio::ip::tcp::endpoint ep,
+                         std::uint32_t member) -> asio::awaitable<std::optional<errc>> {
+    auto [ec, c] = co_await t.async_connect(ep);
+    REQUIRE(!ec);
+    (void)co_await c.async_send(protocol::encode(
+        protocol::chain_hello{.shard = 0,
+                              .member = member,
+                              .fingerprint = policy_fingerprint<consistency::bsp, strict_chain>()},
+        [&](std::size_t n) { return t.allocate(n); }));
+    co_return co_await refusal_on(c);
+  };
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        // At the master, before the real members: a worker's certificate as member 0, and
+        // member 1's certificate as member 0. The master closes both without a frame.
+        for (auto* t : {&worker_cert, &member1_cert}) {
+          auto [ec, c] = co_await t->async_connect(mep);
+          REQUIRE(!ec);
+          (void)co_await c.async_send(protocol::encode(
+              protocol::chain_hello{.shard = 0,
+                                    .member = 0,
+                                    .fingerprint =
+                                        policy_fingerprint<consistency::bsp, strict_chain>()},
+              [&](std::size_t n) { return t->allocate(n); }));
+          auto [rec, m] = co_await c.async_receive();
+          refused_at_master.push_back(static_cast<bool>(rec));
+        }
+        CHECK(master.chain(0).empty());
+        // The real members, each with its own certificate.
+        for (std::uint32_t m = 0; m < 2; ++m) {
+          servers.push_back(
+              std::make_unique<tcp_chain_server>(*sts[m], so, optimizer::sgd{1.0f}, part));
+          servers.back()->recovery().set_chain(mep, eps, m);
+          asio::co_spawn(io, servers.back()->async_serve(std::move(accs[m])), asio::detached);
+        }
+        co_await wait_until(io, [&] { return master.started(); });
+        started = master.started();
+        chain = master.chain(0);
+        // At member 1, whose predecessor is member 0: the same two claims of member 0.
+        worker_at_member = co_await claim(worker_cert, eps[1], 0);
+        other_member_at_member = co_await claim(member1_cert, eps[1], 0);
+        for (auto& s : servers) s->stop();
+        master.stop();
+      },
+      20s);
+  INFO(joined(mlog));
+  INFO(joined(slog));
+  CHECK(refused_at_master == std::vector<bool>{true, true});
+  CHECK(started);
+  CHECK(chain == std::vector<std::uint32_t>{0, 1});
+  CHECK(master.stats().refused == 2);
+  CHECK(master.stats().registrations == 2);
+  CHECK(any_line_has(mlog, "chain_hello names shard 0 server 0, but this connection's "
+                           "certificate names asyncps://worker/0"));
+  CHECK(any_line_has(mlog, "chain_hello names shard 0 server 0, but this connection's "
+                           "certificate names asyncps://chain/0/1"));
+  // Without the identity check the live link's id would answer member_id_in_use (transient:
+  // retried) or, once silent, install the claimant as the predecessor.
+  CHECK(worker_at_member == errc::bad_sender);
+  CHECK(other_member_at_member == errc::bad_sender);
+  CHECK(any_line_has(slog, "chain_hello from server 0 of shard 0, but this connection's "
+                           "certificate names asyncps://worker/0"));
+  CHECK(any_line_has(slog, "chain_hello from server 0 of shard 0, but this connection's "
+                           "certificate names asyncps://chain/0/1"));
+}

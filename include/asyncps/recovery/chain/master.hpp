@@ -31,6 +31,7 @@
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
+#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/detail/wait_group.hpp"
 #include "asyncps/error.hpp"
@@ -48,7 +49,9 @@ struct chain_master_options {
   /// servers registered (ordered by member id: member 0 is the first head). Member ids lie
   /// in [0, members) (each server's `set_chain` lists that many endpoints): a `chain_hello`
   /// naming another id is refused (counted in `refused`, logged), so it never holds a place
-  /// in a chain or blocks its start or a failover.
+  /// in a chain or blocks its start or a failover. Over TLS, a `chain_hello` from a
+  /// certificate that names asyncps identities is refused the same way unless one of them is
+  /// `asyncps://chain/<shard>/<member>` for its shard and member (or `*`; docs/security.md).
   std::uint32_t members = 2;
   /// A registered server silent for this long is declared failed (its connection is closed).
   /// Until then its member id is its own: a `chain_hello` naming the id of a live
@@ -72,7 +75,9 @@ struct chain_master_stats {
   std::uint64_t joins = 0;          ///< servers appended as a new tail
   std::uint64_t configs_sent = 0;   ///< chain_config messages sent
   /// Connections refused or closed before registering: a failed authentication, no valid
-  /// `chain_hello` as their first message, none within `register_timeout`.
+  /// `chain_hello` as their first message (a member id outside the chain, one the
+  /// certificate does not name, one a live registration holds), none within
+  /// `register_timeout`.
   std::uint64_t refused = 0;
   /// Connections closed because an allocation failed (`std::bad_alloc`, `std::length_error`)
   /// while their frame was received or handled, their messages were sent, or their session
@@ -301,6 +306,19 @@ class basic_chain_master {
               ": chain_hello names member " + std::to_string(hello.member) + " of shard " +
               std::to_string(hello.shard) + "; member ids lie in [0, " +
               std::to_string(opts_.members) + ")");
+        return false;
+      }
+      // A certificate that names identities registers only the members it names (a worker's
+      // certificate none).
+      if (auto why =
+              detail::identity_refusal(detail::identity_of(s.conn).get(),
+                                       "chain_hello names shard " + std::to_string(hello.shard) +
+                                           " server " + std::to_string(hello.member),
+                                       peer_role::chain, hello.shard, hello.member);
+          !why.empty()) {
+        ++stats_.refused;
+        if (may_log(detail::log_kind::refused_request, s))
+          log("refusing a connection" + detail::peer_address(s.conn) + ": " + why);
         return false;
       }
       if (const session* holder = live_holder(s, hello.shard, hello.member)) {

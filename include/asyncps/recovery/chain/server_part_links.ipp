@@ -1,7 +1,8 @@
 // asyncps — recovery::chain_replication, server part: the links and the configuration. The link
 // to the chain master (registering, heartbeats, registering again), the link to the configured
 // successor, the master's chain_config (predecessor, successor, head, a lost shard), leaving the
-// chain to rejoin from a state transfer, and a predecessor's chain_hello claiming its session.
+// chain to rejoin from a state transfer, and a predecessor's chain_hello claiming its session
+// (its member id checked against the chain and the certificate's identity).
 //
 // Out-of-line definitions of members of chain_server_part, declared in
 // asyncps/recovery/chain/server_part.hpp. Not a header to include on its own: server_part.hpp
@@ -19,6 +20,7 @@
 #include <asio/awaitable.hpp>
 
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
@@ -193,6 +195,15 @@ std::error_code chain_server_part<Mode>::greet_predecessor(Ctx ctx, detail::sess
              std::to_string(h.shard) + "; member ids of this chain lie in [0, " +
              std::to_string(members_) + "), as set_chain lists them)";
     return errc::unexpected_message;
+  }
+  // Over TLS, a certificate that names identities links only as the member it names.
+  if (auto why = detail::identity_refusal(s.identity.get(),
+                                          "chain_hello from server " + std::to_string(h.member) +
+                                              " of shard " + std::to_string(h.shard),
+                                          peer_role::chain, h.shard, h.member);
+      !why.empty()) {
+    detail = " (" + why + ")";  // counted in the server's `rejected`, logged rate-limited
+    return errc::bad_sender;
   }
   if (!r.serving || h.shard != ctx.options().shard || r.pred_member == no_member ||
       h.member != r.pred_member) {
