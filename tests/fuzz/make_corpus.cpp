@@ -22,6 +22,7 @@
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/checkpoint/file.hpp"
 #include "asyncps/recovery/none.hpp"
+#include "asyncps/recovery/stateless.hpp"
 #include "asyncps/shard_state.hpp"
 #include "asyncps/wire.hpp"
 #include "fuzz_support.hpp"
@@ -88,6 +89,18 @@ message range_push(std::uint32_t w, table_id t, clock_value c, std::uint32_t wid
   m.payload = fuzz::allocate(std::size_t{rows} * width * sizeof(float));
   auto* f = reinterpret_cast<float*>(m.payload.data());
   for (std::size_t i = 0; i < std::size_t{rows} * width; ++i) f[i] = -0.5f;
+  return m;
+}
+
+// A backlog push (flag `backlog`) of the rows [first, first + rows) summing `clocks` clocks:
+// the prefix, then the floats.
+message backlog_push(std::uint32_t w, table_id t, clock_value c, std::uint32_t width, row_id first,
+                     std::uint32_t rows, std::uint64_t clocks) {
+  message m = range_push(w, t, c, width, first, rows, frame_flags::backlog);
+  buffer b = fuzz::allocate(backlog_prefix_bytes + m.payload.size());
+  protocol::set_backlog_clocks(b, clocks);
+  std::memcpy(b.data() + backlog_prefix_bytes, m.payload.data(), m.payload.size());
+  m.payload = std::move(b);
   return m;
 }
 
@@ -166,7 +179,37 @@ void frame_seeds(std::uint8_t policy, const std::string& name) {
   }
 }
 
+// recovery::stateless (policy byte 3 + merge rule; frame_fuzz.cpp): workers rejoin a shard
+// without state, which asks for replicas; an implausible replica (from the future, then above
+// max_replica_value) is refused, a plausible one per table installed, a later one dropped;
+// backlogs are merged by the rule (the installed replica's sender's own skipped).
+void stateless_seeds(std::uint8_t policy, const std::string& name) {
+  const auto fp = policy_fingerprint<consistency::ssp<1>, recovery::stateless>();
+  auto op = [](bytes& b, int slot) { b.push_back(static_cast<std::byte>(slot)); };
+  bytes b{static_cast<std::byte>(policy)};
+  op(b, 0), add(b, hello(0, fp, 3));
+  op(b, 1), add(b, hello(1, fp, 2));
+  op(b, 2), add(b, hello(2, fp, 2));
+  op(b, 2), add(b, range_push(2, 0, 5, 2, 4, 4, frame_flags::state));  // from the future
+  op(b, 3), add(b, hello(2, fp, 2));
+  {
+    message big = range_push(2, 0, 2, 2, 4, 4, frame_flags::state);
+    reinterpret_cast<float*>(big.payload.data())[3] = 1000.0f;  // above max_replica_value 100
+    op(b, 3), add(b, std::move(big));
+  }
+  op(b, 0), add(b, range_push(0, 0, 3, 2, 4, 4, frame_flags::state));  // installed
+  op(b, 1), add(b, range_push(1, 0, 2, 2, 4, 4, frame_flags::state));  // dropped: a later one
+  op(b, 1), add(b, range_push(1, 1, 2, 1, 8, 8, frame_flags::state));  // installs table 1
+  op(b, 0), add(b, backlog_push(0, 0, 1, 2, 4, 4, 2));                 // its own: skipped
+  op(b, 1), add(b, backlog_push(1, 0, 1, 2, 4, 4, 12));
+  op(b, 0), add(b, backlog_push(0, 1, 0, 1, 8, 8, 3));
+  op(b, 0), add(b, range_pull(0, 0, 3, 4, 4));
+  write("frame", name, b);
+}
+
 void frame_corpus() {
+  stateless_seeds(3, "stateless_sum");
+  stateless_seeds(6, "stateless_staleness");
   frame_seeds<consistency::ssp<1>>(0, "ssp");
   frame_seeds<consistency::essp<1>>(1, "essp");
   frame_seeds<consistency::vap>(2, "vap");
