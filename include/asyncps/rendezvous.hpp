@@ -86,7 +86,7 @@ struct rendezvous_stats {
   std::uint64_t lookups = 0;    ///< lookups answered with the directory
   /// Connections refused: a failed authentication or TLS handshake, no request within
   /// `register_timeout`, or a request refused with an `error` frame (malformed, a shard or
-  /// worker id outside the job, none left to assign).
+  /// worker id outside the job or not named by the peer's certificate, none left to assign).
   std::uint64_t refused = 0;
   /// Connections closed because an allocation failed (`std::bad_alloc`, `std::length_error`)
   /// while their frame was received or their request handled or answered, their replies were
@@ -121,9 +121,13 @@ inline std::string host_port_string(std::string_view host, std::uint16_t port) {
 /// naming what was wrong (its code: `unexpected_message`, a header error such as
 /// `frame_too_large`, or `rendezvous_refused`), and that connection is closed; the service and
 /// every other connection go on. Peers the transport does not authenticate never get a frame
-/// through (logged as refused, with their address). An allocation failure while one
-/// connection is served (its frame received, its request handled or answered) closes that
-/// connection only, without an error frame (`rendezvous_stats::out_of_memory`).
+/// through (logged as refused, with their address). Over TLS, a peer whose certificate names
+/// asyncps identities (`peer_identity`) announces only a shard it names
+/// (`asyncps://server/<shard>`; any shard: `asyncps://server/*`) and looks up only as a worker
+/// id it names (`asyncps://worker/<id>`; any id: `asyncps://worker/*`; a lookup taking no id
+/// is not checked); anything else is refused with `rendezvous_refused`, naming both. An allocation
+/// failure while one connection is served (its frame received, its request handled or answered)
+/// closes that connection only, without an error frame (`rendezvous_stats::out_of_memory`).
 ///
 /// Thread safety: construct anywhere; call every member on `transport.get_executor()`, which
 /// runs one handler at a time (an `io_context` run by one thread, or a strand).
@@ -344,10 +348,11 @@ inline constexpr std::uint32_t rendezvous_no_worker_id = protocol::no_worker_id;
 /// the last connect error (e.g. `connection_refused`; condition `transient`), or
 /// `errc::timeout`, when the rendezvous was not reached in time; an error no retry fixes at
 /// once (`is_final_connect_error`: a wrong secret, a refused certificate); the code of the
-/// rendezvous's `error` frame (`rendezvous_refused`: a shard >= its `num_servers`, or none
-/// left for "any"; `unexpected_message`, a header error: a malformed request); or
-/// `unexpected_message` for a reply that is not a valid `assigned`. Every failure is logged
-/// on `log` (empty: stderr) naming the endpoint, and the rendezvous's reason.
+/// rendezvous's `error` frame (`rendezvous_refused`: a shard >= its `num_servers`, none
+/// left for "any", or a shard this node's certificate does not name; `unexpected_message`, a header
+/// error: a malformed request); or `unexpected_message` for a reply that is not a valid `assigned`.
+/// Every failure is logged on `log` (empty: stderr) naming the endpoint, and the rendezvous's
+/// reason.
 ///
 /// Thread safety: runs on `t`'s executor, which runs one handler at a time; `t` outlives the
 /// operation. Completion: `std::tuple<std::error_code, server_assignment>`.
@@ -405,9 +410,10 @@ async_announce_server(Transport& t, typename Transport::endpoint_type root,
 /// `connection_refused`; condition `transient`), or `errc::timeout`, when the rendezvous was
 /// not reached in time; an error no retry fixes at once (`is_final_connect_error`); the code
 /// of the rendezvous's `error` frame (`rendezvous_refused`: a worker id >= its
-/// `num_workers`, or every id taken); or `unexpected_message` for a reply that is not a valid
-/// `directory` (or gives another id than the one claimed). Every failure is logged on `log`
-/// (empty: stderr) naming the endpoint, and the rendezvous's reason.
+/// `num_workers`, every id taken, or an id this node's certificate does not name); or
+/// `unexpected_message` for a reply that is not a valid `directory` (or gives another id than the
+/// one claimed). Every failure is logged on `log` (empty: stderr) naming the endpoint, and the
+/// rendezvous's reason.
 ///
 /// Thread safety: runs on `t`'s executor, which runs one handler at a time; `t` outlives the
 /// operation. Completion: `std::tuple<std::error_code, rendezvous_directory>`.

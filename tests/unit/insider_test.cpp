@@ -1533,3 +1533,66 @@ TEST_CASE("identity: a worker's certificate cannot register as a chain member, a
   CHECK(any_line_has(slog, "chain_hello from server 0 of shard 0, but this connection's "
                            "certificate names asyncps://chain/0/1"));
 }
+
+TEST_CASE("identity: the rendezvous takes an announce or a worker id only as the certificate "
+          "names it") {
+  asio::io_context io(1);
+  test::test_pki pki("rendezvous");
+  test::log_lines rlog;
+  tcp_transport rt(io.get_executor(), tls_only(pki.issue("root", {"asyncps://rendezvous/*"})));
+  rendezvous_options ro;
+  ro.num_servers = 2;
+  ro.num_workers = 2;
+  ro.log = [&](std::string_view l) { rlog.emplace_back(l); };
+  basic_rendezvous<tcp_transport> rv(rt, ro);
+  const auto root = serve_loopback(io, rt, rv);
+  tcp_transport server0(io.get_executor(), tls_only(pki.issue("s0", {"asyncps://server/0"})));
+  tcp_transport any_server(io.get_executor(), tls_only(pki.issue("s", {"asyncps://server/*"})));
+  tcp_transport worker1(io.get_executor(), tls_only(pki.issue("w1", {"asyncps://worker/1"})));
+  const log_function quiet = [](std::string_view) {};
+  std::error_code as_shard1, as_any, as_shard0, wildcard_any, as_worker0, as_any_worker, as_worker1,
+      no_id;
+  std::uint32_t wildcard_shard = 99;
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        as_shard1 = std::get<0>(
+            co_await async_announce_server(server0, root, 1u, 7001, 5s, "127.0.0.1", quiet));
+        as_any = std::get<0>(co_await async_announce_server(server0, root, std::nullopt, 7001, 5s,
+                                                            "127.0.0.1", quiet));
+        as_shard0 = std::get<0>(
+            co_await async_announce_server(server0, root, 0u, 7000, 5s, "127.0.0.1", quiet));
+        auto [wec, wa] = co_await async_announce_server(any_server, root, std::nullopt, 7001, 5s,
+                                                        "127.0.0.1", quiet);
+        wildcard_any = wec;
+        wildcard_shard = wa.shard;
+        as_worker0 = std::get<0>(co_await async_lookup_servers(worker1, root, 0u, 5s, quiet));
+        as_any_worker =
+            std::get<0>(co_await async_lookup_servers(worker1, root, std::nullopt, 5s, quiet));
+        as_worker1 = std::get<0>(co_await async_lookup_servers(worker1, root, 1u, 5s, quiet));
+        no_id = std::get<0>(
+            co_await async_lookup_servers(server0, root, rendezvous_no_worker_id, 5s, quiet));
+        rv.stop();
+      },
+      20s);
+  INFO(joined(rlog));
+  CHECK(as_shard1 == errc::rendezvous_refused);
+  CHECK(as_any == errc::rendezvous_refused);
+  CHECK(!as_shard0);
+  CHECK(!wildcard_any);
+  CHECK(wildcard_shard == 1);
+  CHECK(as_worker0 == errc::rendezvous_refused);
+  CHECK(as_any_worker == errc::rendezvous_refused);
+  CHECK(!as_worker1);
+  CHECK(!no_id);
+  CHECK(rv.stats().refused == 4);
+  CHECK(rv.stats().announces == 2);
+  CHECK(any_line_has(rlog, "an announce of shard 1, but this connection's certificate names "
+                           "asyncps://server/0"));
+  CHECK(any_line_has(rlog, "an announce of any shard, but this connection's certificate names "
+                           "asyncps://server/0"));
+  CHECK(any_line_has(rlog, "a lookup as worker 0, but this connection's certificate names "
+                           "asyncps://worker/1"));
+  CHECK(any_line_has(rlog, "a lookup for any worker id, but this connection's certificate "
+                           "names asyncps://worker/1"));
+}

@@ -1,6 +1,6 @@
 // asyncps — basic_rendezvous's requests and directory: routing a request, announces (which
 // shard an address serves), lookups (held until every shard has announced) and the worker ids
-// they are given.
+// they are given; over TLS, the shard or worker id checked against the certificate's identity.
 //
 // Out-of-line definitions of members declared in asyncps/rendezvous.hpp. Not a header to
 // include on its own: rendezvous.hpp includes it at its end, after the class it defines members
@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "asyncps/detail/peer_address.hpp"
+#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/wire.hpp"
@@ -69,6 +70,17 @@ void basic_rendezvous<Transport>::on_announce(session& s, const message& m) {
   std::string why;
   if (auto ec = protocol::decode(m, a, why)) {
     refuse(s, ec, "malformed announce" + why);
+    return;
+  }
+  // Over TLS, a certificate that names identities announces only the shards it names as
+  // `asyncps://server/<shard>` ("any shard": only `asyncps://server/*`).
+  if (auto why = detail::identity_refusal(detail::identity_of(s.conn).get(),
+                                          a.shard == protocol::any_id
+                                              ? std::string("an announce of any shard")
+                                              : "an announce of shard " + std::to_string(a.shard),
+                                          peer_role::server, a.shard);
+      !why.empty()) {
+    refuse(s, errc::rendezvous_refused, why);
     return;
   }
   std::string host = a.host.empty() ? detail::peer_host(s.conn) : std::move(a.host);
@@ -156,6 +168,20 @@ void basic_rendezvous<Transport>::on_lookup(session& s, const message& m) {
                std::to_string(opts_.num_workers) + ") (num_workers " +
                std::to_string(opts_.num_workers) + ")");
     return;
+  }
+  // Over TLS, a certificate that names identities claims only the worker ids it names
+  // ("any id": only `asyncps://worker/*`); a lookup taking no id (a reader, a server) is
+  // not checked.
+  if (id != protocol::no_worker_id) {
+    if (auto why = detail::identity_refusal(detail::identity_of(s.conn).get(),
+                                            id == protocol::any_id
+                                                ? std::string("a lookup for any worker id")
+                                                : "a lookup as worker " + std::to_string(id),
+                                            peer_role::worker, id);
+        !why.empty()) {
+      refuse(s, errc::rendezvous_refused, why);
+      return;
+    }
   }
   ++s.requests;
   s.wanted = id;
