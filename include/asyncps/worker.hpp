@@ -36,6 +36,7 @@
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/detail/wait_group.hpp"
 #include "asyncps/detail/worker/fsm.hpp"
+#include "asyncps/detail/worker/shell_support.hpp"
 #include "asyncps/model.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/none.hpp"  // the default template argument only
@@ -99,69 +100,97 @@ class basic_worker {
   /// server holding a shard's state failed; `stats().lost_pushes` counts this worker's pushes lost
   /// with it), or a connect error (the log names the endpoint; one that `is_final_connect_error`
   /// says no retry can fix, such as a wrong secret or a refused certificate, ends the run at once
-  /// instead of after `connect_timeout`). Precondition: runs
+  /// instead of after `connect_timeout`), `errc::resource_exhausted` (an allocation failed,
+  /// `std::bad_alloc` or `std::length_error`, in the worker's loops or its transport: logged
+  /// once, counted in `stats().out_of_memory`; no exception leaves the run). Precondition: runs
   /// on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
-    core_.start(clocks, co_await connect_all());
+    std::error_code ec;
+    try {
+      ec = co_await connect_all();
+    } catch (...) {  // the first resume ends the run
+      detail::rethrow_unless_no_memory();
+      core_.out_of_memory("connecting to the servers");
+    }
+    core_.start(clocks, ec);
     // The whole clock loop runs in this one coroutine frame, executing the core's steps: a
     // coroutine call per clock would allocate a frame per clock (too large for Asio's frame
     // recycling).
-    for (auto a = core_.resume(clock_type::now());; a = core_.resume(clock_type::now())) {
-      switch (a.kind) {
-        case step::join: co_await join_links(); break;
-        case step::send:
-          if constexpr (replies) {
-            // A read loop may be sending the recovery part's replies on this link.
-            if (sending_[a.shard]) {
-              send_queue_[a.shard].push_back(std::move(a.msg));
-              break;
-            }
-            sending_[a.shard] = 1;
-          }
-          if (auto ec = co_await conns_[a.shard].async_send(std::move(a.msg))) {
-            if constexpr (replies) send_queue_[a.shard].clear();
-            fail(a.shard, ec, "");
-          }
-          if constexpr (replies) {
-            if (auto ec = co_await drain(a.shard)) fail(a.shard, ec, "");
-            sending_[a.shard] = 0;
-          }
-          break;
-        case step::reconnect:
-          tasks_.add();
-          asio::co_spawn(transport_.get_executor(), reconnect(a.shard), asio::detached);
-          break;
-        case step::wait:
-          if (auto wait = silence_check(a.wait)) {
-            wake_.expires_after(*wait);
-            co_await wake_.async_wait(detail::use_tuple);
-          }
-          break;
-        case step::compute: {
-          buffer grad = transport_.allocate(core_.snapshot().size() * sizeof(float));
-          const auto tables = core_.cache().tables();
-          const parameter_view params(tables, core_.snapshot().data());
-          gradient_view gview(tables, reinterpret_cast<float*>(grad.data()));
-          if (opts_.check_gradients) detail::fill_bits(grad, unwritten_gradient_bits);
-          float loss = 0;
-          if constexpr (async_gradient_source<Model>) {
-            loss = co_await model_.async_compute_gradient(params, gview);
-          } else if (compute_) {
-            loss = co_await asio::co_spawn(
-                *compute_,
-                [&]() -> asio::awaitable<float> {
-                  co_return model_.compute_gradient(params, gview);
-                },
-                asio::use_awaitable);
-          } else {
-            loss = model_.compute_gradient(params, gview);
-          }
-          core_.computed(std::move(grad), loss, clock_type::now());
+    for (;;) {
+      const char* doing = "building the next message";
+      try {
+        auto a = core_.resume(clock_type::now());
+        if (a.kind == step::done) {
+          ec = a.ec;
           break;
         }
-        case step::done: co_await shutdown(); co_return a.ec;
+        switch (a.kind) {
+          case step::join:
+            doing = "rejoining a server";
+            co_await join_links();
+            break;
+          case step::send: {
+            doing = "sending a message";
+            if constexpr (replies) {
+              // A read loop may be sending the recovery part's replies on this link.
+              if (sending_[a.shard]) {
+                send_queue_[a.shard].push_back(std::move(a.msg));
+                break;
+              }
+            }
+            detail::send_turn turn(sending_, a.shard);
+            if (auto err = co_await conns_[a.shard].async_send(std::move(a.msg))) {
+              if constexpr (replies) send_queue_[a.shard].clear();
+              fail(a.shard, err, "");
+            }
+            if constexpr (replies) {
+              if (auto err = co_await drain(a.shard)) fail(a.shard, err, "");
+            }
+            break;
+          }
+          case step::reconnect:
+            doing = "starting a reconnect";
+            spawn(reconnect(a.shard));
+            break;
+          case step::wait:
+            doing = "waiting";
+            if (auto wait = silence_check(a.wait)) {
+              wake_.expires_after(*wait);
+              co_await wake_.async_wait(detail::use_tuple);
+            }
+            break;
+          case step::compute: {
+            doing = "computing a gradient";
+            buffer grad = transport_.allocate(core_.snapshot().size() * sizeof(float));
+            const auto tables = core_.cache().tables();
+            const parameter_view params(tables, core_.snapshot().data());
+            gradient_view gview(tables, reinterpret_cast<float*>(grad.data()));
+            if (opts_.check_gradients) detail::fill_bits(grad, unwritten_gradient_bits);
+            float loss = 0;
+            if constexpr (async_gradient_source<Model>) {
+              loss = co_await model_.async_compute_gradient(params, gview);
+            } else if (compute_) {
+              loss = co_await asio::co_spawn(
+                  *compute_,
+                  [&]() -> asio::awaitable<float> {
+                    co_return model_.compute_gradient(params, gview);
+                  },
+                  asio::use_awaitable);
+            } else {
+              loss = model_.compute_gradient(params, gview);
+            }
+            core_.computed(std::move(grad), loss, clock_type::now());
+            break;
+          }
+          case step::done: break;  // (above)
+        }
+      } catch (...) {  // the next resume ends the run
+        detail::rethrow_unless_no_memory();
+        core_.out_of_memory(doing);
       }
     }
+    co_await shutdown();
+    co_return ec;
   }
 
   /// The worker's current clock.
@@ -207,12 +236,6 @@ class basic_worker {
       throw std::invalid_argument("asyncps::worker_options: servers must not be empty");
     return o;
   }
-  template <class Duration>
-  static std::string duration_string(Duration d) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-    if (ms % 1000 == 0) return std::to_string(ms / 1000) + " s";
-    return std::to_string(ms) + " ms";
-  }
 
   // Link `s` failed: mark it down, close its connection, wake the clock loop.
   void fail(std::uint32_t s, std::error_code ec, std::string reason) {
@@ -220,10 +243,26 @@ class basic_worker {
     conns_[s].close();
     wake_.cancel();
   }
-  void start_reading(std::uint32_t s) {
-    core_.link_of(s).reading = true;
+  // Starts `task` (a read loop or a reconnect), counted in tasks_. Throws what co_spawn
+  // throws (std::bad_alloc), the task then neither counted nor started.
+  void spawn(asio::awaitable<void> task) {
     tasks_.add();
-    asio::co_spawn(transport_.get_executor(), read_loop(s), asio::detached);
+    try {
+      asio::co_spawn(transport_.get_executor(), std::move(task), asio::detached);
+    } catch (...) {
+      tasks_.done();
+      throw;
+    }
+  }
+  void start_reading(std::uint32_t s) {
+    auto& l = core_.link_of(s);
+    l.reading = true;
+    try {
+      spawn(read_loop(s));
+    } catch (...) {
+      l.reading = false;
+      throw;
+    }
   }
 
   asio::awaitable<std::error_code> connect_all() {
@@ -252,7 +291,7 @@ class basic_worker {
         if (!logged && ec != errc::not_head) {  // say so now, not after connect_timeout
           logged = true;
           core_.log("cannot connect to " + core_.server_name(l) + " (" + ec.message() +
-                    "); retrying for " + duration_string(opts_.connect_timeout));
+                    "); retrying for " + detail::duration_text(opts_.connect_timeout));
         }
         core_.next_endpoint(l);
         if (l.endpoint != 0) continue;  // try the shard's other servers before backing off
@@ -280,7 +319,7 @@ class basic_worker {
       const auto deadline = heard_[l.shard] + opts_.silence_timeout;
       if (deadline <= now) {
         core_.log(core_.server_name(l) + " has sent nothing for " +
-                  duration_string(opts_.silence_timeout) +
+                  detail::duration_text(opts_.silence_timeout) +
                   " while this worker waits for it (silence_timeout): taken for lost");
         fail(l.shard, make_error_code(errc::timeout), "silent");
         failed = true;
@@ -305,28 +344,37 @@ class basic_worker {
     co_return std::error_code{};
   }
 
+  // Receives link `s`'s messages until it is down. An allocation failure (receiving a frame,
+  // handling it, queueing the replies) fails the link and ends the run (out_of_memory).
   asio::awaitable<void> read_loop(std::uint32_t s) {
     while (core_.link_of(s).up) {
-      auto [ec, m] = co_await conns_[s].async_receive();
-      if (ec) {
-        fail(s, ec, "");
-        break;
-      }
-      core_.stats().bytes_in += m.payload.size();
-      heard_[s] = clock_type::now();
-      const auto out = core_.on_message(s, m);
-      if (out.error) {
-        fail(s, out.error, "");
-        break;
-      }
-      if constexpr (replies) {
-        if (auto ec = co_await send_replies(s)) {
+      try {
+        auto [ec, m] = co_await conns_[s].async_receive();
+        if (ec) {
           fail(s, ec, "");
           break;
         }
+        core_.stats().bytes_in += m.payload.size();
+        heard_[s] = clock_type::now();
+        const auto out = core_.on_message(s, m);
+        if (out.error) {
+          fail(s, out.error, "");
+          break;
+        }
+        if constexpr (replies) {
+          if (auto err = co_await send_replies(s)) {
+            fail(s, err, "");
+            break;
+          }
+        }
+        if (out.closed) conns_[s].close();
+        if (out.wake) wake_.cancel();
+      } catch (...) {
+        detail::rethrow_unless_no_memory();
+        core_.out_of_memory("receiving from", s);
+        fail(s, make_error_code(errc::resource_exhausted), "out of memory");
+        break;
       }
-      if (out.closed) conns_[s].close();
-      if (out.wake) wake_.cancel();
     }
     core_.link_of(s).reading = false;
     wake_.cancel();
@@ -342,10 +390,8 @@ class basic_worker {
     for (auto& m : r) send_queue_[s].push_back(std::move(m));
     r.clear();
     if (sending_[s]) co_return std::error_code{};
-    sending_[s] = 1;
-    auto ec = co_await drain(s);
-    sending_[s] = 0;
-    co_return ec;
+    detail::send_turn turn(sending_, s);
+    co_return co_await drain(s);
   }
   // Sends link `s`'s queued replies in order (the caller holds `sending_[s]`).
   asio::awaitable<std::error_code> drain(std::uint32_t s) {
@@ -363,7 +409,26 @@ class basic_worker {
   // Reconnects link `s` with exponential backoff until it is connected and greeted (then the
   // clock loop finishes the rejoin, see `join_links`), the worker stops, or the policy's
   // reconnect_timeout passes (then the run ends with errc::server_lost).
+  // An allocation failure gives up on the link and ends the run (out_of_memory).
   asio::awaitable<void> reconnect(std::uint32_t s) {
+    auto& l = core_.link_of(s);
+    try {
+      co_await reconnect_attempts(s);
+    } catch (...) {
+      detail::rethrow_unless_no_memory();
+      core_.out_of_memory("reconnecting to", s);
+      conns_[s].close();
+      l.gave_up = true;
+      l.refused = true;
+      l.failure = make_error_code(errc::resource_exhausted);
+    }
+    l.reconnecting = false;
+    wake_.cancel();
+    tasks_.done();
+  }
+  // The attempts of `reconnect`: ends with the link greeted (`l.joining`), given up, or the
+  // worker stopping.
+  asio::awaitable<void> reconnect_attempts(std::uint32_t s) {
     auto& l = core_.link_of(s);
     timer_type timer(transport_.get_executor());
     const auto timeout = std::chrono::milliseconds(core_.recovery().reconnect_timeout());
@@ -412,9 +477,6 @@ class basic_worker {
       co_await timer.async_wait(detail::use_tuple);
       backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
     }
-    l.reconnecting = false;
-    wake_.cancel();
-    tasks_.done();
   }
 
   // Finishes the rejoin of every reconnected link, at a clock boundary of the clock loop (so
@@ -444,10 +506,13 @@ class basic_worker {
     }
   }
 
+  // Leaves the servers and ends every read loop and reconnect. An allocation failure here
+  // only costs a bye or the graceful wait: the connections are closed all the same.
   asio::awaitable<void> shutdown() {
     stopping_ = true;
     for (auto& l : core_.links()) {
-      if (l.up) {
+      if (!l.up) continue;
+      try {
         message bye;
         bye.header.type = message_type::bye;
         bye.header.sender = opts_.id;
@@ -455,30 +520,44 @@ class basic_worker {
           // A read loop may be sending replies: the bye goes after them.
           send_queue_[l.shard].push_back(std::move(bye));
           if (sending_[l.shard]) continue;
-          sending_[l.shard] = 1;
+          detail::send_turn turn(sending_, l.shard);
           (void)co_await drain(l.shard);
-          sending_[l.shard] = 0;
         } else {
           (void)co_await conns_[l.shard].async_send(std::move(bye));
         }
+      } catch (...) {
+        detail::rethrow_unless_no_memory();  // (the close below goes on)
       }
     }
     // Graceful close: a server answers `bye` by closing once it has sent what it queued.
     // Closing first could reset a TCP connection that still has rows arriving (ESSP, VAP), and
     // a reset may drop this worker's last pushes before the server has read them. (A bounded
     // poll rather than tasks_: this wait ends after 2 s whatever is still open.)
-    const auto deadline = clock_type::now() + std::chrono::seconds(2);
-    while (clock_type::now() < deadline &&
-           std::any_of(core_.links().begin(), core_.links().end(),
-                       [](const auto& l) { return l.up && l.reading; })) {
-      wake_.expires_after(std::chrono::milliseconds(10));
-      co_await wake_.async_wait(detail::use_tuple);
+    try {
+      const auto deadline = clock_type::now() + std::chrono::seconds(2);
+      while (clock_type::now() < deadline &&
+             std::any_of(core_.links().begin(), core_.links().end(),
+                         [](const auto& l) { return l.up && l.reading; })) {
+        wake_.expires_after(std::chrono::milliseconds(10));
+        co_await wake_.async_wait(detail::use_tuple);
+      }
+    } catch (...) {
+      detail::rethrow_unless_no_memory();  // (the close below goes on)
     }
     for (auto& l : core_.links()) {
       l.up = false;
       conns_[l.shard].close();
     }
-    co_await tasks_.async_wait();  // every read loop and reconnect has ended
+    // Every read loop and reconnect has ended (they must, before the worker may go: a wait
+    // that cannot be allocated is tried again).
+    while (tasks_.count() > 0) {
+      try {
+        co_await tasks_.async_wait();
+      } catch (...) {
+        detail::rethrow_unless_no_memory();
+      }
+    }
+    rejoin_out_.clear();
     core_.clear_local();
   }
 

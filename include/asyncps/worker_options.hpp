@@ -117,6 +117,9 @@ struct worker_stats {
   /// VAP: clocks whose push waited for earlier updates to become visible, and how long.
   std::uint64_t value_waits = 0;
   double value_wait_seconds = 0;  ///< included in `wait_seconds`
+  /// Allocation failures (`std::bad_alloc`, `std::length_error`) caught in the worker's
+  /// loops; the first ended the run with `errc::resource_exhausted`.
+  std::uint64_t out_of_memory = 0;
 };
 
 }  // namespace asyncps

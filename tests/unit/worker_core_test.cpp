@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <span>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include <asio/co_spawn.hpp>
@@ -717,4 +720,185 @@ TEST_CASE("worker hooks: the order a worker calls them in (2 clocks, no failure)
   CHECK(calls == std::vector<std::string>{"on_start", "hello_clock", "hello_flags", "on_welcome",
                                           "flow_blocked", "push_flags", "on_push", "flow_blocked",
                                           "push_flags", "on_push", "has_pending"});
+}
+
+namespace {
+
+// A worker's transport whose allocations fail on request: the simulated transport, but the
+// `receive_at`-th frame received (0: the first, the handshake reply) throws std::bad_alloc
+// (as tcp_transport's receive does when no block for the frame's payload can be allocated;
+// the frame is lost), and so does the `allocate_at`-th `allocate` (pulls, pushes' keys,
+// gradient buffers). -1: never.
+struct alloc_faults {
+  int receive_at = -1;
+  int allocate_at = -1;
+  int receives = 0;
+  int allocations = 0;
+};
+
+class faulty_transport {
+ public:
+  using executor_type = simulated_transport::executor_type;
+  using endpoint_type = simulated_transport::endpoint_type;
+  using clock_type = simulated_transport::clock_type;
+  using timer_type = simulated_transport::timer_type;
+
+  class connection {
+   public:
+    connection() = default;
+    connection(simulated_transport::connection c, alloc_faults* f) : c_(std::move(c)), f_(f) {}
+    asio::awaitable<std::error_code> async_send(message m) {
+      co_return co_await c_.async_send(std::move(m));
+    }
+    asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
+      auto r = co_await c_.async_receive();
+      if (f_ != nullptr && !std::get<0>(r) && f_->receives++ == f_->receive_at)
+        throw std::bad_alloc();
+      co_return r;
+    }
+    void close() noexcept { c_.close(); }
+    bool is_open() const noexcept { return c_.is_open(); }
+
+   private:
+    simulated_transport::connection c_;
+    alloc_faults* f_ = nullptr;
+  };
+  class acceptor {
+   public:
+    explicit acceptor(simulated_transport::acceptor a) : a_(std::move(a)) {}
+    asio::awaitable<std::tuple<std::error_code, connection>> async_accept() {
+      auto [ec, c] = co_await a_.async_accept();
+      co_return std::tuple{ec, connection(std::move(c), nullptr)};
+    }
+    void close() noexcept { a_.close(); }
+
+   private:
+    simulated_transport::acceptor a_;
+  };
+  using connection_type = connection;
+  using acceptor_type = acceptor;
+
+  faulty_transport(simulated_network& net, std::string_view node, alloc_faults& f)
+      : t_(net, node), f_(&f) {}
+  executor_type get_executor() const { return t_.get_executor(); }
+  const wire_limits& limits() const noexcept { return t_.limits(); }
+  result<acceptor> listen(const endpoint_type& name) {
+    auto a = t_.listen(name);
+    if (!a) return a.error();
+    return acceptor(std::move(a).value());
+  }
+  asio::awaitable<std::tuple<std::error_code, connection>> async_connect(endpoint_type name) {
+    auto [ec, c] = co_await t_.async_connect(std::move(name));
+    co_return std::tuple{ec, connection(std::move(c), f_)};
+  }
+  buffer allocate(std::size_t bytes) {
+    if (f_->allocations++ == f_->allocate_at) throw std::bad_alloc();
+    return t_.allocate(bytes);
+  }
+
+ private:
+  simulated_transport t_;
+  alloc_faults* f_;
+};
+static_assert(transport<faulty_transport>);
+
+struct faulty_run {
+  std::error_code ec;
+  bool completed = false;
+  std::vector<std::string> log;
+  worker_stats stats;
+  alloc_faults faults;
+};
+
+// One worker (`faults` applied to its transport) against one shard server (`policy`, one
+// table of 1 row x 2), for 6 clocks; then the server is stopped.
+faulty_run run_with_faults(alloc_faults faults, consistency_policy auto policy) {
+  using policy_type = decltype(policy);
+  faulty_run out;
+  out.faults = faults;
+  simulated_network net;
+  test::counter_model model(0, 1, 0, 2, 1, 0);
+  simulated_transport st(net, "server0");
+  faulty_transport wt(net, "worker0", out.faults);
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {model.spec[0]};
+  so.log = [](std::string_view) {};
+  basic_server<simulated_transport, policy_type> server(st, so);
+  auto acc = st.listen("shard0");
+  REQUIRE(acc.has_value());
+  bool served = false;
+  asio::co_spawn(
+      net.get_executor(),
+      [&, a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
+        (void)co_await server.async_serve(std::move(a));
+        served = true;
+      },
+      asio::detached);
+  worker_options<std::string> o;
+  o.servers = {"shard0"};
+  o.log = [&out](std::string_view line) { out.log.emplace_back(line); };
+  basic_worker<test::counter_model, faulty_transport, policy_type> w(wt, model, o);
+  asio::co_spawn(
+      net.get_executor(),
+      [&]() -> asio::awaitable<void> {
+        out.ec = co_await w.async_run(6);
+        out.completed = true;
+      },
+      asio::detached);
+  net.run();
+  asio::post(net.get_executor(), [&] { server.stop(); });
+  net.run();
+  CHECK(served);  // the server was not brought down
+  out.stats = w.stats();
+  return out;
+}
+
+std::size_t out_of_memory_lines(const faulty_run& r) {
+  return static_cast<std::size_t>(std::count_if(r.log.begin(), r.log.end(), [](const auto& l) {
+    return l.find("out of memory while") != std::string::npos;
+  }));
+}
+
+}  // namespace
+
+TEST_CASE("worker: an allocation failure while receiving ends the run with resource_exhausted") {
+  // Every frame the worker receives fails in turn: the handshake reply (0), then rows and
+  // heartbeats in the read loop; under SSP the worker also computes while a pull is pending.
+  const auto each_receive = [](auto policy) {
+    const auto clean = run_with_faults({}, policy);
+    REQUIRE(clean.completed);
+    REQUIRE(!clean.ec);
+    REQUIRE(clean.stats.clocks == 6);
+    REQUIRE(clean.faults.receives >= 3);  // the handshake reply and two rows at least
+    CHECK(clean.stats.out_of_memory == 0);
+    CHECK(out_of_memory_lines(clean) == 0);
+    for (int at = 0; at < clean.faults.receives; ++at) {
+      CAPTURE(at);
+      const auto r = run_with_faults({.receive_at = at}, policy);
+      CHECK(r.completed);  // no hang, no exception out of a coroutine
+      CHECK(r.ec == errc::resource_exhausted);
+      CHECK(r.stats.out_of_memory == 1);
+      CHECK(out_of_memory_lines(r) == 1);
+      CHECK(r.stats.clocks < 6);
+      if (at == 0) CHECK(r.log.front().find("while connecting") != std::string::npos);
+      if (at > 0) CHECK(r.log.front().find("while receiving from server 0") != std::string::npos);
+    }
+  };
+  each_receive(consistency::bsp{});
+  each_receive(consistency::ssp<2>{});
+}
+
+TEST_CASE("worker: an allocation failure building a pull or a gradient ends the run cleanly") {
+  const auto clean = run_with_faults({}, consistency::bsp{});
+  REQUIRE(!clean.ec);
+  REQUIRE(clean.faults.allocations > 6);  // at least the gradient buffer of every clock
+  for (int at = 0; at < clean.faults.allocations; ++at) {
+    CAPTURE(at);
+    const auto r = run_with_faults({.allocate_at = at}, consistency::bsp{});
+    CHECK(r.completed);
+    CHECK(r.ec == errc::resource_exhausted);
+    CHECK(r.stats.out_of_memory == 1);
+    CHECK(out_of_memory_lines(r) == 1);
+  }
 }

@@ -16,9 +16,12 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <new>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -90,9 +93,32 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
     pc_ = pc::computed;
   }
 
+  /// An allocation failed (`std::bad_alloc`, `std::length_error`) in the shell while it was
+  /// `what` (e.g. "receiving from", with `shard` named after it): the run ends with
+  /// `errc::resource_exhausted` at the next `resume` (unless it already ends with another
+  /// error), without the pending work the recovery policy holds. Logged for the first failure
+  /// only (the line is lost when even it cannot be allocated); every one counts in
+  /// `worker_stats::out_of_memory`.
+  void out_of_memory(std::string_view what,
+                     std::optional<std::uint32_t> shard = std::nullopt) noexcept {
+    ++stats_.out_of_memory;
+    if (no_memory_) return;
+    no_memory_ = true;
+    try {
+      log("out of memory while " + std::string(what) +
+          (shard ? " " + server_name(links_[*shard]) : std::string()) +
+          "; the run ends (resource_exhausted)");
+    } catch (const std::bad_alloc&) {
+    } catch (const std::length_error&) {}
+  }
+
   /// The next step of the clock loop, at time `now`, after the previous step was carried out
   /// (`join`, `send`, `reconnect`, `wait`). Every `clock_report` goes to `on_clock`.
   action resume(time_point now) {
+    if (no_memory_ && pc_ != pc::finished) {
+      if (!ec_) ec_ = make_error_code(errc::resource_exhausted);
+      pc_ = pc::finished;
+    }
     for (;;) {
       switch (pc_) {
         case pc::clock_begin:
@@ -510,6 +536,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
   float added_ = 0, bound_ = 0;
   buffer grad_{};
   float loss_ = 0;
+  bool no_memory_ = false;  // see out_of_memory
 };
 
 }  // namespace detail
