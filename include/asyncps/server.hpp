@@ -324,7 +324,6 @@ class basic_server {
     std::size_t max_frame_bytes() const {
       return wire_limits(s_->transport_.limits()).max_frame_bytes;
     }
-    buffer allocate(std::size_t n) const { return s_->transport_.allocate(n); }
 
    private:
     basic_server* s_;

@@ -89,7 +89,7 @@ enum class message_type : std::uint8_t {
            ///< position `seq` is stored)
   replay,  ///< worker -> server: the next message is its logged entry of position `seq` (flag
            ///< `state`: no entry follows, its replay is complete; `seq` = the newest stable
-           ///< position it knows)
+           ///< position it knows, `clock` = how many entries it resends next without one)
   // --- rendezvous (asyncps/rendezvous.hpp): only a rendezvous and its clients send these ---
   announce,   ///< server -> rendezvous: the shard it serves (header `sender`,
               ///< `protocol::any_id`: assign one) and where it listens (`protocol::announce`)

@@ -107,6 +107,8 @@ class server_protocol {
   const server_options& options() const noexcept { return opts_; }
   /// The shell's time now (`io.now()`).
   TimePoint now() const { return io_->now(); }
+  /// A buffer of `n` bytes from the shell (`io.allocate`). Exceptions: `std::bad_alloc`.
+  buffer allocate(std::size_t n) { return io_->allocate(n); }
   server_stats& stats() noexcept { return stats_; }
   const server_stats& stats() const noexcept { return stats_; }
   part_type& part() noexcept { return part_; }

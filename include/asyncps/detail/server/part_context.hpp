@@ -14,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "asyncps/buffer.hpp"
 #include "asyncps/detail/server/session_base.hpp"
 #include "asyncps/layout.hpp"
 #include "asyncps/protocol.hpp"
@@ -146,6 +147,8 @@ class part_context {
   }
   /// Moves worker `w`'s clock to `c` (answers pulls, pushes eager rows, ...).
   void advance(std::uint32_t w, clock_value c) const { p().advance(w, c); }
+  /// A buffer of `n` bytes for a message (the transport's pool). Exceptions: `std::bad_alloc`.
+  buffer allocate(std::size_t n) const { return p().allocate(n); }
   /// Copies the shard's whole state into `out` / installs `st` (see `server_protocol`).
   void save_state(shard_state& out) const { p().save_state(out); }
   std::error_code restore_state(const shard_state& st) const { return p().restore_state(st); }

@@ -8,8 +8,27 @@
 
 namespace asyncps::recovery {
 
+/// When a shard applies a worker's push or clock message relative to the worker logging the
+/// position the shard gave it (`replica_log_options::ordering`).
+enum class replica_log_ordering : std::uint8_t {
+  /// The write-ahead rule (the default): the shard sends the position (`order`) and applies
+  /// the update only once the worker has logged it (`commit`). A rebuild with every worker's
+  /// log is bit-exact. Cost: one network round trip between a push's arrival and its apply,
+  /// during which the worker's later messages wait.
+  write_ahead,
+  /// Apply on arrival, the position follows: the shard applies the update at once and sends
+  /// the `order` after it (the worker still logs it and answers `commit`, off the apply
+  /// path). No round trip before an apply. A rebuild is still exactly-once (every update
+  /// applied once: the replica's per-worker sequence numbers drop a resent update it holds),
+  /// but an update whose order was lost with the connection is resent and applied after the
+  /// replayed ones, so the rebuilt state may differ in the order of those updates: such a
+  /// rebuild is counted in `replica_log_stats::reordered_recoveries`, and reported as
+  /// "exactly once, not bit-exact". Without lost orders the rebuild is bit-exact.
+  apply_first,
+};
+
 /// Configuration of `recovery::replica_log`. The server part reads `replica_interval`,
-/// `recovery_timeout` and `void_timeout`; the worker part reads `reconnect_timeout`.
+/// `recovery_timeout`, `void_timeout` and `ordering`; the worker part reads `reconnect_timeout`.
 struct replica_log_options {
   /// Server clocks between two state replicas (the logging interval of SWIFT's selective
   /// logging): every this many clocks the shard sends its whole state (parameters and
@@ -27,6 +46,9 @@ struct replica_log_options {
   /// How long a worker keeps reconnecting to a lost shard before failing with
   /// `errc::server_lost`.
   std::chrono::milliseconds reconnect_timeout{std::chrono::minutes(10)};
+  /// Write-ahead (bit-exact rebuilds, one round trip per update) or apply-first (no round
+  /// trip, exactly-once rebuilds); see `replica_log_ordering`. Read by the server part only.
+  replica_log_ordering ordering = replica_log_ordering::write_ahead;
 };
 
 }  // namespace asyncps::recovery

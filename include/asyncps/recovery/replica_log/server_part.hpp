@@ -1,7 +1,8 @@
 // asyncps — recovery::replica_log (SWIFT), server part: orders every update, applies it only
-// once its worker has logged the order, sends state replicas to the workers, and rebuilds a
-// restarted shard from the newest replica plus the workers' logs replayed in the original
-// order. See recovery/replica_log.hpp and docs/recovery/swift.md.
+// once its worker has logged the order (or at once, `replica_log_ordering::apply_first`), sends
+// state replicas to the workers, and rebuilds a restarted shard from the newest replica plus the
+// workers' logs replayed in the original order. See recovery/replica_log.hpp and
+// docs/recovery/swift.md.
 //
 // This file holds the counters, the class, its hooks and its small helpers; the longer members
 // are defined at its end, in server_part_order.ipp (holding and ordering worker messages, the
@@ -53,6 +54,10 @@ struct replica_log_stats {
   /// Rebuilds that could not be exact: a worker's log or the newest replica did not arrive
   /// within `recovery_timeout` (logged with what was missing).
   std::uint64_t incomplete_recoveries = 0;
+  /// `replica_log_ordering::apply_first` only: rebuilds that were complete and exactly-once
+  /// but not provably bit-exact, because some worker resent updates whose order it never got
+  /// (the dead server may have applied them between replayed ones; they are applied after).
+  std::uint64_t reordered_recoveries = 0;
   std::uint64_t voided = 0;  ///< ordered, never confirmed, dropped (see `void_timeout`)
   /// Worker clocks whose updates an inexact rebuild lacked: a worker's clock moved up to its
   /// next update's (0 after exact rebuilds).
@@ -83,6 +88,7 @@ struct replica_log_stats {
     f("replayed", replayed);
     f("missing_positions", missing_positions);
     f("incomplete_recoveries", incomplete_recoveries);
+    f("reordered_recoveries", reordered_recoveries);
     f("voided", voided);
     f("skipped_clocks", skipped_clocks);
     f("max_held", max_held);
@@ -226,7 +232,11 @@ struct replica_log_server_part {
           }
           return std::error_code{};
         }
-        if (h.seq <= ctx.last_seq(w)) return std::error_code{};  // applied before
+        if (h.seq <= ctx.last_seq(w)) {  // applied before (e.g. held by the replica)
+          // The worker waits for its ack (its order, if any, was lost): acknowledge it.
+          if (h.has(frame_flags::want_ack)) ctx.ack(s, ctx.last_seq(w));
+          return std::error_code{};
+        }
         hold(ctx, &s, w, std::move(m), true);
         return std::error_code{};
       }
@@ -382,6 +392,7 @@ struct replica_log_server_part {
     std::vector<entry> entries_;
     std::vector<std::optional<message>> replicas_;  // per worker: its newest replica
     std::uint64_t newest_stable_ = 0;
+    std::uint64_t unordered_ = 0;  // a rebuild: entries the workers resend without a position
     shard_state initial_{}, scratch_{};
     std::chrono::steady_clock::time_point recovery_started_{};
     replica_log_stats stats_{};

@@ -33,6 +33,9 @@ void replica_log_server_part::hold(Ctx ctx, detail::session_base* s, std::uint32
                                    bool order) {
   held it{w, s, std::move(m), 0, false};
   if (order) {
+    // Apply-first: released as soon as it reaches the front; the order goes out before the
+    // apply's ack on the same connection, so the worker logs the position first.
+    it.confirmed = options.ordering == replica_log_ordering::apply_first;
     it.position = rt_.value.next_++;
     ++rt_.value.stats_.ordered;
     ctx.send_worker(w, protocol::encode(protocol::order{.shard = ctx.options().shard,

@@ -34,6 +34,7 @@ namespace asyncps::recovery {
 template <class Ctx>
 void replica_log_server_part::start_recovery(Ctx ctx) {
   rt_.value.mode_ = mode::recovering;
+  rt_.value.unordered_ = 0;
   ++rt_.value.stats_.recoveries;
   ctx.save_state(rt_.value.initial_);  // position 0: the seeded initial state
   ctx.log("rebuilding from the workers' replicas and logs (replica-log)");
@@ -51,6 +52,9 @@ std::optional<std::error_code> replica_log_server_part::on_replay(Ctx ctx, std::
   }
   rt_.value.done_[w] = 1;
   rt_.value.newest_stable_ = std::max(rt_.value.newest_stable_, h.seq);
+  // Its `clock`: how many entries it resends without a position (a negative count is taken
+  // as "some": it only makes an apply-first rebuild report itself reordered).
+  rt_.value.unordered_ += h.clock >= 0 ? static_cast<std::uint64_t>(h.clock) : 1;
   if (std::all_of(rt_.value.done_.begin(), rt_.value.done_.end(), [](char c) { return c != 0; }))
     finish_recovery(ctx, false);
   return std::error_code{};
@@ -136,6 +140,7 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
     if (on_replayed) on_replayed(e.position);
   }
   rt_.value.position_ = std::max(rt_.value.position_, base);
+  const std::uint64_t gaps = missing;  // positions between replayed entries without one
   if (rt_.value.newest_stable_ > base)
     missing += rt_.value.newest_stable_ - base;  // truncated from the logs
   rt_.value.stats_.missing_positions += missing;
@@ -148,6 +153,13 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
   const bool exact = !timed_out && rt_.value.newest_stable_ <= base &&
                      (!installed || logs_cover(rt_.value.newest_stable_, base));
   if (!exact) ++rt_.value.stats_.incomplete_recoveries;
+  // Apply-first: the dead server may have applied an update whose order its worker never got
+  // (a gap, or an entry the worker resends without a position) before later replayed ones.
+  // Each is applied once (after the replay, or dropped as held by the replica), but maybe in
+  // another order than the dead server's.
+  const bool reordered = exact && options.ordering == replica_log_ordering::apply_first &&
+                         (gaps != 0 || rt_.value.unordered_ != 0);
+  if (reordered) ++rt_.value.stats_.reordered_recoveries;
   rt_.value.stable_ = base;
   rt_.value.stats_.stable = rt_.value.stable_;
   rt_.value.stats_.position = rt_.value.position_;
@@ -165,7 +177,10 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
                      : std::string("the initial state")) +
           " and " + std::to_string(rt_.value.stats_.replayed) + " logged entries to position " +
           std::to_string(rt_.value.position_) +
-          (exact
+          (reordered ? " (exactly once, not bit-exact: " + std::to_string(rt_.value.unordered_) +
+                           " entries resent without their position and " + std::to_string(gaps) +
+                           " positions without an entry, applied after the replay)"
+           : exact
                ? " (exact" + (missing == 0 ? std::string(")")
                                            : "; " + std::to_string(missing) +
                                                  " positions whose orders were lost: not applied, "
@@ -191,6 +206,8 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
       hold(ctx, it.session, it.worker, std::move(it.m), true);
     else if (t != message_type::push && t != message_type::clock)
       rt_.value.held_.push_back(std::move(it));
+    else if (it.session != nullptr && it.session->open && it.m.header.has(frame_flags::want_ack))
+      ctx.ack(*it.session, ctx.last_seq(it.worker));  // held by the replica: acknowledged
   }
   release(ctx);
 }

@@ -176,7 +176,11 @@ struct replica_log_worker_part {
         if (sh.log[i].position != 0)
           r.send(header_message(message_type::commit, 0, sh.log[i].position));
     }
-    r.send(header_message(message_type::replay, frame_flags::state, sh.stable));
+    // The end of the replay; its `clock`: how many entries follow without a position.
+    message end = header_message(message_type::replay, frame_flags::state, sh.stable);
+    for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i)
+      if (sh.log[i].position == 0) ++end.header.clock;
+    r.send(std::move(end));
     for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i) {
       const entry& e = sh.log[i];
       if (e.position == 0) r.send(message{e.header, e.payload.share()});
