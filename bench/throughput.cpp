@@ -4,14 +4,16 @@
 //   asyncps_bench [--quick] [--json FILE] [--reps N] [--seconds S] [--windows 1,16]
 //                 [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process] [--size BYTES]
 //                 [--workers N] [--op push|pull|push+pull] [--api protocol,worker] [--no-raw]
-//                 [--cpu SERVER,CLIENT] [--spin-us US]
+//                 [--cpu SERVER,CLIENT] [--spin-us US] [--max-update-norm N]
 //
 // Two APIs: `worker` (the headline: a real `basic_worker` training against the shard, see
 // bench/worker_path.hpp; op `clock`, window W = staleness W - 1, 1 worker) and `protocol` (the
 // wire protocol driven directly by bench/client.hpp, below). `--cpu S,C` pins the server's
 // thread (and the raw baseline's helper thread) to CPU S and the client's thread to CPU C;
 // `--spin-us N` runs both threads' io_contexts with `asyncps::run_polling` (poll N us before
-// sleeping; the raw baseline still blocks).
+// sleeping; the raw baseline still blocks). `--max-update-norm N` sets the protocol API's
+// server_options::max_update_norm (0, the default: off), to measure the cost of the bound
+// (docs/security.md): N large enough that no push is refused still computes every norm.
 //
 // Transports: `tcp` (plain, default options: frames checksum their header only),
 // `tcp-checksum` (plain, `tcp_options::checksum_payloads` on at both ends: payloads hashed
@@ -78,6 +80,7 @@ struct config {
   int server_cpu = -1;  // --cpu: pin the server (and raw helper) thread; -1: no pinning
   int client_cpu = -1;
   std::chrono::microseconds spin{0};  // --spin-us: asyncps::run_polling on both threads
+  double max_update_norm = 0;         // --max-update-norm: server_options::max_update_norm (0: off)
   std::vector<op_kind> ops{op_kind::push, op_kind::pull, op_kind::push_pull};
   std::vector<unsigned> windows{1, 16};  // requests in flight per connection
   unsigned reps = 5;
@@ -284,6 +287,7 @@ void run_setup(const config& cfg, const setup& su, std::vector<row>& rows, ModeA
   opts.num_workers = su.workers;
   opts.tables = {table_spec{0, static_cast<std::uint32_t>(su.size / (row_width * sizeof(float))),
                             row_width, 0.0f}};
+  opts.max_update_norm = cfg.max_update_norm;
   basic_server<typename Env::transport_type, consistency::asp> server(env.server, opts);
 
   auto acceptor = env.listen();
@@ -371,7 +375,8 @@ void run_worker_setup(const config& cfg, const setup& su, std::vector<row>& rows
                "                     [--windows 1,16] [--size BYTES] [--workers N]\n"
                "                     [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process]\n"
                "                     [--op push|pull|push+pull] [--api protocol,worker]\n"
-               "                     [--cpu SERVER,CLIENT] [--spin-us US] [--no-raw]\n",
+               "                     [--cpu SERVER,CLIENT] [--spin-us US] [--no-raw]\n"
+               "                     [--max-update-norm N]\n",
                msg);
   std::exit(2);
 }
@@ -455,6 +460,9 @@ config parse(int argc, char** argv) {
       const long us = std::stol(value());
       if (us < 0) usage("--spin-us takes microseconds >= 0");
       cfg.spin = std::chrono::microseconds(us);
+    } else if (a == "--max-update-norm") {
+      cfg.max_update_norm = std::stod(value());
+      if (!(cfg.max_update_norm >= 0)) usage("--max-update-norm takes a norm >= 0 (0: off)");
     } else if (a == "--no-raw") {
       cfg.raw = false;
     } else if (a == "--help" || a == "-h") {
@@ -638,10 +646,10 @@ int run(int argc, char** argv) {
                   "{\"reps\": %u, \"seconds\": %.3f, \"windows\": [%s], "
                   "\"hardware_threads\": %u, \"quick\": %s, \"elapsed_s\": %.1f, "
                   "\"load_before\": %.2f, \"load_after\": %.2f, \"server_cpu\": %d, "
-                  "\"client_cpu\": %d, \"spin_us\": %lld}",
+                  "\"client_cpu\": %d, \"spin_us\": %lld, \"max_update_norm\": %g}",
                   cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(),
                   cfg.quick ? "true" : "false", elapsed, load_before, load_after, cfg.server_cpu,
-                  cfg.client_cpu, static_cast<long long>(cfg.spin.count()));
+                  cfg.client_cpu, static_cast<long long>(cfg.spin.count()), cfg.max_update_norm);
     if (!write_json(cfg.json, rows, meta)) {
       std::fprintf(stderr, "asyncps_bench: cannot write %s\n", cfg.json.c_str());
       return 1;
