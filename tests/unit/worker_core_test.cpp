@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <new>
 #include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <asio/co_spawn.hpp>
@@ -728,12 +730,15 @@ namespace {
 // `receive_at`-th frame received (0: the first, the handshake reply) throws std::bad_alloc
 // (as tcp_transport's receive does when no block for the frame's payload can be allocated;
 // the frame is lost), and so does the `allocate_at`-th `allocate` (pulls, pushes' keys,
-// gradient buffers). -1: never.
+// gradient buffers), and so does the first receive on the `first_receive_on`-th connection
+// made (0: the first; a reconnect's handshake reply). -1: never.
 struct alloc_faults {
   int receive_at = -1;
   int allocate_at = -1;
+  int first_receive_on = -1;
   int receives = 0;
   int allocations = 0;
+  int connections = 0;
 };
 
 class faulty_transport {
@@ -746,13 +751,16 @@ class faulty_transport {
   class connection {
    public:
     connection() = default;
-    connection(simulated_transport::connection c, alloc_faults* f) : c_(std::move(c)), f_(f) {}
+    connection(simulated_transport::connection c, alloc_faults* f, int number)
+        : c_(std::move(c)), f_(f), number_(number) {}
     asio::awaitable<std::error_code> async_send(message m) {
       co_return co_await c_.async_send(std::move(m));
     }
     asio::awaitable<std::tuple<std::error_code, message>> async_receive() {
       auto r = co_await c_.async_receive();
-      if (f_ != nullptr && !std::get<0>(r) && f_->receives++ == f_->receive_at)
+      const bool first = std::exchange(first_, false);
+      if (f_ != nullptr && !std::get<0>(r) &&
+          (f_->receives++ == f_->receive_at || (first && number_ == f_->first_receive_on)))
         throw std::bad_alloc();
       co_return r;
     }
@@ -762,13 +770,15 @@ class faulty_transport {
    private:
     simulated_transport::connection c_;
     alloc_faults* f_ = nullptr;
+    int number_ = -1;
+    bool first_ = true;
   };
   class acceptor {
    public:
     explicit acceptor(simulated_transport::acceptor a) : a_(std::move(a)) {}
     asio::awaitable<std::tuple<std::error_code, connection>> async_accept() {
       auto [ec, c] = co_await a_.async_accept();
-      co_return std::tuple{ec, connection(std::move(c), nullptr)};
+      co_return std::tuple{ec, connection(std::move(c), nullptr, -1)};
     }
     void close() noexcept { a_.close(); }
 
@@ -789,7 +799,8 @@ class faulty_transport {
   }
   asio::awaitable<std::tuple<std::error_code, connection>> async_connect(endpoint_type name) {
     auto [ec, c] = co_await t_.async_connect(std::move(name));
-    co_return std::tuple{ec, connection(std::move(c), f_)};
+    const int number = ec ? -1 : f_->connections++;
+    co_return std::tuple{ec, connection(std::move(c), f_, number)};
   }
   buffer allocate(std::size_t bytes) {
     if (f_->allocations++ == f_->allocate_at) throw std::bad_alloc();
@@ -810,9 +821,13 @@ struct faulty_run {
   alloc_faults faults;
 };
 
-// One worker (`faults` applied to its transport) against one shard server (`policy`, one
-// table of 1 row x 2), for 6 clocks; then the server is stopped.
-faulty_run run_with_faults(alloc_faults faults, consistency_policy auto policy) {
+// One worker (`faults` applied to its transport) against one shard server (`policy` and
+// `Recovery`, one table of 1 row x 2), for 6 clocks; then the server is stopped. `on_clock`
+// runs after each of the worker's clocks.
+template <class Recovery = recovery::none>
+faulty_run
+run_with_faults(alloc_faults faults, consistency_policy auto policy,
+                std::function<void(simulated_network&, const clock_report&)> on_clock = {}) {
   using policy_type = decltype(policy);
   faulty_run out;
   out.faults = faults;
@@ -824,7 +839,7 @@ faulty_run run_with_faults(alloc_faults faults, consistency_policy auto policy) 
   so.num_workers = 1;
   so.tables = {model.spec[0]};
   so.log = [](std::string_view) {};
-  basic_server<simulated_transport, policy_type> server(st, so);
+  basic_server<simulated_transport, policy_type, Recovery> server(st, so);
   auto acc = st.listen("shard0");
   REQUIRE(acc.has_value());
   bool served = false;
@@ -838,7 +853,8 @@ faulty_run run_with_faults(alloc_faults faults, consistency_policy auto policy) 
   worker_options<std::string> o;
   o.servers = {"shard0"};
   o.log = [&out](std::string_view line) { out.log.emplace_back(line); };
-  basic_worker<test::counter_model, faulty_transport, policy_type> w(wt, model, o);
+  if (on_clock) o.on_clock = [&](const clock_report& r) { on_clock(net, r); };
+  basic_worker<test::counter_model, faulty_transport, policy_type, Recovery> w(wt, model, o);
   asio::co_spawn(
       net.get_executor(),
       [&]() -> asio::awaitable<void> {
@@ -846,9 +862,9 @@ faulty_run run_with_faults(alloc_faults faults, consistency_policy auto policy) 
         out.completed = true;
       },
       asio::detached);
-  net.run();
+  net.run_for(std::chrono::minutes(10));  // virtual time: a worker that hangs fails the test
   asio::post(net.get_executor(), [&] { server.stop(); });
-  net.run();
+  net.run_for(std::chrono::minutes(10));
   CHECK(served);  // the server was not brought down
   out.stats = w.stats();
   return out;
@@ -901,4 +917,28 @@ TEST_CASE("worker: an allocation failure building a pull or a gradient ends the 
     CHECK(r.stats.out_of_memory == 1);
     CHECK(out_of_memory_lines(r) == 1);
   }
+}
+
+TEST_CASE("worker: an allocation failure while reconnecting ends the run with resource_exhausted") {
+  // After clock 2 the link is cut for 50 ms; recovery::stateless reconnects, and the
+  // reconnect's handshake reply (the first receive on the second connection) fails.
+  const auto cut = [](simulated_network& net, const clock_report& r) {
+    if (r.clock == 2)
+      net.link_down("worker0", "server0", net.now().time_since_epoch(),
+                    net.now().time_since_epoch() + std::chrono::milliseconds(50));
+  };
+  const auto clean = run_with_faults<recovery::stateless>({}, consistency::bsp{}, cut);
+  REQUIRE(clean.completed);
+  REQUIRE(!clean.ec);
+  REQUIRE(clean.faults.connections == 2);  // the cut was survived by one reconnect
+  CHECK(clean.stats.reconnects == 1);
+  const auto r =
+      run_with_faults<recovery::stateless>({.first_receive_on = 1}, consistency::bsp{}, cut);
+  CHECK(r.completed);
+  CHECK(r.ec == errc::resource_exhausted);
+  CHECK(r.stats.out_of_memory == 1);
+  CHECK(out_of_memory_lines(r) == 1);
+  CHECK(std::any_of(r.log.begin(), r.log.end(), [](const auto& l) {
+    return l.find("out of memory while reconnecting to server 0") != std::string::npos;
+  }));
 }
