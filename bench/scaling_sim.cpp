@@ -3,14 +3,19 @@
 // the cores of one machine: the unchanged basic_server / basic_worker, 4 server shards, W
 // workers each training on its 1/W of the 60,000 images, every gradient computed for real but
 // taking its share of `--compute-ms` of virtual time (the measured time of 64 samples), SSP with a
-// run-time bound (0: BSP). `--rules default` takes the trainer's defaults for each worker count
-// (its update rule, batch and learning rate: examples/fashion_mnist/config.hpp). Deterministic: the
-// same arguments give the same figures. One JSON object per run to stdout and to `--out`: workers,
-// rule, bound, final test accuracy and loss of the servers' model, virtual seconds, clocks per
-// worker.
+// run-time bound (0: BSP), or ASP (`--consistency asp`: reads never wait, every read refreshes
+// the cache in the background). Caution: the simulated transport's sends complete at once (no
+// send buffer paces a sender), so under ASP a worker whose clocks produce bytes faster than the
+// link model carries them queues them without bound: 16 and 64 workers of the MLP at 1 ms per
+// 64 samples ran out of memory (docs/results/scaling/sim/asp_defaults.log). `--rules default` takes the trainer's defaults for each worker
+// count (its update rule, batch and learning rate: examples/fashion_mnist/config.hpp).
+// Deterministic: the same arguments give the same figures. One JSON object per run to stdout and to
+// `--out`: workers, rule, bound, final test accuracy and loss of the servers' model, virtual
+// seconds, clocks per worker.
 //
 //   asyncps_scaling_sim [--model mlp|softmax|cnn] [--epochs E] [--workers 1,16,64]
-//       [--rules default,sum,staleness-aware,mean] [--staleness S] [--compute-ms MS] [--lr X]
+//       [--rules default,sum,staleness-aware,mean] [--consistency ssp|asp] [--staleness S]
+//       [--compute-ms MS] [--lr X]
 //       [--batch B] [--seed N] [--data DIR] [--out FILE.jsonl]
 #include <cstdint>
 #include <cstdio>
@@ -41,6 +46,33 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+using opt_t =
+    asyncps::optimizer::with_update_rule<asyncps::optimizer::sgd, asyncps::update_rule::selectable>;
+
+// Trains `models` for `clocks` clocks each on 4 (rc.servers) shards under `Consistency` (the
+// run-time SSP bound rc.staleness for ssp<>), then copies the servers' parameters into
+// `params`. Returns the virtual seconds; `errors` gets the workers' failures.
+template <class Consistency>
+double run_cluster(asyncps::simulated_network& net, const fashion::config& rc,
+                   const std::vector<asyncps::table_spec>& layout, const opt_t& opt,
+                   std::vector<fashion::any_model>& models, std::uint64_t clocks,
+                   std::vector<float>& params, int& errors) {
+  using namespace asyncps;
+  bench::sim_cluster<fashion::any_model, Consistency, opt_t> cluster(net, rc.servers, rc.workers,
+                                                                     layout, opt);
+  for (std::uint32_t w = 0; w < rc.workers; ++w) {
+    typename decltype(cluster)::worker_options_type wo;
+    wo.local_step = opt.local_step() * opt.rule.scale({.worker = w, .workers = rc.workers});
+    auto& worker = cluster.add_worker(models[w], wo, clocks);
+    if constexpr (requires { worker.consistency().staleness = rc.staleness; })
+      worker.consistency().staleness = rc.staleness;
+  }
+  const double seconds = cluster.run();
+  for (std::uint32_t s = 0; s < rc.servers; ++s) cluster.server(s).copy_values_into(params);
+  errors = cluster.errors();
+  return seconds;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -49,6 +81,7 @@ int main(int argc, char** argv) {
   c.model = "mlp";
   c.servers = 4;
   std::string workers_list = "1,16,64", rules_list = "sum,staleness-aware,mean", out_path;
+  std::string consistency_name = "ssp";
   double compute_ms = 1.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -67,7 +100,13 @@ int main(int argc, char** argv) {
       workers_list = next();
     else if (a == "--rules")
       rules_list = next();
-    else if (a == "--staleness")
+    else if (a == "--consistency") {
+      consistency_name = next();
+      if (consistency_name != "ssp" && consistency_name != "asp") {
+        std::cerr << "asyncps_scaling_sim: --consistency must be ssp or asp\n";
+        return 2;
+      }
+    } else if (a == "--staleness")
       c.staleness = std::stoll(next());
     else if (a == "--compute-ms")
       compute_ms = std::stod(next());
@@ -92,13 +131,13 @@ int main(int argc, char** argv) {
   for (const auto& ws : split(workers_list)) {
     for (const auto& rule : split(rules_list)) {
       fashion::config rc = c;
+      rc.consistency = consistency_name;
       rc.workers = static_cast<std::uint32_t>(std::stoul(ws));
       rc.update_rule = rule == "default" ? "" : rule;  // "default": the trainer's
       fashion::apply_defaults(rc);
       fashion::dataset train, test;
       std::vector<table_spec> layout;
       if (!fashion::load_data(rc, train, test, layout)) return 2;
-      using opt_t = optimizer::with_update_rule<optimizer::sgd, update_rule::selectable>;
       const opt_t opt{optimizer::sgd{rc.lr}, fashion::update_rule_of(rc)};
       simulation_options so;
       so.seed = rc.seed;
@@ -107,33 +146,30 @@ int main(int argc, char** argv) {
           std::chrono::microseconds(static_cast<std::int64_t>(compute_ms * 1000 * rc.batch / 64));
       so.compute.jitter = 0.2;
       simulated_network net(so);
-      bench::sim_cluster<fashion::any_model, consistency::ssp<>, opt_t> cluster(
-          net, rc.servers, rc.workers, layout, opt);
       std::vector<fashion::any_model> models;
       models.reserve(rc.workers);
       for (std::uint32_t w = 0; w < rc.workers; ++w) models.emplace_back(rc, train, w, rc.workers);
       const auto clocks = static_cast<std::uint64_t>(
           rc.epochs * static_cast<double>(train.file_size() / rc.workers) / rc.batch);
-      for (std::uint32_t w = 0; w < rc.workers; ++w) {
-        typename decltype(cluster)::worker_options_type wo;
-        wo.local_step = opt.local_step() * opt.rule.scale({.worker = w, .workers = rc.workers});
-        auto& worker = cluster.add_worker(models[w], wo, clocks);
-        worker.consistency().staleness = rc.staleness;
-      }
-      const double seconds = cluster.run();
       std::vector<float> params(layout_size(layout));
-      for (std::uint32_t s = 0; s < rc.servers; ++s) cluster.server(s).copy_values_into(params);
+      int errors = 0;
+      const double seconds =
+          consistency_name == "asp"
+              ? run_cluster<consistency::asp>(net, rc, layout, opt, models, clocks, params, errors)
+              : run_cluster<consistency::ssp<>>(net, rc, layout, opt, models, clocks, params,
+                                                errors);
       const auto e = models.front().evaluate(parameter_view(layout, params.data()), test);
       const nlohmann::json j{{"model", rc.model},
                              {"workers", rc.workers},
                              {"rule", rc.update_rule},
-                             {"staleness", rc.staleness},
+                             {"consistency", consistency_name},
+                             {"staleness", consistency_name == "asp" ? -1 : rc.staleness},
                              {"lr", rc.lr},
                              {"batch", rc.batch},
                              {"epochs", rc.epochs},
                              {"clocks", clocks},
                              {"compute_ms", compute_ms},
-                             {"worker_errors", cluster.errors()},
+                             {"worker_errors", errors},
                              {"virtual_s", seconds},
                              {"test_accuracy", e.accuracy},
                              {"test_loss", e.loss}};
