@@ -190,6 +190,8 @@ class basic_worker {
       }
     }
     co_await shutdown();
+    // One that came after the last step (a read loop's, during the shutdown) ends it too.
+    if (!ec && core_.stats().out_of_memory > 0) ec = make_error_code(errc::resource_exhausted);
     co_return ec;
   }
 

@@ -879,8 +879,9 @@ std::size_t out_of_memory_lines(const faulty_run& r) {
 }  // namespace
 
 TEST_CASE("worker: an allocation failure while receiving ends the run with resource_exhausted") {
-  // Every frame the worker receives fails in turn: the handshake reply (0), then rows and
-  // heartbeats in the read loop; under SSP the worker also computes while a pull is pending.
+  // Every frame the worker receives fails in turn: the handshake reply (0), then rows, acks
+  // and heartbeats in the read loop; under SSP the worker also computes while a pull is
+  // pending.
   const auto each_receive = [](auto policy) {
     const auto clean = run_with_faults({}, policy);
     REQUIRE(clean.completed);
@@ -896,13 +897,13 @@ TEST_CASE("worker: an allocation failure while receiving ends the run with resou
       CHECK(r.ec == errc::resource_exhausted);
       CHECK(r.stats.out_of_memory == 1);
       CHECK(out_of_memory_lines(r) == 1);
-      CHECK(r.stats.clocks < 6);
       if (at == 0) CHECK(r.log.front().find("while connecting") != std::string::npos);
       if (at > 0) CHECK(r.log.front().find("while receiving from server 0") != std::string::npos);
     }
   };
   each_receive(consistency::bsp{});
   each_receive(consistency::ssp<2>{});
+  each_receive(consistency::vap{});  // the read loops may send (acks): the shell's reply path
 }
 
 TEST_CASE("worker: an allocation failure building a pull or a gradient ends the run cleanly") {
