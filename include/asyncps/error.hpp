@@ -64,7 +64,9 @@ enum class errc {
   /// or out-of-order row): a reply could otherwise be larger than its request
   bad_key_order,
   /// (remote input) handling a peer's message needed more memory than the server could
-  /// allocate (`std::bad_alloc` or `std::length_error`): that connection is closed
+  /// allocate (`std::bad_alloc` or `std::length_error`): that connection is closed. Also a
+  /// worker's run when an allocation fails in its own loops (logged once, counted in
+  /// `worker_stats::out_of_memory`)
   resource_exhausted,
   /// (remote input) a peer failed the shared-secret handshake: wrong secret, no secret, or
   /// bytes that are not a handshake (transport/tcp.hpp, docs/security.md)

@@ -117,7 +117,8 @@ class basic_server {
                typename Recovery::server_part recovery = {})
       : transport_(transport), proto_(*this, std::move(opts), opt, std::move(recovery)),
         done_(transport.get_executor()), running_(transport.get_executor()),
-        watchdog_(transport.get_executor()), sweeper_(transport.get_executor()) {
+        watchdog_(transport.get_executor()), sweeper_(transport.get_executor()),
+        trimmer_(transport.get_executor()) {
     static_assert(check_server_part<part_type, context, basic_server>());  // recovery.hpp
   }
 
@@ -156,6 +157,9 @@ class basic_server {
     }
     if (options().watchdog_interval.count() > 0) spawn(watchdog());
     if (options().hello_timeout.count() > 0 || options().send_timeout.count() > 0) spawn(sweeper());
+    if constexpr (requires { transport_.trim_pools(); }) {
+      if (options().pool_trim_interval.count() > 0) spawn(trimmer());
+    }
     detail::accept_backoff backoff;  // shared with the other accept loops (accept_retry.hpp)
     while (!stopped_) {
       std::error_code ec;
@@ -208,6 +212,7 @@ class basic_server {
     done_.cancel();
     watchdog_.cancel();
     sweeper_.cancel();
+    trimmer_.cancel();
   }
 
   /// The server clock: the minimum clock over all `num_workers` workers.
@@ -371,6 +376,9 @@ class basic_server {
   asio::awaitable<void> read_loop(session& s);
   asio::awaitable<void> watchdog();
   asio::awaitable<void> sweeper();
+  // Every `pool_trim_interval`: the transport's pools give back what they cached beyond the
+  // interval's working set (only for transports with `trim_pools()`).
+  asio::awaitable<void> trimmer();
 
   Transport& transport_;
   protocol_type proto_;  // options, counters, recovery part, shard core, sessions (sans-io)
@@ -378,6 +386,7 @@ class basic_server {
   detail::wait_group<timer_type> running_;  // sessions and spawned coroutines (async_serve)
   timer_type watchdog_;                     // the watchdog's timer (see `watchdog`)
   timer_type sweeper_;                      // the sweeper's timer (see `sweeper`)
+  timer_type trimmer_;                      // the pool trimmer's timer (see `trimmer`)
   typename Transport::acceptor_type* acceptor_ = nullptr;
   bool stopped_ = false;
 };

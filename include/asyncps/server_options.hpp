@@ -104,6 +104,12 @@ struct server_options {
   /// `protocol::report`). One timer per server, none per pull; it stops ticking while nothing
   /// waits (so a simulation still becomes quiescent).
   std::chrono::milliseconds watchdog_interval{std::chrono::seconds(5)};
+  /// How often the server gives back to the heap the pooled buffers its transport keeps
+  /// cached beyond what the last interval used (transports with `trim_pools()`, such as
+  /// `tcp_transport`; `buffer_pool::trim`): a burst (an attack's frames, a one-off large
+  /// message) is returned within two intervals, a steady working set stays cached. One timer
+  /// per server. 0: never (the pools' budgets still bound what they keep).
+  std::chrono::milliseconds pool_trim_interval{std::chrono::seconds(10)};
   /// Elastic membership (see `membership_options`). Unset (the default): every id in
   /// [0, num_workers) is a member from the start and for good, and the server clock waits for
   /// each (a dead worker stalls BSP/SSP until it comes back). Set: `num_workers` is the

@@ -2316,3 +2316,39 @@ TEST_CASE("tcp: checksum_payloads off checks the header only; state transfers st
     CHECK(!(co_await send_raw(raw_frame(false, false, false))).ec);
   });
 }
+
+TEST_CASE("tcp server: pooled receive buffers go back to the heap every pool_trim_interval") {
+  // Issue 32: after a burst (an attack's frames, a one-off large push) a server's pools kept
+  // what they had held until the process ended. The trimmer gives it back within two
+  // intervals; with the interval 0 the 4 MiB frame's block stays cached.
+  for (const bool trim : {true, false}) {
+    CAPTURE(trim);
+    asio::io_context io;
+    tcp_transport st(io.get_executor());
+    server_options so;
+    so.num_workers = 2;
+    so.tables = {table_spec{0, 1024, 1024, 0.0f}};  // 4 MiB
+    so.log = [](std::string_view) {};
+    so.pool_trim_interval = std::chrono::milliseconds(trim ? 20 : 0);
+    test_server server(st, so, optimizer::sgd{1.0f});
+    const auto ep = serve_on_loopback(io, st, server);
+    test::run_coro(io, [&]() -> asio::awaitable<void> {
+      // Worker 0's hello and one push of the whole table, then its end of the connection.
+      const auto r = co_await raw_exchange(
+          ep, concat(hello_frame(0, 1024, 1024), push_frame(0, 0, 0, 1024, 1024, 1.0f)), true);
+      CHECK(r.closed_by_server);
+      CHECK(server.stats().pushes == 1);
+      asio::steady_timer t(io);
+      t.expires_after(std::chrono::milliseconds(150));  // 7 intervals
+      co_await t.async_wait(detail::use_tuple);
+      if (trim) {
+        CHECK(st.receive_pool().cached_bytes() == 0);
+        CHECK(st.receive_pool().stats().returned_bytes >= std::size_t{4} << 20);
+      } else {
+        CHECK(st.receive_pool().cached_bytes() >= std::size_t{4} << 20);
+        CHECK(st.receive_pool().stats().trims == 0);
+      }
+      server.stop();
+    });
+  }
+}

@@ -304,6 +304,10 @@ class tcp_transport {
   /// accepted connections, bounded by `tcp_options::max_receive_bytes` (for statistics:
   /// `lent_bytes()`, `cached_bytes()`).
   const buffer_pool& receive_pool() const noexcept { return receive_pool_; }
+  /// Gives back to the heap what both pools cached beyond the working set since the last call
+  /// (`buffer_pool::trim`); `basic_server` calls it every `server_options::pool_trim_interval`.
+  /// Returns the bytes given back. Thread safety: any thread.
+  std::size_t trim_pools() noexcept { return pool_.trim() + receive_pool_.trim(); }
   /// How many times a received frame waited for `tcp_options::max_receive_bytes`. Thread
   /// safety: any thread.
   std::uint64_t receive_waits() const noexcept {

@@ -218,4 +218,19 @@ asio::awaitable<void> basic_server<Transport, Consistency, Recovery, Optimizer>:
   }
 }
 
+// The pool trimmer: one coroutine and one timer per server, for transports that pool buffers
+// per node (tcp_transport::trim_pools). Ends with the server.
+template <transport Transport, consistency_policy Consistency, recovery_policy Recovery,
+          optimizer_policy Optimizer>
+asio::awaitable<void> basic_server<Transport, Consistency, Recovery, Optimizer>::trimmer() {
+  while (!stopped_) {
+    trimmer_.expires_after(options().pool_trim_interval);
+    auto [ec] = co_await trimmer_.async_wait(detail::use_tuple);
+    if (stopped_) break;
+    if (!ec) {
+      if constexpr (requires { transport_.trim_pools(); }) (void)transport_.trim_pools();
+    }
+  }
+}
+
 }  // namespace asyncps
