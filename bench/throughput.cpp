@@ -5,6 +5,7 @@
 //                 [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process] [--size BYTES]
 //                 [--workers N] [--op push|pull|push+pull] [--api protocol,worker] [--no-raw]
 //                 [--cpu SERVER,CLIENT] [--spin-us US] [--max-update-norm N]
+//                 [--max-parameter-value V]
 //
 // Two APIs: `worker` (the headline: a real `basic_worker` training against the shard, see
 // bench/worker_path.hpp; op `clock`, window W = staleness W - 1, 1 worker) and `protocol` (the
@@ -13,7 +14,8 @@
 // `--spin-us N` runs both threads' io_contexts with `asyncps::run_polling` (poll N us before
 // sleeping; the raw baseline still blocks). `--max-update-norm N` sets the protocol API's
 // server_options::max_update_norm (0, the default: off), to measure the cost of the bound
-// (docs/security.md): N large enough that no push is refused still computes every norm.
+// (docs/security.md): N large enough that no push is refused still computes every norm;
+// `--max-parameter-value V` likewise sets server_options::max_parameter_value (clipping).
 //
 // Transports: `tcp` (plain, default options: frames checksum their header only),
 // `tcp-checksum` (plain, `tcp_options::checksum_payloads` on at both ends: payloads hashed
@@ -81,6 +83,7 @@ struct config {
   int client_cpu = -1;
   std::chrono::microseconds spin{0};  // --spin-us: asyncps::run_polling on both threads
   double max_update_norm = 0;         // --max-update-norm: server_options::max_update_norm (0: off)
+  float max_parameter_value = 0;      // --max-parameter-value: server_options' (0: off)
   std::vector<op_kind> ops{op_kind::push, op_kind::pull, op_kind::push_pull};
   std::vector<unsigned> windows{1, 16};  // requests in flight per connection
   unsigned reps = 5;
@@ -288,6 +291,7 @@ void run_setup(const config& cfg, const setup& su, std::vector<row>& rows, ModeA
   opts.tables = {table_spec{0, static_cast<std::uint32_t>(su.size / (row_width * sizeof(float))),
                             row_width, 0.0f}};
   opts.max_update_norm = cfg.max_update_norm;
+  opts.max_parameter_value = cfg.max_parameter_value;
   basic_server<typename Env::transport_type, consistency::asp> server(env.server, opts);
 
   auto acceptor = env.listen();
@@ -376,7 +380,7 @@ void run_worker_setup(const config& cfg, const setup& su, std::vector<row>& rows
                "                     [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process]\n"
                "                     [--op push|pull|push+pull] [--api protocol,worker]\n"
                "                     [--cpu SERVER,CLIENT] [--spin-us US] [--no-raw]\n"
-               "                     [--max-update-norm N]\n",
+               "                     [--max-update-norm N] [--max-parameter-value V]\n",
                msg);
   std::exit(2);
 }
@@ -463,6 +467,9 @@ config parse(int argc, char** argv) {
     } else if (a == "--max-update-norm") {
       cfg.max_update_norm = std::stod(value());
       if (!(cfg.max_update_norm >= 0)) usage("--max-update-norm takes a norm >= 0 (0: off)");
+    } else if (a == "--max-parameter-value") {
+      cfg.max_parameter_value = std::stof(value());
+      if (!(cfg.max_parameter_value >= 0)) usage("--max-parameter-value takes a value >= 0");
     } else if (a == "--no-raw") {
       cfg.raw = false;
     } else if (a == "--help" || a == "-h") {
@@ -646,10 +653,12 @@ int run(int argc, char** argv) {
                   "{\"reps\": %u, \"seconds\": %.3f, \"windows\": [%s], "
                   "\"hardware_threads\": %u, \"quick\": %s, \"elapsed_s\": %.1f, "
                   "\"load_before\": %.2f, \"load_after\": %.2f, \"server_cpu\": %d, "
-                  "\"client_cpu\": %d, \"spin_us\": %lld, \"max_update_norm\": %g}",
+                  "\"client_cpu\": %d, \"spin_us\": %lld, \"max_update_norm\": %g, "
+                  "\"max_parameter_value\": %g}",
                   cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(),
                   cfg.quick ? "true" : "false", elapsed, load_before, load_after, cfg.server_cpu,
-                  cfg.client_cpu, static_cast<long long>(cfg.spin.count()), cfg.max_update_norm);
+                  cfg.client_cpu, static_cast<long long>(cfg.spin.count()), cfg.max_update_norm,
+                  static_cast<double>(cfg.max_parameter_value));
     if (!write_json(cfg.json, rows, meta)) {
       std::fprintf(stderr, "asyncps_bench: cannot write %s\n", cfg.json.c_str());
       return 1;

@@ -129,6 +129,15 @@ struct server_options {
   /// pushes (e.g. 100x the largest seen in a trial run): a clipped honest push ends its
   /// worker's run.
   double max_update_norm = 0;
+  /// Defence against a faulty or hostile worker, second line: after every applied update the
+  /// values of the rows it touched are clipped to [-max_parameter_value,
+  /// max_parameter_value] (parameter clipping; counted in `server_stats::clipped_values`), so
+  /// that no sequence of accepted pushes can take a parameter beyond it, whatever their
+  /// norms. Applies to every optimizer (the optimizer's state is not clipped).
+  /// Deterministic: chain members and replica-log replays clip the same values. 0 (the
+  /// default): no clipping. Cost: one pass over the updated rows' values. Size it well above
+  /// the values a healthy model holds: a clipped honest parameter changes training.
+  float max_parameter_value = 0;
 };
 
 /// Counters of a server (read on its executor).
@@ -153,6 +162,8 @@ struct server_stats {
   /// Connections closed because queuing a message would have exceeded
   /// `server_options::max_total_queued_bytes` (see there).
   std::uint64_t over_budget_closes = 0;
+  /// Parameter values clipped to `server_options::max_parameter_value` (see there).
+  std::uint64_t clipped_values = 0;
   /// Elastic membership: workers that became members (a first hello, or a hello after they
   /// left), and members that left (a `bye`, or their connection gone for `grace`).
   std::uint64_t joins = 0;

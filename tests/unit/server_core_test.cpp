@@ -1481,3 +1481,39 @@ TEST_CASE("shard_core: an update rule scales each push by its staleness from the
   core.welcome_tables(0, w);
   CHECK(w.local_step == doctest::Approx(1.0));
 }
+
+TEST_CASE("server_protocol: max_parameter_value clips the rows a push touched, and counts it") {
+  auto o = proto_options();
+  o.max_parameter_value = 1.0f;
+  stepped t(o);
+  auto& w0 = t.worker(0);
+  // sgd at rate 1: value -= gradient. Rows [0, 2) move to +3: clipped to 1 (4 values).
+  auto p = range_push(0, 0, 0, 2, -3.0f);
+  REQUIRE(t.proto.receive(w0, p));
+  const auto& v = t.proto.core().table(0).values;
+  CHECK(v[0] == 1.0f);
+  CHECK(v[3] == 1.0f);
+  CHECK(v[4] == 0.0f);  // row 2 untouched
+  CHECK(t.proto.stats().clipped_values == 4);
+  // Within the bound nothing is clipped: rows [1, 3) by -0.5 and +0.25.
+  auto q = range_push(0, 0, 1, 2, 0.5f);
+  REQUIRE(t.proto.receive(w0, q));
+  CHECK(v[2] == 0.5f);
+  CHECK(v[4] == -0.5f);
+  CHECK(t.proto.stats().clipped_values == 4);
+  // A sparse push clips only its keyed rows: row 3 to -1 (from -2).
+  message k = keyed_pull(0, 0, {3});
+  k.header.type = message_type::push;
+  k.header.table = 0;
+  k.header.width = 2;
+  k.payload = pool.allocate(key_bytes(1) + 2 * sizeof(float));
+  std::memset(k.payload.data(), 0, k.payload.size());
+  const row_id key = 3;
+  std::memcpy(k.payload.data(), &key, sizeof key);
+  const float g[2] = {2.0f, 0.5f};
+  std::memcpy(k.payload.data() + key_bytes(1), g, sizeof g);
+  REQUIRE(t.proto.receive(w0, k));
+  CHECK(v[6] == -1.0f);
+  CHECK(v[7] == -0.5f);
+  CHECK(t.proto.stats().clipped_values == 5);
+}

@@ -216,7 +216,8 @@ class server_protocol {
   static double payload_norm(const message& m) noexcept;
   /// `v` as text with 3 significant digits (e.g. "2.89e+38").
   static std::string number_text(double v);
-  /// Applies checked update `m` to the shard, then tells the recovery part (on_update).
+  /// Applies checked update `m` to the shard, clips its rows' values to
+  /// `server_options::max_parameter_value` (> 0), then tells the recovery part (on_update).
   /// Errors (nothing is applied then): `errc::update_too_large` when the L2 norm of its floats
   /// exceeds `server_options::max_update_norm` (> 0); `errc::non_finite_update` when the
   /// update would make a value or the optimizer's state non-finite (see

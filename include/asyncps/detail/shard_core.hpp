@@ -217,6 +217,30 @@ class shard_core {
   /// seen (`(1 + state_per_param)` floats per pushed float), then none. Deterministic, as
   /// `check_update`.
   std::error_code check_and_apply(const message& m, std::string& detail);
+  /// Clips the values of the rows push `m` touched (checked, applied) to [-bound, bound];
+  /// returns how many values it changed. The rows are already marked changed by the apply.
+  /// Cost: one pass over those rows' values. Precondition: bound > 0.
+  std::uint64_t clip_rows(const message& m, float bound) noexcept {
+    const auto& h = m.header;
+    auto& t = tables_[h.table];
+    const std::size_t w = t.spec.width;
+    std::uint64_t clipped = 0;
+    const auto clip = [&](float* v, std::size_t n) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float c = std::clamp(v[i], -bound, bound);
+        clipped += c != v[i] ? 1 : 0;
+        v[i] = c;
+      }
+    };
+    if (h.has(frame_flags::range)) {
+      clip(t.values.data() + std::size_t{static_cast<row_id>(h.first_row) - t.range.begin} * w,
+           std::size_t{h.row_count} * w);
+    } else {
+      for (const row_id k : payload_keys(m))
+        clip(t.values.data() + std::size_t{k - t.range.begin} * w, w);
+    }
+    return clipped;
+  }
   /// Applies push `m` to its table through the optimizer (versions updated), unchecked: the
   /// caller ran `check_update` (or use `check_and_apply`). Does not count it (see
   /// `count_push`).

@@ -70,6 +70,8 @@ std::error_code server_protocol<Consistency, Recovery, Optimizer, Session, TimeP
     }
   }
   if (auto ec = core_.check_and_apply(m, detail)) return ec;  // one pass, whole or nothing
+  if (opts_.max_parameter_value > 0)
+    stats_.clipped_values += core_.clip_rows(m, opts_.max_parameter_value);
   const auto& h = m.header;
   if constexpr (has_on_update<part_type>) {  // recovery.hpp's hook table
     part_.on_update(h.table, h.first_row, h.row_count, payload_floats(m));
