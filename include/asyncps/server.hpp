@@ -157,9 +157,10 @@ class basic_server {
     }
     if (options().watchdog_interval.count() > 0) spawn(watchdog());
     if (options().hello_timeout.count() > 0 || options().send_timeout.count() > 0) spawn(sweeper());
-    if constexpr (requires { transport_.trim_pools(); }) {
-      if (options().pool_trim_interval.count() > 0) spawn(trimmer());
-    }
+    // A plain `if`: trimmer() is instantiated for every transport (an explicitly
+    // instantiated server would otherwise define it unused), spawned only for pooling ones.
+    constexpr bool pools = requires { transport_.trim_pools(); };
+    if (pools && options().pool_trim_interval.count() > 0) spawn(trimmer());
     detail::accept_backoff backoff;  // shared with the other accept loops (accept_retry.hpp)
     while (!stopped_) {
       std::error_code ec;
