@@ -3,7 +3,10 @@
 # loopback TCP) with a consistency or topology variant, checked against an accuracy floor.
 #   vap:    --consistency vap (value-bounded asynchronous parallel)
 #   groups: --groups 2 group servers in front of the central servers, worker 3 slowed x4
-# Usage: e2e_variants.sh /path/to/fashion_mnist vap|groups
+#   groups-failed: the same with --lr 1e38: the first updates overflow, the group servers refuse
+#           the non-finite pushes and the workers fail; the run exits 1 and prints the central
+#           model's accuracy as 'test accuracy when the run failed', never as a final accuracy
+# Usage: e2e_variants.sh /path/to/fashion_mnist vap|groups|groups-failed
 set -euo pipefail
 bin="$1"
 variant="$2"
@@ -17,6 +20,7 @@ case "$variant" in
   vap) args+=(--consistency vap --epochs 6) ;;
   groups) args+=(--groups 2 --group-by speed --slow-worker 3 --slow-factor 4 --push-every 2
                  --epochs 4) ;;
+  groups-failed) args+=(--groups 2 --epochs 1 --lr 1e38) ;;
   *) fail "unknown variant" ;;
 esac
 set +e
@@ -24,6 +28,15 @@ set +e
 rc=$?
 set -e
 cat "$dir/out.log"
+if [[ "$variant" == groups-failed ]]; then
+  [[ $rc -eq 1 ]] || fail "exit status $rc (1 expected: the workers failed)"
+  ! grep -q '^final test accuracy' "$dir/out.log" || fail "a failed run printed a final accuracy"
+  grep -q '^test accuracy when the run failed' "$dir/out.log" || fail "no accuracy at the failure"
+  grep '"final":true' "$dir/m.jsonl" | grep -q '"failed":true' ||
+    fail "the final record does not say the run failed"
+  echo "e2e_variants($variant): ok, exit status 1, no final accuracy"
+  exit 0
+fi
 [[ $rc -eq 0 ]] || fail "exit status $rc"
 
 acc="$(sed -n 's/^final test accuracy \([0-9.]*\).*/\1/p' "$dir/out.log")"

@@ -27,8 +27,12 @@
 #include <CLI/CLI.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -37,15 +41,17 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <system_error>
 #include <thread>
 #include <unistd.h>
+#include <vector>
 
 #include "config.hpp"
 
@@ -88,6 +94,11 @@ std::vector<unsigned short> free_loopback_ports(std::uint32_t n) {
 // as in the default run. Under chain replication every shard has `replicas` server processes
 // plus one chain master process (never killed), and kill k hits member k % replicas of shard
 // `kill_shard`: as a restarted server rejoins as the tail, that is the head each time.
+//
+// No child outlives this process: each gets SIGKILL when the thread that forked it ends
+// (PR_SET_PDEATHSIG, checked against a parent already gone). The first servers are forked by
+// the main thread, which ends with the process; restarted ones by the kill schedule's thread,
+// which therefore stays until stop() and kills every child itself before it ends.
 class server_supervisor {
  public:
   server_supervisor(const config& c, std::vector<std::string> base_args)
@@ -123,8 +134,14 @@ class server_supervisor {
       stopping_ = true;
     }
     cv_.notify_all();
-    if (killer_.joinable()) killer_.join();
-    // The chain master (last) first, so it does not report the servers' exits.
+    if (killer_.joinable()) killer_.join();  // it kills the children as it ends
+    kill_all();
+  }
+
+ private:
+  // Kills and reaps every child: the chain master (last) first, so it does not report the
+  // servers' exits. On the kill schedule's thread, or once it has ended.
+  void kill_all() {
     for (auto it = pids_.rbegin(); it != pids_.rend(); ++it) {
       auto& pid = *it;
       if (pid > 0) {
@@ -135,7 +152,6 @@ class server_supervisor {
     }
   }
 
- private:
   double now() const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
@@ -171,11 +187,19 @@ class server_supervisor {
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
     const pid_t pid = ::fork();
     if (pid == 0) {
+      // Async-signal-safe calls only until exec (this process has threads). The death signal
+      // survives exec; a parent that died before prctl leaves this child to init: exit.
+      if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) std::_Exit(127);
       ::execv("/proc/self/exe", argv.data());
       std::perror("fashion_mnist: exec of a server process failed");
       std::_Exit(127);
+    }
+    if (pid < 0) {
+      std::perror("fashion_mnist: fork of a server process failed");
+      return;  // pids_[i] stays -1: never signalled (kill(-1) would signal every process)
     }
     pids_[i] = pid;
   }
@@ -187,7 +211,19 @@ class server_supervisor {
                          [this] { return stopping_; });
   }
 
+  // The kill schedule's thread: the kills and restarts, then, at stop(), the end of every
+  // child (those it restarted would get their death signal when it ends anyway, before the
+  // chain master is stopped).
   void kill_schedule() {
+    run_kill_schedule();
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [this] { return stopping_; });
+    }
+    kill_all();
+  }
+
+  void run_kill_schedule() {
     {
       std::unique_lock lock(mutex_);
       cv_.wait(lock, [this] { return started_ || stopping_; });
@@ -199,9 +235,11 @@ class server_supervisor {
       const std::uint32_t s = cfg_.kill_shard;
       const std::uint32_t member = kills++ % per_shard();
       const std::uint32_t i = s * per_shard() + member;
-      ::kill(pids_[i], SIGKILL);
-      ::waitpid(pids_[i], nullptr, 0);
-      pids_[i] = -1;
+      if (pids_[i] > 0) {
+        ::kill(pids_[i], SIGKILL);
+        ::waitpid(pids_[i], nullptr, 0);
+        pids_[i] = -1;
+      }
       const std::string name =
           chain() ? std::to_string(s) + "." + std::to_string(member) : std::to_string(s);
       std::printf("\n[fault] killed server %s (SIGKILL) at %.1f s\n", name.c_str(), now());
@@ -225,24 +263,44 @@ class server_supervisor {
   bool started_ = false;
 };
 
-// A new empty temporary file (mode 0600, mkstemp), removed with this object. Throws
-// std::system_error.
-class report_file {
+// A new empty file in memory (memfd_create, mode 0600) that this process shares with the
+// server processes it forks: its descriptor is inherited (no close-on-exec), and `path()`,
+// /proc/self/fd/N, opens it in this process and in each child alike. No name on any file
+// system: it is gone once this process and its children are, however they end (SIGKILL
+// included). Throws std::system_error.
+class shared_memory_file {
  public:
-  explicit report_file(const char* what = "rebuilds") {
-    const char* dir = std::getenv("TMPDIR");
-    path_ = std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/fashion_mnist-" + what +
-            "-XXXXXX";
-    const int fd = ::mkstemp(path_.data());
-    if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot create " + path_);
-    ::close(fd);
+  explicit shared_memory_file(const char* what) {
+    const std::string name = std::string("fashion_mnist-") + what;
+    fd_ = ::memfd_create(name.c_str(), MFD_ALLOW_SEALING);
+    if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "memfd_create " + name);
+    if (::fchmod(fd_, S_IRUSR | S_IWUSR) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      throw std::system_error(err, std::generic_category(), "fchmod " + name);
+    }
+    path_ = "/proc/self/fd/" + std::to_string(fd_);
   }
-  ~report_file() { ::unlink(path_.c_str()); }
-  report_file(const report_file&) = delete;
-  report_file& operator=(const report_file&) = delete;
+  ~shared_memory_file() { ::close(fd_); }
+  shared_memory_file(const shared_memory_file&) = delete;
+  shared_memory_file& operator=(const shared_memory_file&) = delete;
   const std::string& path() const { return path_; }
 
+  // Writes `bytes` at the start and seals the file: no one can change it after that.
+  void write_sealed(std::span<const std::byte> bytes) {
+    std::size_t n = 0;
+    while (n < bytes.size()) {
+      const ::ssize_t r = ::pwrite(fd_, bytes.data() + n, bytes.size() - n, static_cast<off_t>(n));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw std::system_error(errno, std::generic_category(), "write " + path_);
+      n += static_cast<std::size_t>(r);
+    }
+    if (::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) != 0)
+      throw std::system_error(errno, std::generic_category(), "seal " + path_);
+  }
+
  private:
+  int fd_ = -1;
   std::string path_;
 };
 
@@ -675,19 +733,16 @@ int main(int argc, char** argv) {
     }
     // replica-log: the server processes report each rebuild to a file this process sums at
     // the end (a process killed with SIGKILL cannot report at its end).
-    std::optional<report_file> report;
+    std::optional<shared_memory_file> report;
     if (c.recovery == "replica-log") {
-      c.server_report = report.emplace().path();
+      c.server_report = report.emplace("rebuilds").path();
       base.insert(base.end(), {"--server-report", c.server_report});
     }
-    // An ephemeral secret reaches the server processes in a 0600 file (mkstemp), not argv.
-    std::optional<report_file> secret_file;
+    // An ephemeral secret reaches the server processes in a sealed 0600 file in memory that
+    // they inherit, not in argv, and not in a file that would outlive this process.
+    std::optional<shared_memory_file> secret_file;
     if (ephemeral_secret) {
-      secret_file.emplace("secret");
-      const auto bytes = c.secret.bytes();
-      std::ofstream(secret_file->path(), std::ios::binary)
-          .write(reinterpret_cast<const char*>(bytes.data()),
-                 static_cast<std::streamsize>(bytes.size()));
+      secret_file.emplace("secret").write_sealed(c.secret.bytes());
       base.insert(base.end(), {"--secret-file", secret_file->path()});
     }
     server_supervisor supervisor(c, base);

@@ -46,12 +46,16 @@ namespace fashion {
 // A server only uses its policy's `eager` and value-bounded flags (the staleness bound travels
 // in each pull as the minimum clock wanted, VAP's bound is the worker's), so the example
 // instantiates one server per (eager / VAP / lazy, optimizer) rather than one per staleness
-// value: this keeps its build time reasonable on 2 cores.
+// value: this keeps its build time reasonable on 2 cores. The lazy and eager servers are
+// `ssp<>` and `essp<>`, whose bound is a run-time value the server never holds: a server of a
+// compile-time bound (`bsp`, `essp<0>`) would bound a hello's clock with that bound
+// (docs/wire-format.md, "Clocks in hello"), 0 under --staleness 3 or ASP, and say "staleness
+// 0" when it refused one (issue 32).
 template <class Consistency>
 using server_policy =
     std::conditional_t<asyncps::is_value_bounded_v<Consistency>, asyncps::consistency::vap,
-                       std::conditional_t<Consistency::eager, asyncps::consistency::essp<0>,
-                                          asyncps::consistency::bsp>>;
+                       std::conditional_t<Consistency::eager, asyncps::consistency::essp<>,
+                                          asyncps::consistency::ssp<>>>;
 /// Whether `Consistency` takes its staleness bound at run time (`ssp<>`, `essp<>`).
 template <class Consistency>
 inline constexpr bool run_time_bound = std::is_same_v<Consistency, asyncps::consistency::ssp<>> ||
@@ -219,9 +223,11 @@ int run(const config& c, Optimizer opt) {
       // sum and mean rules; an estimate under the others).
       o.local_step = opt.local_step() * opt.rule.scale({.worker = w, .workers = c.workers});
       o.connect_timeout = std::chrono::seconds(30);
-      // Elastic: a worker that joins late, or rejoins after a restart, trains to the job's
-      // end clock, not a full run from where it joined.
-      if (c.elastic) o.end_clock = static_cast<asyncps::clock_value>(clocks);
+      // The job ends at clock `clocks`: a worker that joins late (elastic), or a restarted
+      // worker process that rejoins where its shards have its clock, trains to that clock,
+      // not `clocks` more from where it joined (it would run past the others' end and wait
+      // for them until its wait timeout; issue 32).
+      o.end_clock = static_cast<asyncps::clock_value>(clocks);
       // The first worker of this process reports progress and evaluates; `samples` counts
       // every worker's (in separate processes each worker reports for all, assuming equal speed).
       const std::uint64_t per_clock = std::uint64_t{c.batch} * (c.role == "all" ? 1 : c.workers);
