@@ -76,6 +76,9 @@ struct config {
   std::vector<std::string> chain;       // --role server under chain: the shard's members
   std::string master;                   // --role server under chain: the chain master
   std::uint64_t replica_interval = 10;  // replica-log: server clocks between state replicas
+  // replica-log: "write-ahead" (apply once logged: bit-exact rebuilds) or "apply-first" (apply
+  // on arrival, no round trip: exactly-once rebuilds), replica_log_options::ordering.
+  std::string replica_ordering = "write-ahead";
   // replica-log: a file of rebuild reports, one JSON line per rebuild. A server process
   // (--role server) appends to it after each rebuild; role all with --kill-at (main.cpp sets it
   // and passes it to its server processes) sums it into the summary. Empty: none.

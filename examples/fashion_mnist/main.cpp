@@ -449,6 +449,12 @@ int main(int argc, char** argv) {
                  "--recovery replica-log: server clocks between the state replicas a shard sends "
                  "to its workers (a longer interval: more log on the workers, more to replay)")
       ->check(CLI::Range(1, 1000000));
+  app.add_option("--replica-ordering", c.replica_ordering,
+                 "--recovery replica-log: write-ahead (a push is applied once its worker logged "
+                 "its position: bit-exact rebuilds, one round trip per push) or apply-first "
+                 "(applied on arrival, the position follows: exactly-once rebuilds, counted "
+                 "'reordered' when not bit-exact)")
+      ->check(CLI::IsMember({"write-ahead", "apply-first"}));
   app.add_option("--server-report", c.server_report,
                  "--recovery replica-log, --role server: file to append a JSON line to after "
                  "each rebuild and at the end (role all with --kill-at sets it for its server "
@@ -633,9 +639,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (c.recovery != "replica-log" &&
-      (app.count("--replica-interval") > 0 || app.count("--server-report") > 0)) {
-    std::cerr << "fashion_mnist: --replica-interval and --server-report need --recovery "
-                 "replica-log\n";
+      (app.count("--replica-interval") > 0 || app.count("--server-report") > 0 ||
+       app.count("--replica-ordering") > 0)) {
+    std::cerr << "fashion_mnist: --replica-interval, --replica-ordering and --server-report "
+                 "need --recovery replica-log\n";
     return 2;
   }
   if (app.count("--server-report") > 0 && c.role != "server") {

@@ -165,7 +165,8 @@ struct recovery_flags<asyncps::recovery::chain_replication<Mode>>
   using server_extras = chain_servers<Server>;
 };
 
-/// --recovery replica-log: --replica-interval (clocks between state replicas); --role server
+/// --recovery replica-log: --replica-interval (clocks between state replicas),
+/// --replica-ordering (write-ahead or apply-first); --role server
 /// --server-report FILE: the server reports its rebuilds (`replica_log_servers`). Its summary
 /// line is its own (`report_replica_log`). Workers: --reconnect-timeout.
 template <>
@@ -175,6 +176,9 @@ struct recovery_flags<asyncps::recovery::replica_log>
   static policy::server_part server_part(const config& c, std::uint32_t /*shard*/) {
     policy::server_part p;
     p.options.replica_interval = static_cast<asyncps::clock_value>(c.replica_interval);
+    p.options.ordering = c.replica_ordering == "apply-first"
+                             ? asyncps::recovery::replica_log_ordering::apply_first
+                             : asyncps::recovery::replica_log_ordering::write_ahead;
     return p;
   }
   static policy::worker_part worker_part(const config& c) {

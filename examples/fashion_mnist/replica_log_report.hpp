@@ -35,6 +35,7 @@ struct replica_log_totals {
   std::uint64_t replayed = 0;        ///< logged entries applied by the rebuilds
   std::uint64_t missing = 0;         ///< replica_log_stats::missing_positions
   std::uint64_t incomplete = 0;      ///< replica_log_stats::incomplete_recoveries
+  std::uint64_t reordered = 0;       ///< replica_log_stats::reordered_recoveries
   std::uint64_t skipped_clocks = 0;  ///< replica_log_stats::skipped_clocks
   double max_seconds = 0;            ///< the longest rebuild (first hello to serving again)
   bool known = false;                ///< false: the servers are processes that did not report
@@ -48,6 +49,7 @@ struct replica_log_totals {
     replayed += s.replayed;
     missing += s.missing_positions;
     incomplete += s.incomplete_recoveries;
+    reordered += s.reordered_recoveries;
     skipped_clocks += s.skipped_clocks;
     max_seconds = std::max(max_seconds, s.last_recovery_seconds);
     known = true;
@@ -92,6 +94,7 @@ class replica_log_reporter {
             {"replayed", st.replayed - last_.replayed},
             {"missing_positions", st.missing_positions - last_.missing_positions},
             {"incomplete_recoveries", st.incomplete_recoveries - last_.incomplete_recoveries},
+            {"reordered_recoveries", st.reordered_recoveries - last_.reordered_recoveries},
             {"skipped_clocks", st.skipped_clocks - last_.skipped_clocks},
             {"seconds", st.last_recovery_seconds},
             {"position", st.position},
@@ -145,6 +148,7 @@ inline replica_log_totals read_replica_log_reports(const std::string& path, std:
       t.replayed += j.value("replayed", std::uint64_t{0});
       t.missing += j.value("missing_positions", std::uint64_t{0});
       t.incomplete += j.value("incomplete_recoveries", std::uint64_t{0});
+      t.reordered += j.value("reordered_recoveries", std::uint64_t{0});
       t.skipped_clocks += j.value("skipped_clocks", std::uint64_t{0});
       t.max_seconds = std::max(t.max_seconds, j.value("seconds", 0.0));
     }
@@ -230,8 +234,9 @@ void report_replica_log(const config& c, std::string_view name, const asyncps::w
   const std::string policy(name);
   if (rb.known)
     std::printf("recovery %s: %llu rebuilds, %llu entries replayed, %llu positions missing, "
-                "%llu incomplete, ",
-                policy.c_str(), u(rb.rebuilds), u(rb.replayed), u(rb.missing), u(rb.incomplete));
+                "%llu incomplete, %llu reordered, ",
+                policy.c_str(), u(rb.rebuilds), u(rb.replayed), u(rb.missing), u(rb.incomplete),
+                u(rb.reordered));
   else
     std::printf("recovery %s: rebuilds counted by the server processes (--server-report), ",
                 policy.c_str());
@@ -249,6 +254,7 @@ void report_replica_log(const config& c, std::string_view name, const asyncps::w
     summary["replayed"] = rb.replayed;
     summary["missing_positions"] = rb.missing;
     summary["incomplete_rebuilds"] = rb.incomplete;
+    summary["reordered_rebuilds"] = rb.reordered;
     summary["skipped_clocks"] = rb.skipped_clocks;
     summary["max_rebuild_s"] = rb.max_seconds;
   }
