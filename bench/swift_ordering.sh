@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 34, failure-free cost of replica-log's ordering: the Fashion-MNIST trainer without a
+# kill under `--recovery none`, `replica-log` (write-ahead: a push is applied once its worker
+# logged its position, one round trip) and `replica-log --replica-ordering apply-first`
+# (applied on arrival), interleaved per seed so a drift of the machine's load hits all three.
+#
+#   bench/swift_ordering.sh BINARY [SEEDS] [EPOCHS] [OUT_DIR]
+#
+# BINARY: a release build of examples/fashion_mnist (every policy compiled in). Defaults:
+# seeds 1-5, 3 epochs, MLP, 2 shards, 4 workers, SSP(3), role all (servers and workers in one
+# process over TCP loopback). Per run: the trainer's log (its "final test accuracy ... after
+# S s" line: S is the training time from the end of data loading) and the load average before
+# and after, in OUT_DIR (default swift_ordering_<date>); at the end one line per run and the
+# mean ratio of each replica-log mode's time to none's over the seeds, with a 95% interval
+# (Student t over the per-seed ratios). Run it on a quiet machine.
+set -euo pipefail
+
+bin=${1:?usage: swift_ordering.sh BINARY [SEEDS] [EPOCHS] [OUT_DIR]}
+seeds=${2:-1,2,3,4,5}
+epochs=${3:-3}
+out=${4:-swift_ordering_$(date +%Y%m%d_%H%M%S)}
+mkdir -p "$out"
+
+common=(--model mlp --servers 2 --workers 4 --consistency ssp --staleness 3 --epochs "$epochs")
+declare -A flags=(
+  [none]="--recovery none"
+  [write-ahead]="--recovery replica-log"
+  [apply-first]="--recovery replica-log --replica-ordering apply-first"
+)
+order=(none write-ahead apply-first)
+
+IFS=, read -r -a seed_list <<<"$seeds"
+for seed in "${seed_list[@]}"; do
+  for mode in "${order[@]}"; do
+    log="$out/$mode-seed$seed.log"
+    {
+      echo "# $(date -u +%FT%TZ) load: $(cut -d' ' -f1-3 /proc/loadavg)"
+      # shellcheck disable=SC2086
+      echo "# $bin ${common[*]} --seed $seed ${flags[$mode]}"
+    } >"$log"
+    # shellcheck disable=SC2086
+    "$bin" "${common[@]}" --seed "$seed" ${flags[$mode]} --metrics /dev/null >>"$log" 2>&1 || {
+      echo "swift_ordering.sh: $mode seed $seed failed (see $log)" >&2
+      exit 1
+    }
+    echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)" >>"$log"
+    secs=$(sed -n 's/^final test accuracy \([0-9.]*\) .* after \([0-9.]*\) s.*/\1 \2/p' "$log")
+    echo "$mode seed $seed: accuracy, seconds = $secs" | tee -a "$out/summary.txt"
+  done
+done
+
+python3 - "$out" "${seed_list[@]}" <<'EOF' | tee -a "$out/summary.txt"
+import math, re, statistics, sys
+out, seeds = sys.argv[1], sys.argv[2:]
+t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+def secs(mode, seed):
+    text = open(f"{out}/{mode}-seed{seed}.log").read()
+    return float(re.search(r"^final test accuracy [0-9.]+ .* after ([0-9.]+) s", text, re.M).group(1))
+for mode in ("write-ahead", "apply-first"):
+    r = [secs(mode, s) / secs("none", s) for s in seeds]
+    m = statistics.mean(r)
+    half = t95.get(len(r) - 1, 2.0) * statistics.stdev(r) / math.sqrt(len(r)) if len(r) > 1 else float("nan")
+    print(f"{mode} / none: mean {m:.3f}, 95% interval [{m - half:.3f}, {m + half:.3f}] over "
+          f"{len(r)} seeds; per seed {', '.join(f'{x:.3f}' for x in r)}")
+EOF
