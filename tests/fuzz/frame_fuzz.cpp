@@ -261,12 +261,6 @@ void run(fuzz::byte_reader& in, typename Recovery::server_part part = {}) {
     message m;
     const auto r = fuzz::read_frame(in, limits, m);
     if (r.truncated) break;
-    // Open finding (docs/testing.md, "Findings"): a backlog push at a negative clock overflows
-    // the staleness `clock() - h.clock` in stateless_server_part::on_recovery_push (UBSan);
-    // not delivered until the library bounds it.
-    if (stateless && !r.ec && m.header.type == message_type::push &&
-        m.header.has(frame_flags::backlog) && m.header.clock < 0)
-      continue;
     const values_t before = snapshot(proto);
     const auto pushes = proto.stats().pushes;
     const auto counts = recovery_counts(proto);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <list>
 #include <optional>
 #include <set>
@@ -395,6 +396,15 @@ TEST_CASE("stateless, stepped: a shard that holds state asks for nothing, and a 
   std::memset(part.payload.data(), 0, part.payload.size());
   CHECK(!t.proto.receive(w1, part));
   CHECK(t.error_of(w1) == errc::unexpected_message);
+  CHECK(shard_values(t.proto) == std::vector<float>(8, -1.0f));
+
+  // A backlog at a clock no run reaches (INT64_MIN: its staleness would overflow) is refused
+  // before anything is scaled or merged.
+  auto wild = shard_push(0, 1, 1.0f, frame_flags::backlog, 1);
+  wild.header.clock = std::numeric_limits<clock_value>::min();
+  CHECK(!t.proto.receive(w0, wild));
+  CHECK(t.error_of(w0) == errc::bad_clock);
+  CHECK(t.proto.part().stats().backlogs_merged == 0);
   CHECK(shard_values(t.proto) == std::vector<float>(8, -1.0f));
 }
 

@@ -103,7 +103,8 @@ struct stateless_server_part {
   /// the right clock from a peer with the secret still is (docs/security.md).
   ///
   /// Errors: `errc::unexpected_message` (flags or range), `errc::bad_state` (a replica that
-  /// fails the checks above; logged naming what was wrong).
+  /// fails the checks above; logged naming what was wrong), `errc::bad_clock` (a backlog whose
+  /// clock is outside [0, `protocol::max_clock`]).
   template <class Ctx>
   std::error_code on_recovery_push(Ctx ctx, detail::session_base& s, message& m,
                                    std::string& detail) {
@@ -137,6 +138,13 @@ struct stateless_server_part {
     if (state_source_[h.table] == s.worker) {
       state_source_[h.table] = detail::session_base::none;  // already in the installed replica
       return {};
+    }
+    // A backlog's clock lies in [0, max_clock] like any clock (so the staleness below cannot
+    // overflow: a clock of INT64_MIN would wrap it and merge the backlog unscaled).
+    if (h.clock < 0 || h.clock > protocol::max_clock) {
+      detail = " (backlog at clock " + std::to_string(h.clock) + "; clocks lie in [0, " +
+               std::to_string(protocol::max_clock) + "])";
+      return errc::bad_clock;
     }
     const clock_value staleness = std::max<clock_value>(ctx.clock() - h.clock, 0);
     const std::uint64_t clocks = protocol::backlog_clocks(m);  // the backlog's prefix
