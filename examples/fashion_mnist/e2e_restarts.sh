@@ -42,9 +42,10 @@ fail() {
   exit 1
 }
 
-# The pids of live processes (zombies excluded) whose command line names $dir/data.
+# The pids of live processes (zombies excluded) whose command line names $dir/data (the path
+# reaches awk through its environment: on its command line, awk would list itself).
 leftovers() {
-  ps -eo pid=,stat=,args= | awk -v d="$dir/data" 'index($0, d) && $2 !~ /^Z/ { print $1 }'
+  ps -eo pid=,stat=,args= | D="$dir/data" awk 'index($0, ENVIRON["D"]) && $2 !~ /^Z/ { print $1 }'
 }
 
 # The last clock in the progress lines of log $1 (0 when none yet).
