@@ -186,10 +186,12 @@ class evaluator {
 
 /// The server policy for workers of `Consistency`: a server only uses the policy's `eager`
 /// flag (the staleness bound travels in each pull), so one lazy and one eager server type
-/// serve every worker type.
+/// serve every worker type. Run-time bounds (`ssp<>`, `essp<>`), as the Fashion-MNIST
+/// trainer's: a compile-time bound of 0 would also bound every hello's clock (a worker far
+/// ahead under ASP could not rejoin a restarted server).
 template <class Consistency>
-using server_policy = std::conditional_t<Consistency::eager, asyncps::consistency::essp<0>,
-                                         asyncps::consistency::bsp>;
+using server_policy = std::conditional_t<Consistency::eager, asyncps::consistency::essp<>,
+                                         asyncps::consistency::ssp<>>;
 
 /// Generates the synthetic matrix, splits off the test set and shards the training set.
 /// Throws `std::invalid_argument` (from mf.hpp) when the options are out of range, and
