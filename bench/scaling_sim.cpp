@@ -7,9 +7,10 @@
 // the cache in the background). Caution: the simulated transport's sends complete at once (no
 // send buffer paces a sender), so under ASP a worker whose clocks produce bytes faster than the
 // link model carries them queues them without bound: 16 and 64 workers of the MLP at 1 ms per
-// 64 samples ran out of memory (docs/results/scaling/sim/asp_defaults.log). `--rules default` takes the trainer's defaults for each worker
-// count (its update rule, batch and learning rate: examples/fashion_mnist/config.hpp).
-// Deterministic: the same arguments give the same figures. One JSON object per run to stdout and to
+// 64 samples ran out of memory (docs/results/scaling/sim/asp_defaults.log). `--rules default` takes
+// the trainer's defaults for each worker count (its update rule, batch and learning rate:
+// examples/fashion_mnist/config.hpp). Deterministic: the same arguments give the same figures. One
+// JSON object per run to stdout and to
 // `--out`: workers, rule, bound, final test accuracy and loss of the servers' model, virtual
 // seconds, clocks per worker.
 //
