@@ -53,8 +53,11 @@ std::optional<std::error_code> replica_log_server_part::on_replay(Ctx ctx, std::
   rt_.value.done_[w] = 1;
   rt_.value.newest_stable_ = std::max(rt_.value.newest_stable_, h.seq);
   // Its `clock`: how many entries it resends without a position (a negative count is taken
-  // as "some": it only makes an apply-first rebuild report itself reordered).
-  rt_.value.unordered_ += h.clock >= 0 ? static_cast<std::uint64_t>(h.clock) : 1;
+  // as "some": it only makes an apply-first rebuild report itself reordered). Saturating, so
+  // that no sum of claims wraps to 0.
+  const std::uint64_t n = h.clock >= 0 ? static_cast<std::uint64_t>(h.clock) : 1;
+  rt_.value.unordered_ = std::min(protocol::max_seq,  // both terms <= 2^62: no wrap
+                                  rt_.value.unordered_ + std::min(n, protocol::max_seq));
   if (std::all_of(rt_.value.done_.begin(), rt_.value.done_.end(), [](char c) { return c != 0; }))
     finish_recovery(ctx, false);
   return std::error_code{};
