@@ -255,6 +255,27 @@ std::vector<std::chrono::nanoseconds> kill_times(std::mt19937_64& g, int n,
   return t;
 }
 
+// The random schedule of `seed`: 2-5 workers, 20-39 clocks, 1-2 kills with outages of
+// 5-44 ms, a replica every 1-6 clocks.
+struct schedule {
+  std::uint32_t workers;
+  std::uint64_t clocks;
+  std::chrono::nanoseconds outage;
+  std::vector<std::chrono::nanoseconds> times;
+  clock_value interval;
+};
+schedule schedule_of(std::uint64_t seed) {
+  std::mt19937_64 g(seed * 0x9e3779b97f4a7c15ull + 7);
+  schedule sc{};
+  sc.workers = 2 + static_cast<std::uint32_t>(g() % 4);
+  sc.clocks = 20 + g() % 20;
+  sc.outage = std::chrono::milliseconds(5 + g() % 40);
+  const int nk = 1 + static_cast<int>(g() % 2);
+  sc.times = kill_times(g, nk, 30ms, sc.outage);
+  sc.interval = 1 + static_cast<clock_value>(g() % 6);
+  return sc;
+}
+
 template <class Policy, class Optimizer>
 void check_schedules(std::string name, std::uint64_t first, std::uint64_t n, Optimizer opt,
                      float vap = 0) {
@@ -267,16 +288,15 @@ void check_schedules(std::string name, std::uint64_t first, std::uint64_t n, Opt
     n = 1;
   }
   for (std::uint64_t seed = first; seed < first + n; ++seed) {
-    std::mt19937_64 g(seed * 0x9e3779b97f4a7c15ull + 7);
-    const std::uint32_t workers = 2 + static_cast<std::uint32_t>(g() % 4);
-    const std::uint64_t clocks = 20 + g() % 20;
-    const auto outage = std::chrono::milliseconds(5 + g() % 40);
-    const int nk = 1 + static_cast<int>(g() % 2);
-    const auto times = kill_times(g, nk, 30ms, outage);
-    const clock_value interval = 1 + static_cast<clock_value>(g() % 6);
+    const schedule sc = schedule_of(seed);
+    const std::uint32_t workers = sc.workers;
+    const std::uint64_t clocks = sc.clocks;
+    const std::size_t nk = sc.times.size();
+    const clock_value interval = sc.interval;
     INFO("replay: " << name << ", seed " << seed << ", " << workers << " workers, " << clocks
                     << " clocks, " << nk << " kills, interval " << interval);
-    const auto r = run_kills<Policy>(seed, workers, clocks, times, outage, opt, interval, vap);
+    const auto r =
+        run_kills<Policy>(seed, workers, clocks, sc.times, sc.outage, opt, interval, vap);
     REQUIRE(r.all_done);
     for (const auto& ec : r.errors) CHECK_MESSAGE(!ec, ec.message());
     CHECK(r.mismatches == 0);
@@ -357,16 +377,14 @@ void check_apply_first(std::string name, std::uint64_t first, std::uint64_t n, O
   int kills = 0, compared = 0, mismatches = 0;
   std::uint64_t reordered = 0;
   for (std::uint64_t seed = first; seed < first + n; ++seed) {
-    std::mt19937_64 g(seed * 0x9e3779b97f4a7c15ull + 7);
-    const std::uint32_t workers = 2 + static_cast<std::uint32_t>(g() % 4);
-    const std::uint64_t clocks = 20 + g() % 20;
-    const auto outage = std::chrono::milliseconds(5 + g() % 40);
-    const int nk = 1 + static_cast<int>(g() % 2);
-    const auto times = kill_times(g, nk, 30ms, outage);
-    const clock_value interval = 1 + static_cast<clock_value>(g() % 6);
+    const schedule sc = schedule_of(seed);
+    const std::uint32_t workers = sc.workers;
+    const std::uint64_t clocks = sc.clocks;
+    const std::size_t nk = sc.times.size();
+    const clock_value interval = sc.interval;
     INFO("apply-first: " << name << ", seed " << seed << ", " << workers << " workers, " << clocks
                          << " clocks, " << nk << " kills, interval " << interval);
-    const auto r = run_kills<Policy>(seed, workers, clocks, times, outage, opt, interval, vap,
+    const auto r = run_kills<Policy>(seed, workers, clocks, sc.times, sc.outage, opt, interval, vap,
                                      std::nullopt, recovery::replica_log_ordering::apply_first);
     REQUIRE(r.all_done);
     for (const auto& ec : r.errors) CHECK_MESSAGE(!ec, ec.message());
