@@ -21,8 +21,8 @@
 #include <openssl/ssl.h>
 
 #include "asyncps/detail/config.hpp"
-#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/peer_identity.hpp"
 #include "asyncps/result.hpp"
 
 namespace asyncps {

@@ -75,7 +75,7 @@ concept acceptor = std::movable<A> && requires(A& a) {
 /// `std::chrono::steady_clock`); see asyncps/detail/transport_time.hpp and
 /// transport/simulated.hpp (virtual time). On a connection, `c.identity()` returning
 /// `std::shared_ptr<const peer_identity>`: the ids its verified peer may claim
-/// (asyncps/detail/peer_identity.hpp; the TCP transport under TLS); without it, none (any id).
+/// (asyncps/peer_identity.hpp; the TCP transport under TLS); without it, none (any id).
 template <class T>
 concept transport =
     requires(T& t, const typename T::endpoint_type& ep, std::size_t n) {

@@ -21,7 +21,7 @@
 #include <openssl/x509v3.h>
 
 #include "asyncps/detail/config.hpp"
-#include "asyncps/detail/peer_identity.hpp"
+#include "asyncps/peer_identity.hpp"
 
 namespace asyncps {
 

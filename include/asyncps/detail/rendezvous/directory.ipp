@@ -14,8 +14,8 @@
 #include <utility>
 
 #include "asyncps/detail/peer_address.hpp"
-#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/peer_identity.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/wire.hpp"
 

@@ -16,11 +16,11 @@
 #include <system_error>
 
 #include "asyncps/consistency.hpp"
-#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/server_session.hpp"
 #include "asyncps/detail/shard_core.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/peer_identity.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/wire.hpp"
 

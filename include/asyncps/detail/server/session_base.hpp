@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "asyncps/detail/peer_identity.hpp"
+#include "asyncps/peer_identity.hpp"
 
 namespace asyncps::detail {
 

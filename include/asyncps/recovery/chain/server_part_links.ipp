@@ -20,9 +20,9 @@
 #include <asio/awaitable.hpp>
 
 #include "asyncps/detail/asio_compat.hpp"
-#include "asyncps/detail/peer_identity.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/peer_identity.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/chain/options.hpp"
 #include "asyncps/recovery/chain/server_state.hpp"

@@ -3,9 +3,9 @@
 // where ids enter (a shard server's hello, a chain_hello at the chain master and at a chain
 // member, the rendezvous' announce and lookup). docs/security.md, "Identities".
 //
-// `peer_identity` and its parser are public (asyncps::); they live here, apart from tls.hpp,
-// because the servers check identities over any transport and must not need OpenSSL for it.
-// Pure code: no I/O, no OpenSSL.
+// Apart from tls.hpp because the servers check identities over any transport and must not
+// need OpenSSL for it; the checks' helpers are in namespace detail. Pure code: no I/O, no
+// OpenSSL.
 #pragma once
 
 #include <algorithm>
