@@ -40,6 +40,10 @@ enum class recovery_action {
 /// | `w.on_server_lost(ec)`                  | `recovery_action`    | called by the worker loop when a shard's connection fails |
 /// | `w.reconnect_timeout()`                 | `std::chrono::milliseconds` | how long the worker may try before giving up |
 ///
+/// Optional: `R::elastic_membership`, a `static constexpr bool`: whether servers of this policy
+/// may run with elastic membership (`server_options::elastic`; see
+/// `allows_elastic_membership_v`). Absent: they may not.
+///
 /// Optional server hooks: the table below ("Server hooks"), checked by `check_server_part`.
 template <class R>
 concept recovery_policy =
@@ -55,6 +59,18 @@ concept recovery_policy =
       { w.on_server_lost(ec) } -> std::same_as<recovery_action>;
       { w.reconnect_timeout() } -> std::convertible_to<std::chrono::milliseconds>;
     };
+
+/// Whether servers with recovery policy `R` may run with elastic membership
+/// (`server_options::elastic`): `R::elastic_membership` when `R` declares it, else false (a
+/// policy that keeps state per worker, or failover traffic, must opt in; `basic_server` refuses
+/// elastic options otherwise).
+template <class R>
+inline constexpr bool allows_elastic_membership_v = false;
+template <class R>
+  requires requires {
+    { R::elastic_membership } -> std::convertible_to<bool>;
+  }
+inline constexpr bool allows_elastic_membership_v<R> = static_cast<bool>(R::elastic_membership);
 
 // ---------------------------------------------------------------------------------------------
 // Server hooks
@@ -88,6 +104,7 @@ concept recovery_policy =
 // | on_stop | `void on_stop()` | once, after `async_serve` closed every connection | nothing |
 // | serves_workers | `bool serves_workers() const` | by the watchdog: report missing workers only when true | true |
 // | recovering | `bool recovering() const` | by a reader's pull: while true it is refused with `errc::recovering` | false |
+// | routine_refusal | `bool routine_refusal(std::error_code refusal) const` | the server refuses a session with `refusal` (e.g. from `on_hello`); `true`: routine, not logged nor counted in `stats().rejected` (a chain member that is not the head) | false |
 // | log_suffix | `std::string log_suffix() const` | appended to "asyncps server <shard>" in log lines | none |
 // | peer_name | `std::string peer_name(const detail::session_base&) const` | names a peer session in log lines | "peer" |
 
@@ -165,6 +182,10 @@ concept has_recovering = requires(const P& p) {
   { p.recovering() } -> std::same_as<bool>;
 };
 template <class P>
+concept has_routine_refusal = requires(const P& p, std::error_code ec) {
+  { p.routine_refusal(ec) } -> std::same_as<bool>;
+};
+template <class P>
 concept has_log_suffix = requires(const P& p) {
   { p.log_suffix() } -> std::convertible_to<std::string>;
 };
@@ -181,11 +202,11 @@ struct hook_names {
   // The hooks.
   int on_start, on_serve, on_hello, welcome_flags, on_rejoin, on_unknown_peer, on_peer_message,
       on_session_closed, on_recovery_push, on_worker_message, on_push, on_update, on_applied,
-      on_clock, on_stop, serves_workers, recovering, log_suffix, peer_name;
+      on_clock, on_stop, serves_workers, recovering, routine_refusal, log_suffix, peer_name;
   // Near misses of their names, which the server would silently never call.
   int on_starts, on_serves, on_hellos, welcome_flag, on_rejoins, on_unknown_peers, on_peer_messages,
       on_session_close, on_recovery_pushes, on_worker_messages, on_pushes, on_updates, on_clocks,
-      on_stops, serve_workers, serves_worker, peer_names;
+      on_stops, serve_workers, serves_worker, routine_refusals, peer_names;
 };
 template <class P, bool = std::is_class_v<P> && !std::is_final_v<P>>
 struct hook_probe : P, hook_names {};
@@ -290,6 +311,10 @@ consteval bool check_server_part() {
       "asyncps: recovery server part: `recovering` must be `bool recovering() const` "
       "(recovery.hpp, server hooks)");
   static_assert(
+      requires { &probe::routine_refusal; } || has_routine_refusal<Part>,
+      "asyncps: recovery server part: `routine_refusal` must be `bool "
+      "routine_refusal(std::error_code refusal) const` (recovery.hpp, server hooks)");
+  static_assert(
       requires { &probe::log_suffix; } || has_log_suffix<Part>,
       "asyncps: recovery server part: `log_suffix` must be `std::string log_suffix() "
       "const` (recovery.hpp, server hooks)");
@@ -367,6 +392,11 @@ consteval bool check_server_part() {
       "asyncps: recovery server part declares `serve_workers` or `serves_worker`, "
       "which is no server hook: did you mean `bool serves_workers() const`? "
       "(recovery.hpp, server hooks)");
+  static_assert(
+      requires { &probe::routine_refusals; },
+      "asyncps: recovery server part declares `routine_refusals`, which is no server hook: "
+      "did you mean `bool routine_refusal(std::error_code refusal) const`? (recovery.hpp, "
+      "server hooks)");
   static_assert(
       requires { &probe::peer_names; },
       "asyncps: recovery server part declares `peer_names`, which is no server hook: "

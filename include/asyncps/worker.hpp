@@ -94,16 +94,17 @@ class basic_worker {
   /// log names the clock waited for, the shard, its server clock and the slowest worker when the
   /// server reported it), `errc::bad_gradient`
   /// (`check_gradients`), `errc::unexpected_message` (a malformed handshake reply),
-  /// `errc::not_head` (chain replication: no server of a shard accepted it within
+  /// a routine refusal's code (the recovery policy's `on_refused` answered `next_server`, e.g.
+  /// chain replication's `errc::not_head`: no server of a shard accepted it within
   /// `connect_timeout`), `errc::worker_id_in_use` (a live connection held this worker's id
-  /// for all of `connect_timeout`: retried meanwhile), `errc::shard_lost` (chain replication: every
-  /// server holding a shard's state failed; `stats().lost_pushes` counts this worker's pushes lost
-  /// with it), or a connect error (the log names the endpoint; one that `is_final_connect_error`
-  /// says no retry can fix, such as a wrong secret or a refused certificate, ends the run at once
-  /// instead of after `connect_timeout`), `errc::resource_exhausted` (an allocation failed,
-  /// `std::bad_alloc` or `std::length_error`, in the worker's loops or its transport: logged
-  /// once, counted in `stats().out_of_memory`; no exception leaves the run). Precondition: runs
-  /// on `transport.get_executor()`.
+  /// for all of `connect_timeout`: retried meanwhile), a refusal the policy answers `lost` (e.g.
+  /// chain replication's `errc::shard_lost`: every server holding a shard's state failed;
+  /// `stats().lost_pushes` counts this worker's pushes lost with it), or a connect error (the log
+  /// names the endpoint; one that `is_final_connect_error` says no retry can fix, such as a wrong
+  /// secret or a refused certificate, ends the run at once instead of after `connect_timeout`),
+  /// `errc::resource_exhausted` (an allocation failed, `std::bad_alloc` or `std::length_error`, in
+  /// the worker's loops or its transport: logged once, counted in `stats().out_of_memory`; no
+  /// exception leaves the run). Precondition: runs on `transport.get_executor()`.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks) {
     std::error_code ec;
     try {
@@ -274,13 +275,16 @@ class basic_worker {
       bool logged = false;
       for (;;) {
         auto [ec, conn] = co_await transport_.async_connect(core_.endpoint_of(l));
+        bool routine = false;  // a refusal the recovery policy answers `next_server`
         if (!ec) {
           conns_[l.shard] = std::move(conn);
           ec = co_await handshake(l.shard);
           if (!ec) break;
-          // not_head: the chain's next server; worker_id_in_use: a live connection holds
-          // this id (e.g. this worker's previous process, not yet seen to be gone): retry.
-          if (ec != errc::not_head && ec != errc::worker_id_in_use) co_return ec;
+          // A routine refusal: the shard's next server (e.g. a chain's head); worker_id_in_use:
+          // a live connection holds this id (e.g. this worker's previous process, not yet seen
+          // to be gone): retry.
+          routine = l.refusal == refusal_action::next_server;
+          if (!routine && ec != errc::worker_id_in_use) co_return ec;
         } else if (is_final_connect_error(ec)) {  // e.g. a wrong secret: no retry helps
           core_.log("cannot connect to " + core_.server_name(l) + ": " + ec.message());
           co_return ec;
@@ -290,7 +294,7 @@ class basic_worker {
           core_.log("cannot connect to " + core_.server_name(l) + ": " + ec.message());
           co_return ec;
         }
-        if (!logged && ec != errc::not_head) {  // say so now, not after connect_timeout
+        if (!logged && !routine) {  // say so now, not after connect_timeout
           logged = true;
           core_.log("cannot connect to " + core_.server_name(l) + " (" + ec.message() +
                     "); retrying for " + detail::duration_text(opts_.connect_timeout));
@@ -455,15 +459,15 @@ class basic_worker {
             break;
           }
           conns_[s].close();
-          if (ec == errc::layout_mismatch || ec == errc::server_lost || ec == errc::shard_lost ||
-              ec == condition::protocol_violation) {
+          if (ec == errc::layout_mismatch || ec == errc::server_lost ||
+              l.refusal == refusal_action::lost || ec == condition::protocol_violation) {
             l.gave_up = true;  // a different server answers there: retrying will not help
             l.refused = ec != errc::server_lost;
             l.failure = ec;
             break;
           }
         }
-        core_.next_endpoint(l);         // chain replication: the next server may be the new head
+        core_.next_endpoint(l);         // the next server may serve the shard (replicas)
         if (l.endpoint != 0) continue;  // back off only after trying every server once
       }
       const auto now = clock_type::now();

@@ -95,11 +95,11 @@ class server_protocol {
         connected_once_(opts_.num_workers, 0), trained_once_(opts_.num_workers, 0), bounds_(opts_),
         membership_(opts_.elastic, opts_.num_workers) {
     if (opts_.elastic) {
-      if (Recovery::name != std::string_view("none"))
+      if (!allows_elastic_membership_v<Recovery>)
         throw std::invalid_argument(
-            "asyncps::server_options: elastic membership needs recovery policy 'none' (this "
-            "server runs '" +
-            std::string(Recovery::name) + "')");
+            "asyncps::server_options: elastic membership needs a recovery policy that allows "
+            "it (`elastic_membership`, e.g. 'none'); this server runs '" +
+            std::string(Recovery::name) + "'");
       core_.set_elastic(opts_.elastic->start_members);
     }
   }
@@ -164,7 +164,7 @@ class server_protocol {
   /// Closes `s` once its queued messages are sent.
   void close_after_flush(Session& s);
   /// Refuses `s`: queues an error{code, reason} and closes after flushing it (logged and
-  /// counted in `stats().rejected`, except the routine `errc::not_head`).
+  /// counted in `stats().rejected`, except a refusal the part's `routine_refusal` calls routine).
   void reject(Session& s, std::error_code ec, const std::string& detail);
 
   // ---- messages in ----

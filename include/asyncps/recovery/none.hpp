@@ -18,10 +18,14 @@ namespace asyncps::recovery {
 /// trains on from a server that lost its parameters.
 struct none {
   static constexpr std::string_view name = "none";
+  /// Servers may run with elastic membership (`server_options::elastic`): there is no
+  /// per-worker recovery state to keep across members joining and leaving.
+  static constexpr bool elastic_membership = true;
   using server_part = none_server_part;
   using worker_part = none_worker_part;
 };
 
 static_assert(recovery_policy<none>);
+static_assert(allows_elastic_membership_v<none>);
 
 }  // namespace asyncps::recovery

@@ -30,7 +30,9 @@ template <class Consistency, class Recovery, class Optimizer, class Session, cla
 void server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::reject(
     Session& s, std::error_code ec, const std::string& detail) {
   const std::string reason = ec.message() + detail;
-  if (ec != errc::not_head) {  // a not-head refusal is routine: the worker tries the next
+  bool routine = false;  // e.g. a chain member that is not the head: the worker tries the next
+  if constexpr (has_routine_refusal<part_type>) routine = part_.routine_refusal(ec);
+  if (!routine) {
     ++stats_.rejected;
     if (log_allowed(log_kind::refused_request, s.address))
       log("closing connection of " + who(s) + ": " + reason);

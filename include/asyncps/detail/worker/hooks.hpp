@@ -32,6 +32,16 @@ struct worker_setup {
   std::uint32_t max_unacked = 0;  ///< `worker_options::max_unacked` (flow control)
 };
 
+/// What the worker does about a server's refusal: an error frame answering its hello, or one
+/// that closes a link mid-run (hook `on_refused`, given the refusal's code).
+enum class refusal_action {
+  fail,         ///< the link fails with the refusal's code, logged (the default)
+  next_server,  ///< routine, not logged: try the shard's next server (`worker_options::replicas`,
+                ///< e.g. a chain member that is not the head); mid-run: a plain loss of the link
+  lost,         ///< the shard's state is gone for good: every push of this worker to it counts
+                ///< as lost (`worker_stats::lost_pushes`), and the link gives up with the code
+};
+
 /// One of this worker's pushes of a part that the cached rows do not reflect yet (kept for
 /// read-my-writes): its 1-based index among the part's pushes, and the part's dense slice of
 /// the gradient (`rows x width` floats, shared with the push, never copied).
@@ -196,6 +206,17 @@ std::error_code on_server_message(P& p, std::uint32_t shard, message& m,
     return errc::unexpected_message;
 }
 
+/// `refusal_action on_refused(std::uint32_t shard, errc code)`: a server of `shard` refused
+/// this worker with `code` (an error frame answering the hello, or closing the link mid-run).
+/// Default: `refusal_action::fail`.
+template <class P>
+refusal_action on_refused(const P& p, std::uint32_t shard, errc code) noexcept {
+  if constexpr (requires { p.on_refused(shard, code); })
+    return p.on_refused(shard, code);
+  else
+    return refusal_action::fail;
+}
+
 /// `welcome_action on_welcome(const welcome_part&)`: per part of a welcome. Default:
 /// `count_lost`.
 template <class P>
@@ -323,6 +344,12 @@ consteval bool check_worker_part() {
           { p.on_welcome(w) } -> std::same_as<welcome_action>;
         }, "recovery worker part: declare on_welcome as "
            "`asyncps::welcome_action on_welcome(const asyncps::welcome_part&)`");
+  if constexpr (requires { &P::on_refused; })
+    static_assert(
+        requires(const P& p, s_t s, errc c) {
+          { p.on_refused(s, c) } -> std::same_as<refusal_action>;
+        }, "recovery worker part: declare on_refused as `asyncps::refusal_action "
+           "on_refused(std::uint32_t shard, asyncps::errc code) const`");
   if constexpr (requires { &P::push_flags; })
     static_assert(
         requires(const P& p) {

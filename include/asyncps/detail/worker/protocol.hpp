@@ -97,6 +97,10 @@ class worker_protocol {
     /// acknowledgement (each is acknowledged with this count, see `on_message`).
     std::uint64_t visibility_rows = 0;
     bool refused = false;  ///< `failure` is the code of the server's refusal (reported as is)
+    /// What the recovery policy answered the last handshake's refusal (`on_refused`; `fail`
+    /// when the handshake was not refused): `next_server` tells the shell to try the shard's
+    /// next server quietly, `lost` to give the link up.
+    refusal_action refusal = refusal_action::fail;
     /// The server's last heartbeat report: its clock; the slowest worker's id, clock, state.
     bool reported = false;
     clock_value report_clock = 0;
@@ -160,7 +164,7 @@ class worker_protocol {
   std::string server_name(const link& l) const {
     return "server " + std::to_string(l.shard) + " at " + endpoint_string(endpoint_of(l));
   }
-  /// Moves `l` on to the shard's next server (`worker_options::replicas`: chain failover).
+  /// Moves `l` on to the shard's next server (`worker_options::replicas`, tried in turn).
   void next_endpoint(link& l) const {
     const std::size_t n = l.shard < opts_.replicas.size() ? opts_.replicas[l.shard].size() : 0;
     l.endpoint = n == 0 ? 0 : static_cast<std::uint32_t>((l.endpoint + 1) % (n + 1));
@@ -171,6 +175,7 @@ class worker_protocol {
   message hello(std::uint32_t s) {
     const auto tables = cache_.tables();
     links_[s].hello_clock = worker_hooks::hello_clock(recovery_, s, clock_);
+    links_[s].refusal = refusal_action::fail;  // until a refusal of this hello says otherwise
     protocol::hello h{.worker = opts_.id,
                       .clock = links_[s].hello_clock,
                       .fingerprint = policy_fingerprint<Consistency, Recovery>(),
@@ -186,8 +191,9 @@ class worker_protocol {
   /// The reply to link `s`'s hello. A welcome sets the read-my-writes step, moves the clock
   /// up to the server's record, and realigns the push counts with what the server applied
   /// (the recovery policy says what became of pushes it lacks). Errors (the shell closes the
-  /// connection): the refusal's code (`errc::not_head`: try the next server), or
-  /// `errc::unexpected_message`, or `errc::server_lost` (the policy gives up).
+  /// connection): the refusal's code (what the shell does next is in `l.refusal`, the policy's
+  /// `on_refused`: try the next server, give up, or fail), or `errc::unexpected_message`, or
+  /// `errc::server_lost` (the policy gives up).
   std::error_code on_handshake_reply(std::uint32_t s, const message& m) {
     link& l = links_[s];
     const auto tables = cache_.tables();
@@ -195,12 +201,16 @@ class worker_protocol {
     if (m.header.type == message_type::error) {
       protocol::error e;
       const bool decoded = !protocol::decode(m, e, why);
-      if (decoded && e.code == errc::not_head) return errc::not_head;  // chain: the next server
-      log(server_name(l) + " refused the connection: " +
-          (decoded ? peer_text(e.reason) : "(a malformed error" + why + ")"));
-      if (decoded && e.code == errc::shard_lost) count_shard_lost(s);
-      return decoded && e.code ? make_error_code(*e.code)
-                               : make_error_code(errc::unexpected_message);
+      if (!decoded || !e.code) {
+        log(server_name(l) + " refused the connection: " +
+            (decoded ? peer_text(e.reason) : "(a malformed error" + why + ")"));
+        return errc::unexpected_message;
+      }
+      l.refusal = worker_hooks::on_refused(recovery_, s, *e.code);
+      if (l.refusal == refusal_action::next_server) return *e.code;  // routine: not logged
+      log(server_name(l) + " refused the connection: " + peer_text(e.reason));
+      if (l.refusal == refusal_action::lost) count_all_lost(s);
+      return *e.code;
     }
     protocol::welcome& w = welcome_;  // reused: a reconnect decodes into the same vectors
     if (protocol::decode(m, w, why) || w.shard != s || w.num_shards != links_.size() ||
@@ -242,11 +252,11 @@ class worker_protocol {
     return {};
   }
 
-  /// Link `s`'s server refused this worker with `errc::shard_lost`: the shard's state is gone,
-  /// so every push of this worker to it is lost (those acknowledged included). Counts them once
-  /// in `worker_stats::lost_pushes` (and `lost_acknowledged`) and logs the count with the
-  /// shard's last known server clock.
-  void count_shard_lost(std::uint32_t s) {
+  /// Link `s`'s server refused this worker with a code the recovery policy answers
+  /// `refusal_action::lost`: the shard's state is gone, so every push of this worker to it is
+  /// lost (those acknowledged included). Counts them once in `worker_stats::lost_pushes` (and
+  /// `lost_acknowledged`) and logs the count with the shard's last known server clock.
+  void count_all_lost(std::uint32_t s) {
     std::uint64_t lost = 0;
     clock_value last = no_clock;
     for (auto& p : cache_.parts(s)) {
@@ -342,8 +352,10 @@ class worker_protocol {
         const std::optional<errc> code = e.code;
         // A refusal of what this worker sent (a NaN push, a bad header...): the link fails
         // with its code, and when the recovery policy gives up the run ends with that code
-        // (not server_lost). not_head, or no valid code: a plain failure of the link.
-        const bool refusal = code && *code != errc::not_head;
+        // (not server_lost). A routine refusal (the policy's `on_refused` answers
+        // `next_server`), or no valid code: a plain failure of the link.
+        const bool refusal =
+            code && worker_hooks::on_refused(recovery_, s, *code) != refusal_action::next_server;
         const bool was_up =
             fail(s, refusal ? make_error_code(*code) : make_error_code(errc::unexpected_message),
                  std::move(reason));

@@ -110,6 +110,9 @@ class chain_server_part {
              " without it, and the pushes applied to the shard are gone)";
     return errc::shard_lost;
   }
+  /// A member that is not the head refuses workers with `errc::not_head`: routine (the worker
+  /// tries the shard's next server), neither logged nor counted as a rejected request.
+  bool routine_refusal(std::error_code refusal) const noexcept { return refusal == errc::not_head; }
   /// Strict: the clock jump of a rejoining worker is replicated like any other clock (the
   /// log must hold every state change).
   template <class Ctx>

@@ -9,13 +9,15 @@
 
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/worker/hooks.hpp"
+#include "asyncps/error.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/chain/options.hpp"
 
 namespace asyncps::recovery {
 
 /// recovery::chain_replication, worker part: reconnect, trying the shard's other servers
-/// (`worker_options::replicas`). Strict mode: every push and clock message asks for an ack and
+/// (`worker_options::replicas`; a member that is not the head refuses with `errc::not_head`,
+/// and the worker tries the next). Strict mode: every push and clock message asks for an ack and
 /// is kept (its payload shared, not copied) until acknowledged; after a failover the hello
 /// carries the clock of the oldest unacknowledged push and they are resent in order (the new
 /// head drops those it has), so none is counted as lost; the worker waits before its next
@@ -31,6 +33,15 @@ struct chain_worker_part {
     return recovery_action::reconnect;
   }
   std::chrono::milliseconds reconnect_timeout() const noexcept { return options.reconnect_timeout; }
+
+  /// Hook: a member that is not the head refuses workers with `errc::not_head`, routine during
+  /// a failover: try the shard's next server. `errc::shard_lost`: every member holding the
+  /// shard's state failed, so every push to it is lost; the link gives up.
+  refusal_action on_refused(std::uint32_t, errc code) const noexcept {
+    if (code == errc::not_head) return refusal_action::next_server;
+    if (code == errc::shard_lost) return refusal_action::lost;
+    return refusal_action::fail;
+  }
 
   /// Hook (strict): one list of unacknowledged messages per shard.
   void on_start(const worker_setup& s)

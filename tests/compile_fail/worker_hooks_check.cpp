@@ -1,0 +1,48 @@
+// Compile-fail cases for asyncps::check_worker_part (detail/worker/hooks.hpp, docs/concepts/
+// recovery.md "Worker hooks"): each ASYNCPS_CASE_* macro declares one hook of an otherwise valid
+// recovery worker part with another signature than the worker calls it with; the ctest test
+// compiling it passes when the compiler prints the checker's message for that hook (without the
+// check, the worker would silently call the default instead). Registered in tests/CMakeLists.txt;
+// never built by `all`.
+#include <chrono>
+#include <cstdint>
+#include <system_error>
+
+#include "asyncps/detail/worker/hooks.hpp"
+#include "asyncps/recovery.hpp"
+
+namespace {
+
+using asyncps::errc;
+using asyncps::recovery_action;
+using asyncps::refusal_action;
+
+struct wrong_worker_part {
+  // What every worker part has, and hooks every case declares correctly: the checker must not
+  // complain about them.
+  recovery_action on_server_lost(std::error_code) const noexcept {
+    return recovery_action::reconnect;
+  }
+  std::chrono::milliseconds reconnect_timeout() const noexcept {
+    return std::chrono::milliseconds(100);
+  }
+  bool has_pending(std::uint32_t, bool) const noexcept { return false; }
+
+#if defined(ASYNCPS_CASE_ON_REFUSED_WRONG_RETURN)
+  bool on_refused(std::uint32_t, errc) const noexcept { return true; }  // not refusal_action
+#elif defined(ASYNCPS_CASE_ON_REFUSED_WRONG_PARAMETERS)
+  refusal_action on_refused(errc) const noexcept { return refusal_action::fail; }  // no shard
+#else
+  refusal_action on_refused(std::uint32_t, errc) const noexcept { return refusal_action::fail; }
+#endif
+
+#if defined(ASYNCPS_CASE_ON_ACK_WRONG_RETURN)
+  void on_ack(std::uint32_t, std::uint64_t) {}  // must return bool (wake the clock loop)
+#else
+  bool on_ack(std::uint32_t, std::uint64_t) { return true; }
+#endif
+};
+
+static_assert(asyncps::check_worker_part<wrong_worker_part>());
+
+}  // namespace
