@@ -57,7 +57,7 @@ template <class Consistency>
 double run_cluster(asyncps::simulated_network& net, const fashion::config& rc,
                    const std::vector<asyncps::table_spec>& layout, const opt_t& opt,
                    std::vector<fashion::any_model>& models, std::uint64_t clocks,
-                   std::vector<float>& params, int& errors) {
+                   std::vector<float>& params, int& errors, std::uint64_t& rows_messages) {
   using namespace asyncps;
   bench::sim_cluster<fashion::any_model, Consistency, opt_t> cluster(net, rc.servers, rc.workers,
                                                                      layout, opt);
@@ -71,6 +71,9 @@ double run_cluster(asyncps::simulated_network& net, const fashion::config& rc,
   const double seconds = cluster.run();
   for (std::uint32_t s = 0; s < rc.servers; ++s) cluster.server(s).copy_values_into(params);
   errors = cluster.errors();
+  rows_messages = 0;
+  for (std::uint32_t w = 0; w < rc.workers; ++w)
+    rows_messages += cluster.worker(w).stats().rows_messages;
   return seconds;
 }
 
@@ -84,6 +87,7 @@ int main(int argc, char** argv) {
   std::string workers_list = "1,16,64", rules_list = "sum,staleness-aware,mean", out_path;
   std::string consistency_name = "ssp";
   double compute_ms = 1.0;
+  std::size_t send_buffer = simulation_options{}.send_buffer_bytes;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string {
@@ -111,6 +115,8 @@ int main(int argc, char** argv) {
       c.staleness = std::stoll(next());
     else if (a == "--compute-ms")
       compute_ms = std::stod(next());
+    else if (a == "--send-buffer")
+      send_buffer = static_cast<std::size_t>(std::stoull(next()));
     else if (a == "--lr")
       c.lr = std::stof(next());
     else if (a == "--batch")
@@ -146,6 +152,7 @@ int main(int argc, char** argv) {
       so.compute.base =
           std::chrono::microseconds(static_cast<std::int64_t>(compute_ms * 1000 * rc.batch / 64));
       so.compute.jitter = 0.2;
+      so.send_buffer_bytes = send_buffer;
       simulated_network net(so);
       std::vector<fashion::any_model> models;
       models.reserve(rc.workers);
@@ -154,11 +161,13 @@ int main(int argc, char** argv) {
           rc.epochs * static_cast<double>(train.file_size() / rc.workers) / rc.batch);
       std::vector<float> params(layout_size(layout));
       int errors = 0;
+      std::uint64_t rows_messages = 0;
       const double seconds =
           consistency_name == "asp"
-              ? run_cluster<consistency::asp>(net, rc, layout, opt, models, clocks, params, errors)
+              ? run_cluster<consistency::asp>(net, rc, layout, opt, models, clocks, params, errors,
+                                              rows_messages)
               : run_cluster<consistency::ssp<>>(net, rc, layout, opt, models, clocks, params,
-                                                errors);
+                                                errors, rows_messages);
       const auto e = models.front().evaluate(parameter_view(layout, params.data()), test);
       const nlohmann::json j{{"model", rc.model},
                              {"workers", rc.workers},
@@ -173,7 +182,11 @@ int main(int argc, char** argv) {
                              {"worker_errors", errors},
                              {"virtual_s", seconds},
                              {"test_accuracy", e.accuracy},
-                             {"test_loss", e.loss}};
+                             {"test_loss", e.loss},
+                             {"send_buffer_bytes", send_buffer},
+                             {"send_waits", net.stats().send_waits},
+                             {"max_queued_bytes", net.stats().max_queued_bytes},
+                             {"rows_messages", rows_messages}};
       std::cout << j.dump() << std::endl;
       if (out) out << j.dump() << '\n';
     }

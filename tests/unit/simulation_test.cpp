@@ -4,9 +4,9 @@
 // run-time bounds ssp<>/essp<> against them on 400 more), faults from a
 // schedule (recovery::none and recovery::stateless), the virtual duration of BSP, elastic
 // membership over 1000 random join/leave/death/restart schedules, and the transport's own
-// semantics. Every read is checked by the counter model (tests/support/counter_model.hpp), or
-// in the elastic runs by `clock_column_model` against the bound over the live members. A
-// failing schedule prints its policy and seed: replay it with
+// semantics (its send buffer's flow control included). Every read is checked by the counter model
+// (tests/support/counter_model.hpp), or in the elastic runs by `clock_column_model` against the
+// bound over the live members. A failing schedule prints its policy and seed: replay it with
 // `simulate<Policy>(random_config(seed, bound))` or
 // `simulate_elastic<Policy>(random_elastic_config(seed, bound))`. The whole file runs in ~2 s
 // at -O2, the elastic schedules about a sixth of it. Unoptimised (the clang-asan stage, -O0)
@@ -1337,6 +1337,192 @@ TEST_CASE("simulation: transport semantics (FIFO, latency, close, refusal, link 
       asio::detached);
   net.run();
   CHECK(finished);
+}
+
+namespace {
+
+// One direction of a connection with a slow reader: the sender sends `count` messages of
+// `msg_bytes` (64-byte header included) as fast as its sends complete; the receiver takes one
+// every `read_every` of virtual time. Records, at each send's completion, how many messages the
+// receiver had taken, and what the receiver got.
+struct flow_run {
+  std::vector<std::uint64_t> taken_at_send;  // per send: messages received when it completed
+  std::vector<simulated_clock::time_point> sent_at;
+  std::vector<std::uint64_t> seqs;  // received, in order
+  bool payloads_intact = true;
+  simulation_stats stats;
+};
+
+flow_run run_flow(std::size_t send_buffer_bytes, std::uint64_t count, std::size_t msg_bytes,
+                  std::chrono::nanoseconds read_every) {
+  simulation_options o;
+  o.latency.base = 100us;
+  o.latency.bytes_per_second = 1e8;  // 100 MB/s: the link outruns the reader
+  o.send_buffer_bytes = send_buffer_bytes;
+  simulated_network net(o);
+  simulated_transport a(net, "a");
+  simulated_transport b(net, "b");
+  auto acc = b.listen("b:1");
+  REQUIRE(acc.has_value());
+  flow_run r;
+  std::uint64_t received = 0;
+  simulated_transport::connection server;
+  bool accepted = false;
+  asio::co_spawn(
+      net.get_executor(),
+      [&]() -> asio::awaitable<void> {
+        auto [ec, s] = co_await acc.value().async_accept();
+        REQUIRE(!ec);
+        server = std::move(s);
+        accepted = true;
+        simulated_timer t(net.get_executor());
+        for (std::uint64_t i = 0; i < count; ++i) {
+          t.expires_after(read_every);
+          (void)co_await t.async_wait(detail::use_tuple);
+          auto [rec, m] = co_await server.async_receive();
+          REQUIRE(!rec);
+          r.seqs.push_back(m.header.seq);
+          for (std::byte x : m.payload.bytes())
+            if (x != static_cast<std::byte>(m.header.seq & 0xff)) r.payloads_intact = false;
+          ++received;
+        }
+      },
+      asio::detached);
+  asio::co_spawn(
+      net.get_executor(),
+      [&]() -> asio::awaitable<void> {
+        auto [ec, client] = co_await a.async_connect("b:1");
+        REQUIRE(!ec);
+        for (std::uint64_t i = 0; i < count; ++i) {
+          message m;
+          m.header.type = message_type::error;  // any payload is valid for an error
+          m.header.seq = i;
+          m.payload = a.allocate(msg_bytes - header_size);
+          std::memset(m.payload.data(), static_cast<int>(i & 0xff), m.payload.size());
+          CHECK(!(co_await client.async_send(std::move(m))));
+          r.taken_at_send.push_back(received);
+          r.sent_at.push_back(simulated_clock::now());
+        }
+      },
+      asio::detached);
+  net.run();
+  CHECK(accepted);
+  r.stats = net.stats();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("simulation: a sender that outruns its reader waits at the send buffer's bound") {
+  constexpr std::uint64_t count = 100;
+  constexpr std::size_t msg = 1024;    // 64-byte header + 960 bytes
+  constexpr std::size_t bound = 4096;  // room for 4 such messages
+  const flow_run r = run_flow(bound, count, msg, 5ms);
+
+  // Everything arrives, in order, intact.
+  REQUIRE(r.seqs.size() == count);
+  for (std::uint64_t i = 0; i < count; ++i) CHECK(r.seqs[i] == i);
+  CHECK(r.payloads_intact);
+  CHECK(r.stats.messages == count);
+
+  // Each send completed only once the messages sent and not yet received fit in the bound
+  // (its own included): the sender runs at the reader's pace, at most 4 messages ahead.
+  REQUIRE(r.taken_at_send.size() == count);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    INFO("send " << i);
+    CHECK((i + 1 - r.taken_at_send[i]) * msg <= bound);
+  }
+  CHECK(r.sent_at[3] == r.sent_at[0]);  // the first 4 fit at once
+  CHECK(r.sent_at[4] > r.sent_at[3]);   // the 5th waited for the reader
+  CHECK(r.sent_at.back() >= simulated_clock::time_point(5ms * static_cast<int>(count - 4)));
+  CHECK(r.stats.send_waits == count - 4);
+  // Memory stays bounded: one direction never held more than the bound plus one message.
+  CHECK(r.stats.max_queued_bytes > bound);
+  CHECK(r.stats.max_queued_bytes <= bound + msg);
+
+  // Unbounded (0): every send completes at once and all 100 messages queue up.
+  const flow_run u = run_flow(0, count, msg, 5ms);
+  REQUIRE(u.seqs.size() == count);
+  for (std::uint64_t i = 0; i < count; ++i) CHECK(u.seqs[i] == i);
+  CHECK(u.sent_at.back() == u.sent_at.front());
+  CHECK(u.stats.send_waits == 0);
+  CHECK(u.stats.max_queued_bytes == count * msg);
+
+  // A message larger than the bound is sent once nothing is queued ahead of it: whole
+  // messages, one at a time, the sender one message ahead of the reader.
+  const flow_run big = run_flow(bound, 10, 3 * bound, 5ms);
+  REQUIRE(big.seqs.size() == 10);
+  for (std::uint64_t i = 0; i < 10; ++i) {
+    CHECK(big.seqs[i] == i);
+    CHECK(big.taken_at_send[i] >= i);  // everything before it was received
+  }
+  CHECK(big.payloads_intact);
+  CHECK(big.stats.max_queued_bytes <= 2 * 3 * bound);
+}
+
+TEST_CASE("simulation: closing or a fault ends a send that waits for room") {
+  simulation_options o;
+  o.latency.base = 100us;
+  o.send_buffer_bytes = 2048;
+  simulated_network net(o);
+  simulated_transport a(net, "a");
+  simulated_transport b(net, "b");
+  simulated_transport c(net, "c");
+  net.link_down("a", "c", 10ms, 20ms);
+  auto acc = b.listen("b:1");
+  auto acc_c = c.listen("c:1");
+  REQUIRE(acc.has_value());
+  REQUIRE(acc_c.has_value());
+  int done = 0;
+  asio::co_spawn(
+      net.get_executor(),
+      [&]() -> asio::awaitable<void> {
+        // The reader closes while the sender waits: the waiting send succeeds (its bytes
+        // dropped, as later sends' are), at the close.
+        auto [ec, client] = co_await a.async_connect("b:1");
+        REQUIRE(!ec);
+        auto [ec2, server] = co_await acc.value().async_accept();
+        REQUIRE(!ec2);
+        simulated_timer t(net.get_executor());
+        t.expires_after(1ms);
+        asio::co_spawn(
+            net.get_executor(),
+            [&]() -> asio::awaitable<void> {
+              (void)co_await t.async_wait(detail::use_tuple);
+              server.close();
+            },
+            asio::detached);
+        const auto start = simulated_clock::now();
+        for (int i = 0; i < 3; ++i) {
+          message m;
+          m.header.type = message_type::error;
+          m.payload = a.allocate(1024 - header_size);
+          CHECK(!(co_await client.async_send(std::move(m))));
+        }
+        CHECK(simulated_clock::now() == start + 1ms);  // the third waited until the close
+        ++done;
+
+        // A fault resets the connection: the waiting send fails with connection_reset.
+        auto [ec3, ac] = co_await a.async_connect("c:1");
+        REQUIRE(!ec3);
+        auto [ec4, ca] = co_await acc_c.value().async_accept();
+        REQUIRE(!ec4);
+        std::error_code last;
+        for (int i = 0; i < 3 && !last; ++i) {
+          message m;
+          m.header.type = message_type::error;
+          m.payload = a.allocate(1024 - header_size);
+          last = co_await ac.async_send(std::move(m));
+        }
+        CHECK(last == std::errc::connection_reset);
+        CHECK(simulated_clock::now() == simulated_clock::time_point(10ms));
+        CHECK(!ac.is_open());
+        ++done;
+      },
+      asio::detached);
+  net.run();
+  CHECK(done == 2);
+  CHECK(net.stats().send_waits == 2);
 }
 
 TEST_CASE("simulation: a wait_group wakes every waiter once its last counted coroutine is done") {

@@ -72,20 +72,41 @@ class simulated_transport {
     }
     ~connection() { close(); }  // then `end_` releases the pipe
 
-    /// `async_send` never waits for the peer (see there): a server arms no send deadline
-    /// (`server_options::send_timeout`) for its writes.
+    /// True although `async_send` may wait for room in the simulated send buffer
+    /// (`simulation_options::send_buffer_bytes`): `basic_server` arms no send deadline
+    /// (`server_options::send_timeout`) for its writes, which saves the sweeper's wake-ups per
+    /// write in a simulation. A simulated peer that stops reading without closing therefore
+    /// holds a server's write (to it only) until the connection closes or a fault resets it.
     static constexpr bool sends_complete_at_once = true;
 
     /// Puts `m` on the wire; it arrives after the latency model's delay (FIFO per connection).
-    /// Completes at once (the sender is never blocked). Errors: `errc::connection_closed`
-    /// when this side closed, `std::errc::connection_reset` after a fault. After the peer
+    /// Completes once the bytes queued on this direction (sent, not yet received by the peer;
+    /// `m` included) are at most `simulation_options::send_buffer_bytes`, or nothing is queued
+    /// ahead of `m`: at once while the peer keeps up; in virtual time as the peer receives
+    /// when this side outruns its link or its reader (0: always at once). Errors:
+    /// `errc::connection_closed` when this side closed (also while waiting for room),
+    /// `std::errc::connection_reset` after a fault (also while waiting). After the peer
     /// closed, sends succeed and the messages are dropped (as TCP's do until the peer's reset
-    /// arrives); the peer's close arrives here as `connection_closed` from `async_receive`.
+    /// arrives), a waiting one included; the peer's close arrives here as `connection_closed`
+    /// from `async_receive`.
     asio::awaitable<std::error_code> async_send(message m) {
       std::error_code ec = make_error_code(errc::connection_closed);
       if (end_.open()) {
         m.header.payload_bytes = m.payload.size();
-        ec = end_.network().transmit(*end_.pipe(), end_.side(), std::move(m));
+        std::uint64_t until = 0;
+        ec = end_.network().transmit(*end_.pipe(), end_.side(), std::move(m), until);
+        if (!ec && until > 0) {
+          auto [waited] =
+              co_await asio::async_initiate<decltype(detail::use_tuple), void(std::error_code)>(
+                  [this, until](auto handler) {
+                    auto& net = end_.network();
+                    net.start_send_wait(*end_.pipe(), end_.side(), until,
+                                        detail::sim_completion<std::error_code>(
+                                            std::move(handler), net.get_executor()));
+                  },
+                  detail::use_tuple);
+          ec = waited;
+        }
         if (ec) close();
       }
       co_return ec;

@@ -299,7 +299,15 @@ class simulated_network {
   void unschedule_delivery(detail::sim_direction& dir);
   void deliver(detail::sim_pipe& p, int d);
   void try_receive(detail::sim_pipe& p, int d);
-  std::error_code transmit(detail::sim_pipe& p, int side, message m);
+  // Puts `m` on the wire of side `side`'s direction; sets `wait_until` to the bytes its
+  // receiver must have taken before the send completes (0: at once; send_buffer_bytes).
+  std::error_code transmit(detail::sim_pipe& p, int side, message m, std::uint64_t& wait_until);
+  // Completes `c` once side `side`'s receiver has taken `until` bytes (or with the error that
+  // ends the wait: a fault's, or connection_closed when side `side` closes).
+  void start_send_wait(detail::sim_pipe& p, int side, std::uint64_t until,
+                       detail::sim_completion<std::error_code> c);
+  void wake_senders(detail::sim_direction& dir);  // the sends with room now complete
+  void fail_senders(detail::sim_direction& dir, std::error_code ec);
   void break_pipe(detail::sim_pipe& p, std::error_code ec);
   // Side `side` closes: its receive completes; the peer receives connection_closed after the
   // messages already on their way to it (what the peer sends from now on is dropped).

@@ -54,6 +54,20 @@ struct simulation_options {
   latency_model latency{};
   compute_model compute{};
   std::size_t pool_cache_bytes = std::size_t{1} << 30;  ///< see `buffer_pool`
+  /// Send-side flow control, per connection and direction, in bytes (64-byte headers
+  /// included), like a socket's send buffer: `async_send` puts its message on the wire at once
+  /// (its arrival time is what it would be without the bound) but completes only once the
+  /// bytes queued on that direction (sent, and not yet taken by the receiver's
+  /// `async_receive`: in flight or arrived) are at most this many, counting its own message,
+  /// or once nothing is queued ahead of it (a message larger than the bound waits for the
+  /// messages before it, then completes). So a sender that outruns its link or its reader
+  /// waits, in virtual time, and one direction holds at most `send_buffer_bytes` plus one
+  /// message. The room is noticed when the receiver takes the bytes (no acknowledgement delay).
+  /// Default 4 MiB: the largest send buffer Linux autotunes a TCP socket to (the maximum of
+  /// `net.ipv4.tcp_wmem`, 4194304), as on loopback; a real connection also holds its receive
+  /// buffer's bytes, so this paces a little earlier than Linux would. 0: unbounded (sends
+  /// complete at once, as before this option existed).
+  std::size_t send_buffer_bytes = std::size_t{4} << 20;
 };
 
 /// Counters of a `simulated_network` (read between runs or from its handlers).
@@ -65,6 +79,10 @@ struct simulation_stats {
   std::uint64_t connections = 0;   ///< connections established
   std::uint64_t faults = 0;        ///< faults (node or link down) that began
   std::uint64_t broken = 0;        ///< connections reset by a fault
+  std::uint64_t send_waits = 0;    ///< sends that waited for room (`send_buffer_bytes`)
+  /// The most bytes (headers included) one direction of a connection held at once, sent and
+  /// not yet taken by its receiver (at most `send_buffer_bytes` plus one message when bounded).
+  std::uint64_t max_queued_bytes = 0;
 };
 
 }  // namespace asyncps

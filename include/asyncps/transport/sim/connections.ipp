@@ -1,11 +1,14 @@
 // asyncps — simulated_network's connection mechanics (internal): delivery of the messages in
-// flight, receive, send, close, reset by a fault, connect (SYN, SYN-ACK) and accept; and its
-// teardown. Out-of-line definitions of members declared in asyncps/transport/simulated_network.hpp.
+// flight, receive, send (and its flow control), close, reset by a fault, connect (SYN, SYN-ACK)
+// and accept; and its teardown. Out-of-line definitions of members declared in
+// asyncps/transport/simulated_network.hpp.
 //
 // Not a header to include on its own: simulated_network.hpp includes it at its end, after the
 // class it defines members of (so this file does not include simulated_network.hpp back).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -55,23 +58,64 @@ inline void simulated_network::try_receive(detail::sim_pipe& p, int d) {
   } else if (!dir.arrived.empty()) {
     message m = std::move(dir.arrived.front());
     dir.arrived.pop_front();
+    dir.taken += header_size + m.payload.size();
     complete(dir.receiver, std::error_code{}, std::move(m));
+    wake_senders(dir);
   } else if (dir.eof || dir.reader_closed) {
     complete(dir.receiver, make_error_code(errc::connection_closed), message{});
   }
 }
 
-inline std::error_code simulated_network::transmit(detail::sim_pipe& p, int side, message m) {
+inline std::error_code simulated_network::transmit(detail::sim_pipe& p, int side, message m,
+                                                   std::uint64_t& wait_until) {
+  wait_until = 0;
   if (p.broken) return p.broken;
   auto& dir = p.dir[side];
   // The peer closed: as with TCP before the peer's reset comes back, the send succeeds and
   // the bytes are dropped; this side learns of the close from the peer's FIN (`eof`).
   if (dir.reader_closed) return {};
-  const time_point at = arrival(p.node[side], header_size + m.payload.size(), dir.last);
+  const std::uint64_t bytes = header_size + m.payload.size();
+  const time_point at = arrival(p.node[side], bytes, dir.last);
   dir.last = at;
   dir.flight.push_back(detail::sim_flight{at, std::move(m), false});
   if (!dir.scheduled) schedule_delivery(p, side);
+  // Flow control (simulation_options::send_buffer_bytes): the send completes once the bytes
+  // queued, its own included, are within the bound, or once nothing is queued ahead of it.
+  const std::uint64_t start = dir.sent;
+  dir.sent += bytes;
+  stats_.max_queued_bytes = std::max<std::uint64_t>(stats_.max_queued_bytes, dir.sent - dir.taken);
+  const std::uint64_t bound = opts_.send_buffer_bytes;
+  if (bound > 0 && dir.sent - dir.taken > bound && dir.taken < start) {
+    wait_until = std::min(start, dir.sent - bound);
+    ++stats_.send_waits;
+  }
   return {};
+}
+
+inline void simulated_network::start_send_wait(detail::sim_pipe& p, int side, std::uint64_t until,
+                                               detail::sim_completion<std::error_code> c) {
+  auto& dir = p.dir[side];
+  if (p.broken) {
+    complete(c, p.broken);
+  } else if (dir.taken >= until) {
+    complete(c, std::error_code{});
+  } else {
+    dir.senders.push_back(detail::sim_send_wait{until, std::move(c)});
+  }
+}
+
+inline void simulated_network::wake_senders(detail::sim_direction& dir) {
+  while (!dir.senders.empty() && dir.senders.front().until <= dir.taken) {
+    auto w = std::move(dir.senders.front());
+    dir.senders.pop_front();
+    complete(w.done, std::error_code{});
+  }
+}
+
+inline void simulated_network::fail_senders(detail::sim_direction& dir, std::error_code ec) {
+  auto waits = std::move(dir.senders);
+  dir.senders.clear();
+  for (auto& w : waits) complete(w.done, ec);
 }
 
 inline void simulated_network::break_pipe(detail::sim_pipe& p, std::error_code ec) {
@@ -83,7 +127,9 @@ inline void simulated_network::break_pipe(detail::sim_pipe& p, std::error_code e
     unschedule_delivery(dir);
     dir.flight.clear();
     dir.arrived.clear();
+    dir.taken = dir.sent;
     complete(dir.receiver, ec, message{});
+    fail_senders(dir, ec);
   }
 }
 
@@ -97,7 +143,12 @@ inline void simulated_network::close_side(detail::sim_pipe& p, int side) {
   unschedule_delivery(in);
   in.flight.clear();
   in.arrived.clear();
+  in.taken = in.sent;
   complete(in.receiver, make_error_code(errc::connection_closed), message{});
+  // The peer's sends waiting for room succeed (their bytes are dropped, as later ones are);
+  // this side's own waiting sends fail.
+  wake_senders(in);
+  fail_senders(out, make_error_code(errc::connection_closed));
   if (!p.broken && !out.reader_closed) {
     out.last = arrival(p.node[side], 0, out.last);
     out.flight.push_back(detail::sim_flight{out.last, message{}, true});
@@ -200,13 +251,17 @@ inline void simulated_network::drop_pending() {
       any = true;
     }
     std::vector<detail::sim_completion<std::error_code, message>> receivers;
+    std::vector<detail::sim_send_wait> senders;
     for (auto& p : pipes_)
-      for (auto& d : p.dir)
+      for (auto& d : p.dir) {
         if (d.receiver) receivers.push_back(std::move(d.receiver));
+        for (auto& w : d.senders) senders.push_back(std::move(w));
+        d.senders.clear();
+      }
     std::vector<detail::sim_completion<std::error_code, detail::sim_pipe*>> accepts;
     for (auto& [name, l] : listeners_)
       if (l->accepting) accepts.push_back(std::move(l->accepting));
-    any = any || !receivers.empty() || !accepts.empty();
+    any = any || !receivers.empty() || !senders.empty() || !accepts.empty();
   }
 }
 

@@ -31,6 +31,13 @@ struct sim_flight {
   bool eof = false;
 };
 
+/// A send waiting for room in its direction's send buffer (`simulation_options::
+/// send_buffer_bytes`): it completes once the receiver has taken `until` bytes.
+struct sim_send_wait {
+  std::uint64_t until = 0;
+  sim_completion<std::error_code> done;
+};
+
 /// One direction of a simulated connection.
 struct sim_direction {
   std::deque<sim_flight> flight;                      // sent, not arrived (non-decreasing `at`)
@@ -41,6 +48,11 @@ struct sim_direction {
   bool scheduled = false;
   bool eof = false;            // the sender's close arrived (after `arrived`)
   bool reader_closed = false;  // the receiving side closed: sends fail
+  // Flow control: bytes (64-byte headers included) ever sent on this direction, and ever
+  // taken by the receiver (received by its owner, or dropped); `sent - taken` are queued.
+  std::uint64_t sent = 0;
+  std::uint64_t taken = 0;
+  std::deque<sim_send_wait> senders;  // sends waiting for room, non-decreasing `until`
 };
 
 /// A connection between two nodes: dir[0] carries side 0's (the connector's) messages to side 1
