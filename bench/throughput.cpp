@@ -5,7 +5,7 @@
 //                 [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process] [--size BYTES]
 //                 [--workers N] [--op push|pull|push+pull] [--api protocol,worker] [--no-raw]
 //                 [--cpu SERVER,CLIENT] [--spin-us US] [--max-update-norm N]
-//                 [--max-parameter-value V]
+//                 [--max-parameter-value V] [--socket-buffer BYTES,...]
 //
 // Two APIs: `worker` (the headline: a real `basic_worker` training against the shard, see
 // bench/worker_path.hpp; op `clock`, window W = staleness W - 1, 1 worker) and `protocol` (the
@@ -16,6 +16,10 @@
 // server_options::max_update_norm (0, the default: off), to measure the cost of the bound
 // (docs/security.md): N large enough that no push is refused still computes every norm;
 // `--max-parameter-value V` likewise sets server_options::max_parameter_value (clipping).
+// `--socket-buffer B1,B2,...` runs transport `tcp` once per size, in that order, with
+// `tcp_options::send_buffer_bytes` and `receive_buffer_bytes` both B at both ends (0: the
+// kernel's default and autotuning, the rows named `tcp`; others `tcp-sb<size>`, e.g.
+// `tcp-sb1M`), each against the same raw baseline (which keeps the kernel's default).
 //
 // Transports: `tcp` (plain, default options: frames checksum their header only),
 // `tcp-checksum` (plain, `tcp_options::checksum_payloads` on at both ends: payloads hashed
@@ -84,6 +88,7 @@ struct config {
   std::chrono::microseconds spin{0};  // --spin-us: asyncps::run_polling on both threads
   double max_update_norm = 0;         // --max-update-norm: server_options::max_update_norm (0: off)
   float max_parameter_value = 0;      // --max-parameter-value: server_options' (0: off)
+  std::vector<std::size_t> socket_buffers{0};  // --socket-buffer: tcp_options' (0: kernel's)
   std::vector<op_kind> ops{op_kind::push, op_kind::pull, op_kind::push_pull};
   std::vector<unsigned> windows{1, 16};  // requests in flight per connection
   unsigned reps = 5;
@@ -380,7 +385,8 @@ void run_worker_setup(const config& cfg, const setup& su, std::vector<row>& rows
                "                     [--transport tcp,tcp-checksum,tcp-secret,tcp-tls,in-process]\n"
                "                     [--op push|pull|push+pull] [--api protocol,worker]\n"
                "                     [--cpu SERVER,CLIENT] [--spin-us US] [--no-raw]\n"
-               "                     [--max-update-norm N] [--max-parameter-value V]\n",
+               "                     [--max-update-norm N] [--max-parameter-value V]\n"
+               "                     [--socket-buffer BYTES,...]\n",
                msg);
   std::exit(2);
 }
@@ -470,6 +476,17 @@ config parse(int argc, char** argv) {
     } else if (a == "--max-parameter-value") {
       cfg.max_parameter_value = std::stof(value());
       if (!(cfg.max_parameter_value >= 0)) usage("--max-parameter-value takes a value >= 0");
+    } else if (a == "--socket-buffer") {
+      cfg.socket_buffers.clear();
+      const std::string v = value();
+      for (std::size_t pos = 0; pos <= v.size();) {
+        const std::size_t comma = std::min(v.find(',', pos), v.size());
+        const auto b = static_cast<std::size_t>(std::stoull(v.substr(pos, comma - pos)));
+        if (b > tcp_options::max_socket_buffer_bytes)
+          usage("--socket-buffer takes sizes in bytes up to 256 MiB (0: the kernel's default)");
+        cfg.socket_buffers.push_back(b);
+        pos = comma + 1;
+      }
     } else if (a == "--no-raw") {
       cfg.raw = false;
     } else if (a == "--help" || a == "-h") {
@@ -490,7 +507,16 @@ config parse(int argc, char** argv) {
   return cfg;
 }
 
+// The row name of transport `tcp` with socket buffers of `bytes` (0: plain `tcp`).
+std::string socket_buffer_name(std::size_t bytes) {
+  if (bytes == 0) return "tcp";
+  if (bytes % (std::size_t{1} << 20) == 0) return "tcp-sb" + std::to_string(bytes >> 20) + "M";
+  if (bytes % 1024 == 0) return "tcp-sb" + std::to_string(bytes >> 10) + "K";
+  return "tcp-sb" + std::to_string(bytes);
+}
+
 int rank_transport(const std::string& t) {
+  if (t.starts_with("tcp-sb")) return 1;  // with `tcp`, in the order run
   static const char* order[] = {"raw-tcp",    "tcp",     "tcp-checksum",
                                 "tcp-secret", "tcp-tls", "in-process"};
   for (int i = 0; i < 6; ++i)
@@ -529,6 +555,15 @@ int run(int argc, char** argv) {
   tcp_options secret_opts;
   secret_opts.secret = shared_secret::random().value();
   std::optional<test::test_pki> pki;
+  std::vector<std::string> buffer_names;  // per --socket-buffer size (stable: rows keep copies)
+  std::vector<tcp_options> buffer_opts;
+  for (std::size_t b : cfg.socket_buffers) {
+    buffer_names.push_back(socket_buffer_name(b));
+    tcp_options o;
+    o.send_buffer_bytes = b;
+    o.receive_buffer_bytes = b;
+    buffer_opts.push_back(o);
+  }
   tcp_options tls_server_opts, tls_client_opts;
   if (std::find(cfg.transports.begin(), cfg.transports.end(), "tcp-tls") != cfg.transports.end()) {
     pki.emplace("bench");
@@ -544,7 +579,11 @@ int run(int argc, char** argv) {
                      size_text(cfg.sizes[i]).c_str());
         const setup su{cfg.sizes[i], 1};
         if (t == "tcp") {
-          run_worker_setup<tcp_env>(cfg, su, rows, "tcp");
+          for (std::size_t k = 0; k < buffer_opts.size(); ++k) {
+            if (buffer_opts.size() > 1) std::fprintf(stderr, "  %s\n", buffer_names[k].c_str());
+            run_worker_setup<tcp_env>(cfg, su, rows, buffer_names[k].c_str(), buffer_opts[k],
+                                      buffer_opts[k]);
+          }
         } else if (t == "tcp-checksum") {
           run_worker_setup<tcp_env>(cfg, su, rows, "tcp-checksum", checksum_opts, checksum_opts);
         } else if (t == "tcp-secret") {
@@ -561,7 +600,11 @@ int run(int argc, char** argv) {
                      workers);
         const setup su{cfg.sizes[i], workers};
         if (t == "tcp") {
-          run_setup<tcp_env>(cfg, su, rows, "tcp");
+          for (std::size_t k = 0; k < buffer_opts.size(); ++k) {
+            if (buffer_opts.size() > 1) std::fprintf(stderr, "  %s\n", buffer_names[k].c_str());
+            run_setup<tcp_env>(cfg, su, rows, buffer_names[k].c_str(), buffer_opts[k],
+                               buffer_opts[k]);
+          }
         } else if (t == "tcp-checksum") {
           run_setup<tcp_env>(cfg, su, rows, "tcp-checksum", checksum_opts, checksum_opts);
         } else if (t == "tcp-secret") {
@@ -648,17 +691,20 @@ int run(int argc, char** argv) {
   for (const auto& r : rows) print_row(r);
 
   if (!cfg.json.empty()) {
-    char meta[400];
+    std::string buffers;
+    for (std::size_t b : cfg.socket_buffers)
+      buffers += (buffers.empty() ? "" : ",") + std::to_string(b);
+    char meta[600];
     std::snprintf(meta, sizeof meta,
                   "{\"reps\": %u, \"seconds\": %.3f, \"windows\": [%s], "
                   "\"hardware_threads\": %u, \"quick\": %s, \"elapsed_s\": %.1f, "
                   "\"load_before\": %.2f, \"load_after\": %.2f, \"server_cpu\": %d, "
                   "\"client_cpu\": %d, \"spin_us\": %lld, \"max_update_norm\": %g, "
-                  "\"max_parameter_value\": %g}",
+                  "\"max_parameter_value\": %g, \"socket_buffers\": [%s]}",
                   cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(),
                   cfg.quick ? "true" : "false", elapsed, load_before, load_after, cfg.server_cpu,
                   cfg.client_cpu, static_cast<long long>(cfg.spin.count()), cfg.max_update_norm,
-                  static_cast<double>(cfg.max_parameter_value));
+                  static_cast<double>(cfg.max_parameter_value), buffers.c_str());
     if (!write_json(cfg.json, rows, meta)) {
       std::fprintf(stderr, "asyncps_bench: cannot write %s\n", cfg.json.c_str());
       return 1;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -2231,6 +2232,92 @@ TEST_CASE("tcp: frames on accepted connections wait for max_receive_bytes, then 
     CHECK(m5.header.seq == 5);
     CHECK(client_side.receive_waits() == 0);
   });
+}
+
+TEST_CASE("tcp: socket buffer sizes are set on both ends; sizes above the maximum are refused") {
+  asio::io_context io;
+  // The defaults leave the sizes to the kernel (docs/performance.md, "Socket buffers").
+  CHECK(tcp_options{}.send_buffer_bytes == 0);
+  CHECK(tcp_options{}.receive_buffer_bytes == 0);
+  // 128 KiB is below every Linux default of net.core.wmem_max / rmem_max (208 KiB), so the
+  // kernel keeps it (and doubles it for its bookkeeping).
+  constexpr std::size_t snd = std::size_t{128} << 10;
+  constexpr std::size_t rcv = std::size_t{96} << 10;
+  tcp_options sized;
+  sized.send_buffer_bytes = snd;
+  sized.receive_buffer_bytes = rcv;
+  tcp_transport listener(io.get_executor(), sized);
+  tcp_transport connector(io.get_executor(), sized);
+  auto acc = listener.listen({asio::ip::make_address("127.0.0.1"), 0});
+  REQUIRE(acc.has_value());
+  const auto ep = acc.value().local_endpoint();
+  const auto sizes_of = [](tcp_transport::connection& c) {
+    asio::socket_base::send_buffer_size s;
+    asio::socket_base::receive_buffer_size r;
+    std::error_code ec1, ec2;
+    c.socket().get_option(s, ec1);
+    c.socket().get_option(r, ec2);
+    CHECK(!ec1);
+    CHECK(!ec2);
+    return std::pair{static_cast<std::size_t>(s.value()), static_cast<std::size_t>(r.value())};
+  };
+  test::run_coro(io, [&]() -> asio::awaitable<void> {
+    auto [ce, c] = co_await connector.async_connect(ep);
+    REQUIRE(!ce);
+    auto [ae, a] = co_await acc.value().async_accept();
+    REQUIRE(!ae);
+    for (auto* conn : {&c, &a}) {
+      const auto [s, r] = sizes_of(*conn);
+      CHECK(s >= snd);
+      CHECK(r >= rcv);
+      // Set, not autotuned: Linux reports twice the value asked for.
+      CHECK(s <= 2 * snd);
+      CHECK(r <= 2 * rcv);
+    }
+    // A frame larger than both buffers still crosses whole (sent while it is read: neither
+    // buffer holds it).
+    auto& sender = c;  // a reference, so that the lambda below may capture it (clang 14)
+    bool sent = false;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          CHECK(!(
+              co_await sender.async_send(make_message(connector, 1, (std::size_t{1} << 20) / 4))));
+          sent = true;
+        },
+        asio::detached);
+    auto [re, m] = co_await a.async_receive();
+    REQUIRE(!re);
+    asio::steady_timer t(io);  // the send's completion may run after the receive's
+    for (int k = 0; k < 1000 && !sent; ++k) {
+      t.expires_after(std::chrono::milliseconds(1));
+      co_await t.async_wait(detail::use_tuple);
+    }
+    CHECK(sent);
+    CHECK(m.payload.floats()[(1 << 18) - 1] == static_cast<float>(1000 + (1 << 18) - 1));
+  });
+
+  // Above the documented maximum: refused by listen and by async_connect, before any socket.
+  for (int which = 0; which < 2; ++which) {
+    tcp_options bad;
+    (which == 0 ? bad.send_buffer_bytes : bad.receive_buffer_bytes) =
+        tcp_options::max_socket_buffer_bytes + 1;
+    tcp_transport t(io.get_executor(), bad);
+    auto l = t.listen({asio::ip::make_address("127.0.0.1"), 0});
+    REQUIRE_FALSE(l.has_value());
+    CHECK(l.error() == make_error_code(errc::invalid_argument));
+    test::run_coro(io, [&]() -> asio::awaitable<void> {
+      auto [e, c] = co_await t.async_connect(ep);
+      CHECK(e == make_error_code(errc::invalid_argument));
+      CHECK_FALSE(c.is_open());
+    });
+  }
+  // The maximum itself is accepted (the kernel caps it at net.core.wmem_max / rmem_max).
+  tcp_options largest;
+  largest.send_buffer_bytes = tcp_options::max_socket_buffer_bytes;
+  largest.receive_buffer_bytes = tcp_options::max_socket_buffer_bytes;
+  tcp_transport big(io.get_executor(), largest);
+  CHECK(big.listen({asio::ip::make_address("127.0.0.1"), 0}).has_value());
 }
 
 TEST_CASE("tcp: checksum_payloads off checks the header only; state transfers stay checked") {

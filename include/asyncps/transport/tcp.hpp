@@ -271,7 +271,10 @@ class tcp_transport {
   /// `make_tls_context`); empty when TLS is off or ready.
   const std::string& tls_setup_error() const noexcept { return tls_setup_error_; }
 
-  /// Listens on `ep` (SO_REUSEADDR). Errors: the socket's (e.g. address in use);
+  /// Listens on `ep` (SO_REUSEADDR; `tcp_options::send_buffer_bytes` and
+  /// `receive_buffer_bytes` when set, inherited by accepted connections). Errors: the socket's
+  /// (e.g. address in use); `errc::invalid_argument` (a socket buffer size above
+  /// `tcp_options::max_socket_buffer_bytes`);
   /// `errc::tls_setup_failed` (see `tls_setup_error()`); `errc::weak_secret` when the secret is
   /// shorter than `min_secret_bytes`; `errc::authentication_required` for a non-loopback `ep`
   /// (0.0.0.0 included) without a secret nor TLS that verifies peers, unless
@@ -280,19 +283,20 @@ class tcp_transport {
 
   /// Connects to `ep`; with TLS and/or a secret, also runs the handshakes and completes only
   /// once both ends proved themselves (TLS: the listener accepted this node's certificate and
-  /// this node the listener's). Errors: the socket's (e.g. connection refused);
-  /// `errc::tls_setup_failed`; `errc::weak_secret`; `errc::tls_handshake_failed` (the
-  /// listener does not speak TLS, or one side refused the other's certificate or its asyncps
-  /// identity; the returned,
-  /// closed connection's `tls_failure()` says why); `errc::authentication_failed` (the
-  /// listener refused this node's proof, or its own proof is wrong: it does not hold the
-  /// secret); `errc::authentication_required` (the listener answered with a frame, not a
-  /// challenge, or it requires TLS); `errc::timeout` (no handshake within `auth_timeout`, e.g.
-  /// a listener without a secret); `errc::connection_closed` (the listener hung up during
-  /// the handshake without refusing: it may have died, a retry may succeed). Every error
-  /// but the socket's, `connection_closed` and `timeout` is final: retrying the same
-  /// endpoint with the same options fails the same way (`is_final_connect_error`). On
-  /// failure the connection returned is closed.
+  /// this node the listener's). The socket buffer sizes of `tcp_options` are set before the
+  /// connection is made. Errors: the socket's (e.g. connection refused);
+  /// `errc::invalid_argument` (a socket buffer size above
+  /// `tcp_options::max_socket_buffer_bytes`); `errc::tls_setup_failed`; `errc::weak_secret`;
+  /// `errc::tls_handshake_failed` (the listener does not speak TLS, or one side refused the other's
+  /// certificate or its asyncps identity; the returned, closed connection's `tls_failure()` says
+  /// why); `errc::authentication_failed` (the listener refused this node's proof, or its own proof
+  /// is wrong: it does not hold the secret); `errc::authentication_required` (the listener answered
+  /// with a frame, not a challenge, or it requires TLS); `errc::timeout` (no handshake within
+  /// `auth_timeout`, e.g. a listener without a secret); `errc::connection_closed` (the listener
+  /// hung up during the handshake without refusing: it may have died, a retry may succeed). Every
+  /// error but the socket's, `connection_closed` and `timeout` is final: retrying the same endpoint
+  /// with the same options fails the same way (`is_final_connect_error`). On failure the connection
+  /// returned is closed.
   asio::awaitable<std::tuple<std::error_code, connection>> async_connect(endpoint_type ep);
 
   /// A pooled, 64-byte-aligned buffer of `bytes` bytes. Thread safety: any thread.
@@ -316,6 +320,21 @@ class tcp_transport {
 
  private:
   static std::uint64_t receive_budget(const tcp_options& o) noexcept;
+  // `errc::invalid_argument` when a socket buffer size of `o` is above
+  // `tcp_options::max_socket_buffer_bytes`.
+  static std::error_code check_buffer_sizes(const tcp_options& o) noexcept;
+  // SO_SNDBUF / SO_RCVBUF per `o` (a size of 0 is left to the kernel) on a socket or an
+  // acceptor, which must be open; `check_buffer_sizes(o)` passed. Returns the first error.
+  template <class Socket>
+  static std::error_code set_buffer_sizes(Socket& s, const tcp_options& o) noexcept {
+    std::error_code ec;
+    if (o.send_buffer_bytes != 0)
+      s.set_option(asio::socket_base::send_buffer_size(static_cast<int>(o.send_buffer_bytes)), ec);
+    if (!ec && o.receive_buffer_bytes != 0)
+      s.set_option(asio::socket_base::receive_buffer_size(static_cast<int>(o.receive_buffer_bytes)),
+                   ec);
+    return ec;
+  }
   // A buffer for a received frame of `bytes` payload bytes; on an accepted connection, from
   // the bounded pool, or `data() == nullptr` when it does not fit yet.
   buffer receive_buffer(std::size_t bytes, bool accepted);

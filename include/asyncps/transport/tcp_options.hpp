@@ -93,6 +93,29 @@ struct tcp_options {
   /// CPU of a 4 MiB pull and 10-25% of its throughput on loopback (docs/performance.md,
   /// "Checksum"); turn it on where memory or NIC corruption must be caught end to end.
   bool checksum_payloads = false;
+  /// SO_SNDBUF of every connection, in bytes: how much sent data the kernel may hold for a
+  /// connection (unacknowledged, or not yet sent), so how far a large send gets before its
+  /// writer waits for the peer. 0 (the default): the kernel's default, with its send-buffer
+  /// autotuning up to `net.ipv4.tcp_wmem`'s maximum; a value turns autotuning off for the
+  /// connection. Linux caps the value at `net.core.wmem_max` (no privilege is used to pass
+  /// it) and doubles it for its bookkeeping. Set on the listening socket before `listen`
+  /// (accepted connections inherit it, and set it again) and on a connecting socket before
+  /// `connect`, as TCP needs for its window scale. The default stays 0 because no size
+  /// measured better on loopback for 4 MiB frames (docs/performance.md, "Socket buffers"):
+  /// set it for a path whose bandwidth-delay product exceeds what autotuning reaches.
+  /// More than `max_socket_buffer_bytes`: `listen` and `async_connect` fail with
+  /// `errc::invalid_argument`.
+  std::size_t send_buffer_bytes = 0;
+  /// SO_RCVBUF of every connection, in bytes: the most received data the kernel holds that
+  /// the application has not read, which bounds the window TCP advertises. 0 (the default):
+  /// the kernel's default, autotuned up to `net.ipv4.tcp_rmem`'s maximum; a value turns
+  /// autotuning off for the connection. Capped at `net.core.rmem_max`, doubled, applied and
+  /// bounded as `send_buffer_bytes` (same errors, same measurement behind the default).
+  std::size_t receive_buffer_bytes = 0;
+  /// The largest `send_buffer_bytes` and `receive_buffer_bytes` accepted: 256 MiB, the
+  /// bandwidth-delay product of 10 Gbit/s over a 200 ms round trip. More is taken for a
+  /// mistake in units (a count of KiB or MiB given as bytes), not a wish.
+  static constexpr std::size_t max_socket_buffer_bytes = std::size_t{256} << 20;
   /// Frames up to this many payload bytes are received without waiting for
   /// `max_receive_bytes` (see there).
   static constexpr std::size_t small_frame_bytes = std::size_t{64} << 10;

@@ -385,6 +385,9 @@ ASYNCPS_DECL tcp_transport::connection::connection(tcp_transport& t, asio::ip::t
   std::error_code ignored;
   if (t.options_.no_delay) s.set_option(asio::ip::tcp::no_delay(true), ignored);
   if (t.options_.keepalive) set_keepalive(s, *t.options_.keepalive);
+  // An accepted socket inherits the listener's sizes on Linux; set them again where it may not
+  // (a connecting socket got them before `connect`: setting them again costs two calls).
+  if (accepted) (void)set_buffer_sizes(s, t.options_);
   remote_ = s.remote_endpoint(ignored);
   if (t.tls_context_) {
     tls_ = std::make_unique<tls_stream>(std::move(s), *t.tls_context_);
@@ -446,10 +449,14 @@ ASYNCPS_DECL result<tcp_transport::acceptor> tcp_transport::listen(const endpoin
   if (options_.secret.empty() && !tls_authenticates && !options_.allow_unauthenticated &&
       !ep.address().is_loopback())
     return make_error_code(errc::authentication_required);
+  if (auto bec = check_buffer_sizes(options_)) return bec;
   asio::ip::tcp::acceptor a(executor_);
   std::error_code ec;
   a.open(ep.protocol(), ec);
   if (!ec) a.set_option(asio::socket_base::reuse_address(true), ec);
+  // Before `listen`: the window scale of an accepted connection is chosen from its receive
+  // buffer when the SYN arrives.
+  if (!ec) ec = set_buffer_sizes(a, options_);
   if (!ec) a.bind(ep, ec);
   if (!ec) a.listen(options_.listen_backlog, ec);
   if (ec) return ec;
@@ -461,7 +468,15 @@ tcp_transport::async_connect(endpoint_type ep) {
   if (tls_setup_ec_) co_return std::tuple{tls_setup_ec_, connection{}};
   if (!options_.secret.empty() && !options_.secret.valid())
     co_return std::tuple{make_error_code(errc::weak_secret), connection{}};
+  if (auto bec = check_buffer_sizes(options_)) co_return std::tuple{bec, connection{}};
   asio::ip::tcp::socket s(executor_);
+  if (options_.send_buffer_bytes != 0 || options_.receive_buffer_bytes != 0) {
+    // Before `connect` (the window scale is chosen from the receive buffer in the SYN).
+    std::error_code oec;
+    s.open(ep.protocol(), oec);
+    if (!oec) oec = set_buffer_sizes(s, options_);
+    if (oec) co_return std::tuple{oec, connection{}};
+  }
   auto [ec] = co_await s.async_connect(ep, detail::use_tuple);
   if (ec) co_return std::tuple{ec, connection{}};
   connection c{*this, std::move(s), false};
@@ -478,6 +493,13 @@ ASYNCPS_DECL std::uint64_t tcp_transport::receive_budget(const tcp_options& o) n
                                         o.limits.max_frame_bytes, tcp_options::small_frame_bytes))
                                   : ~std::uint64_t{0};
   return std::max(o.max_receive_bytes, frame);
+}
+
+ASYNCPS_DECL std::error_code tcp_transport::check_buffer_sizes(const tcp_options& o) noexcept {
+  if (o.send_buffer_bytes > tcp_options::max_socket_buffer_bytes ||
+      o.receive_buffer_bytes > tcp_options::max_socket_buffer_bytes)
+    return make_error_code(errc::invalid_argument);
+  return {};
 }
 
 ASYNCPS_DECL buffer tcp_transport::receive_buffer(std::size_t bytes, bool accepted) {
