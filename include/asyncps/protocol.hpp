@@ -6,10 +6,12 @@
 // the position acknowledged), `row_count`/`width`/`first_row` the rows of a frame. What a
 // control message says beyond that travels in its payload, encoded and decoded in namespace
 // `asyncps::protocol` only: here, the messages between workers and servers (hello, welcome,
-// error, report); in detail/codec/recovery_messages.hpp, the recovery policies' (chain_hello,
-// chain_config, order, the backlog prefix); in detail/codec/rendezvous_messages.hpp, the
-// rendezvous's (announce, assigned, lookup, directory). This header includes both: it declares
-// the whole vocabulary. Push, pull, rows, clock, ack, heartbeat, bye, commit, replay and state
+// error, report); in detail/codec/rendezvous_messages.hpp, the rendezvous's (announce, assigned,
+// lookup, directory); each recovery policy's own in its folder (recovery/chain/messages.hpp:
+// chain_hello, chain_config; recovery/replica_log/messages.hpp: order;
+// recovery/stateless/messages.hpp: the backlog prefix), which the policy's parts include. This
+// header includes them all through detail/codec/recovery_messages.hpp, for code that reaches them
+// here. Push, pull, rows, clock, ack, heartbeat, bye, commit, replay and state
 // are header-only or carry rows/state (wire.hpp, shard_state codec).
 #pragma once
 

@@ -74,17 +74,18 @@ enum class message_type : std::uint8_t {
   error,      ///< either way: the peer is closing, and why (`protocol::error`)
   // --- chain replication (recovery::chain_replication) ---
   chain_hello,   ///< chain member -> chain master (register) or -> its successor (link up)
-                 ///< (`protocol::chain_hello`); the successor answers with an `ack` whose seq
-                 ///< is its log position (flag `state`: it needs a state transfer)
+                 ///< (`protocol::chain_hello`, recovery/chain/messages.hpp); the successor answers
+                 ///< with an `ack` whose seq is its log position (flag `state`: it needs a state
+                 ///< transfer)
   chain_config,  ///< chain master -> member: its predecessor and successor
-                 ///< (`protocol::chain_config`)
+                 ///< (`protocol::chain_config`, recovery/chain/messages.hpp)
   state,         ///< member -> successor: the whole shard state (detail/shard_state_codec.hpp) as
                  ///< of log position `seq`; clock = server clock
   report,        ///< server -> worker with a pull waiting for the server clock: what holds it
                  ///< back (`protocol::report`)
   // --- replica log (recovery::replica_log, SWIFT) ---
   order,   ///< server -> worker: the apply position of its push/clock message `seq`, and the
-           ///< stable position (`protocol::order`)
+           ///< stable position (`protocol::order`, recovery/replica_log/messages.hpp)
   commit,  ///< worker -> server: position `seq` is logged (flag `state`: the state replica of
            ///< position `seq` is stored)
   replay,  ///< worker -> server: the next message is its logged entry of position `seq` (flag
@@ -114,8 +115,9 @@ inline constexpr std::uint64_t directory_min_bytes = 12;
 inline constexpr std::uint64_t directory_max_bytes =
     directory_min_bytes + std::uint64_t{max_directory_servers} * (3 + max_host_bytes);
 
-/// Bytes before the floats of a backlog push (flag `backlog`): the number of clocks it sums
-/// (u64), then 8 zero bytes (so the floats stay 16-byte aligned).
+/// Bytes before the floats of a backlog push (flag `backlog`), 16 so the floats stay 16-byte
+/// aligned. What they hold is the recovery policy's (recovery/stateless/messages.hpp: the
+/// number of clocks the backlog sums, u64, then 8 zero bytes).
 inline constexpr std::uint64_t backlog_prefix_bytes = 16;
 
 /// Bits of header field `flags`.

@@ -38,8 +38,10 @@ template <class Endpoint>
 struct worker_options {
   std::uint32_t id = 0;             ///< worker id, < the servers' num_workers
   std::vector<Endpoint> servers{};  ///< shard s listens at servers[s]
-  /// Chain replication: replicas[s] are shard s's other servers (empty or absent: none).
-  /// When servers[s] refuses this worker (`errc::not_head`) or is lost, the worker tries
+  /// replicas[s] are shard s's other servers (empty or absent: none), e.g. the other members
+  /// of a replication chain. When the worker cannot connect to the one it uses, loses it, or is
+  /// refused with a code its recovery policy calls routine (`on_refused` answers
+  /// `refusal_action::next_server`, as chain replication does for `errc::not_head`), it tries
   /// them in turn, then servers[s] again, until one accepts it.
   std::vector<std::vector<Endpoint>> replicas{};
   /// Learning rate used to apply the worker's own gradient to its cache (read-my-writes,
@@ -68,9 +70,10 @@ struct worker_options {
   std::chrono::milliseconds silence_timeout{std::chrono::seconds(15)};
   /// How long to keep retrying the first connection to a server (servers may start later).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
-  /// Acknowledged pushes (chain replication, strict): unacknowledged pushes per server
-  /// beyond which the worker waits for acks before its next clock (flow control: bounds its
-  /// memory and how far the head runs ahead of the tail).
+  /// Flow control of a recovery policy that keeps pushes until acknowledged (given to its
+  /// worker part as `worker_setup::max_unacked`; chain replication's strict mode, the replica
+  /// log): unacknowledged pushes per server beyond which the worker waits for acks before its
+  /// next clock (bounds its memory and, for a chain, how far the head runs ahead of the tail).
   std::uint32_t max_unacked = 64;
   /// Names this worker process in its hellos (`protocol::hello::incarnation`). Unset (the
   /// default) or 0: a random 64-bit value drawn from `std::random_device` once per worker

@@ -124,11 +124,12 @@ class rejoin_context {
     m.header.clock = k;
     out_.push_back(rejoin_message{std::move(m), 0});
   }
-  /// Queues a range push of all of part `t`'s rows, flagged `flag` (`frame_flags::state`,
-  /// `backlog`), with `clock = since` and a copy of `values` (`range.size() * width` floats) as
-  /// payload; a backlog's payload starts with `count`, the clocks it sums (wire.hpp).
-  void send_rows(table_id t, std::uint8_t flag, const float* values, std::uint64_t count,
-                 clock_value since) {
+  /// Queues a range push of all of part `t`'s rows, flagged `flag` (e.g. `frame_flags::state`,
+  /// `backlog`), with `clock = since`; its payload is `prefix` (bytes the policy's message puts
+  /// before the rows, e.g. a backlog's count of clocks: wire.hpp checks its size) followed by a
+  /// copy of `values` (`range.size() * width` floats). All of it counts in `bytes_out`.
+  void send_rows(table_id t, std::uint8_t flag, const float* values, clock_value since,
+                 std::span<const std::byte> prefix = {}) {
     const rejoin_part& p = parts[t];
     const std::size_t n = std::size_t{p.range.size()} * p.width;
     message m;
@@ -140,12 +141,10 @@ class rejoin_context {
     m.header.first_row = p.range.begin;
     m.header.row_count = p.range.size();
     m.header.width = p.width;
-    // A backlog's payload starts with the number of clocks it sums (wire.hpp, protocol.hpp).
-    const std::size_t prefix = flag == frame_flags::backlog ? backlog_prefix_bytes : 0;
-    m.payload = allocate_(state_, prefix + n * sizeof(float));
-    if (prefix != 0) protocol::set_backlog_clocks(m.payload, count);
-    std::memcpy(m.payload.data() + prefix, values, n * sizeof(float));
-    out_.push_back(rejoin_message{std::move(m), prefix + n * sizeof(float)});
+    m.payload = allocate_(state_, prefix.size() + n * sizeof(float));
+    if (!prefix.empty()) std::memcpy(m.payload.data(), prefix.data(), prefix.size());
+    std::memcpy(m.payload.data() + prefix.size(), values, n * sizeof(float));
+    out_.push_back(rejoin_message{std::move(m), prefix.size() + n * sizeof(float)});
   }
   /// Queues `m` as is (e.g. a push resent with its shared payload); not counted in bytes_out.
   void send(message m) { out_.push_back(rejoin_message{std::move(m), 0}); }
@@ -319,85 +318,86 @@ consteval bool check_worker_part() {
   if constexpr (requires { &P::on_start; })
     static_assert(
         requires(P& p, const worker_setup& s) { p.on_start(s); },
-        "recovery worker part: declare on_start as "
+        "asyncps: recovery worker part: declare on_start as "
         "`void on_start(const asyncps::worker_setup&)`");
   if constexpr (requires { &P::hello_clock; })
     static_assert(
         requires(const P& p, s_t s, clock_value c) {
           { p.hello_clock(s, c) } -> std::convertible_to<clock_value>;
-        }, "recovery worker part: declare hello_clock as "
+        }, "asyncps: recovery worker part: declare hello_clock as "
            "`clock_value hello_clock(std::uint32_t shard, clock_value clock) const`");
   if constexpr (requires { &P::hello_flags; })
     static_assert(
         requires(const P& p, s_t s) {
           { p.hello_flags(s) } -> std::convertible_to<std::uint8_t>;
-        }, "recovery worker part: declare hello_flags as "
+        }, "asyncps: recovery worker part: declare hello_flags as "
            "`std::uint8_t hello_flags(std::uint32_t shard) const`");
   if constexpr (requires { &P::on_server_message; })
     static_assert(detail::worker_hooks::takes_server_messages<P>,
-                  "recovery worker part: declare on_server_message as `std::error_code "
+                  "asyncps: recovery worker part: declare on_server_message as `std::error_code "
                   "on_server_message(std::uint32_t shard, asyncps::message&, "
                   "std::vector<asyncps::message>& replies)`");
   if constexpr (requires { &P::on_welcome; })
     static_assert(
         requires(P& p, const welcome_part& w) {
           { p.on_welcome(w) } -> std::same_as<welcome_action>;
-        }, "recovery worker part: declare on_welcome as "
+        }, "asyncps: recovery worker part: declare on_welcome as "
            "`asyncps::welcome_action on_welcome(const asyncps::welcome_part&)`");
   if constexpr (requires { &P::on_refused; })
     static_assert(
         requires(const P& p, s_t s, errc c) {
           { p.on_refused(s, c) } -> std::same_as<refusal_action>;
-        }, "recovery worker part: declare on_refused as `asyncps::refusal_action "
+        }, "asyncps: recovery worker part: declare on_refused as `asyncps::refusal_action "
            "on_refused(std::uint32_t shard, asyncps::errc code) const`");
   if constexpr (requires { &P::push_flags; })
     static_assert(
         requires(const P& p) {
           { p.push_flags() } -> std::convertible_to<std::uint8_t>;
-        }, "recovery worker part: declare push_flags as `std::uint8_t push_flags() const`");
+        },
+        "asyncps: recovery worker part: declare push_flags as `std::uint8_t push_flags() const`");
   if constexpr (requires { &P::on_push; })
     static_assert(
         requires(P& p, s_t s, const message& m) { p.on_push(s, m); },
-        "recovery worker part: declare on_push as "
+        "asyncps: recovery worker part: declare on_push as "
         "`void on_push(std::uint32_t shard, const asyncps::message&)`");
   if constexpr (requires { &P::on_ack; })
     static_assert(
         requires(P& p, s_t s, std::uint64_t q) {
           { p.on_ack(s, q) } -> std::same_as<bool>;
-        }, "recovery worker part: declare on_ack as "
+        }, "asyncps: recovery worker part: declare on_ack as "
            "`bool on_ack(std::uint32_t shard, std::uint64_t seq)` (true: wake the clock loop)");
   if constexpr (requires { &P::flow_blocked; })
     static_assert(
         requires(const P& p, s_t s) {
           { p.flow_blocked(s) } -> std::same_as<bool>;
-        }, "recovery worker part: declare flow_blocked as "
+        }, "asyncps: recovery worker part: declare flow_blocked as "
            "`bool flow_blocked(std::uint32_t shard) const`");
   if constexpr (requires { &P::while_away; })
     static_assert(
         requires(P& p, s_t s, std::span<const away_slice> g) { p.while_away(s, g); },
-        "recovery worker part: declare while_away as `void while_away(std::uint32_t "
+        "asyncps: recovery worker part: declare while_away as `void while_away(std::uint32_t "
         "shard, std::span<const asyncps::away_slice>)`");
   if constexpr (requires { &P::on_rejoin; })
     static_assert(
         requires(P& p, rejoin_context& r) { p.on_rejoin(r); },
-        "recovery worker part: declare on_rejoin as "
+        "asyncps: recovery worker part: declare on_rejoin as "
         "`void on_rejoin(asyncps::rejoin_context&)`");
   if constexpr (requires { &P::on_rejoin_sent; })
     static_assert(
         requires(P& p, s_t s, const frame_header& h) { p.on_rejoin_sent(s, h); },
-        "recovery worker part: declare on_rejoin_sent as "
+        "asyncps: recovery worker part: declare on_rejoin_sent as "
         "`void on_rejoin_sent(std::uint32_t shard, const asyncps::frame_header&)`");
   if constexpr (requires { &P::unacknowledged; })
     static_assert(
         requires(const P& p, s_t s) {
           { p.unacknowledged(s) } -> std::same_as<std::uint64_t>;
-        }, "recovery worker part: declare unacknowledged as "
+        }, "asyncps: recovery worker part: declare unacknowledged as "
            "`std::uint64_t unacknowledged(std::uint32_t shard) const`");
   if constexpr (requires { &P::has_pending; })
     static_assert(
         requires(const P& p, s_t s, bool up) {
           { p.has_pending(s, up) } -> std::same_as<bool>;
-        }, "recovery worker part: declare has_pending as "
+        }, "asyncps: recovery worker part: declare has_pending as "
            "`bool has_pending(std::uint32_t shard, bool up) const`");
   return true;
 }

@@ -37,6 +37,7 @@
 #include "asyncps/log.hpp"
 #include "asyncps/peer_identity.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/messages.hpp"
 #include "asyncps/transport.hpp"
 #include "asyncps/wire.hpp"
 

@@ -33,6 +33,7 @@
 #include "asyncps/detail/text.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/messages.hpp"
 #include "asyncps/recovery/chain/options.hpp"
 #include "asyncps/recovery/chain/server_state.hpp"
 #include "asyncps/recovery/chain/server_stats.hpp"

@@ -24,6 +24,7 @@
 #include "asyncps/error.hpp"
 #include "asyncps/peer_identity.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/messages.hpp"
 #include "asyncps/recovery/chain/options.hpp"
 #include "asyncps/recovery/chain/server_state.hpp"
 #include "asyncps/wire.hpp"

@@ -30,6 +30,7 @@
 #include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/replica_log/messages.hpp"
 #include "asyncps/recovery/replica_log/options.hpp"
 #include "asyncps/shard_state.hpp"
 #include "asyncps/wire.hpp"

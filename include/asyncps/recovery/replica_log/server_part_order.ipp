@@ -23,6 +23,7 @@
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/replica_log/messages.hpp"
 #include "asyncps/recovery/replica_log/options.hpp"
 #include "asyncps/wire.hpp"
 

@@ -16,6 +16,7 @@
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/replica_log/messages.hpp"
 #include "asyncps/recovery/replica_log/options.hpp"
 
 namespace asyncps::recovery {

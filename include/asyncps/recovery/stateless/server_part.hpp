@@ -20,6 +20,7 @@
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/stateless/messages.hpp"
 #include "asyncps/recovery/stateless/options.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/wire.hpp"

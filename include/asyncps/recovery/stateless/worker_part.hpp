@@ -11,6 +11,7 @@
 
 #include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/stateless/messages.hpp"
 #include "asyncps/recovery/stateless/options.hpp"
 
 namespace asyncps::recovery {
@@ -77,9 +78,11 @@ struct stateless_worker_part {
     for (table_id t = 0; t < r.parts.size(); ++t) {
       const rejoin_part& p = r.parts[t];
       if (p.range.empty()) continue;
-      if (r.state_wanted && p.have) r.send_rows(t, frame_flags::state, p.rows, 0, r.clock);
+      if (r.state_wanted && p.have) r.send_rows(t, frame_flags::state, p.rows, r.clock);
       const backlog& b = backlogs_[r.shard][t];
-      if (b.clocks > 0) r.send_rows(t, frame_flags::backlog, b.sum.data(), b.clocks, b.since);
+      if (b.clocks > 0)
+        r.send_rows(t, frame_flags::backlog, b.sum.data(), b.since,
+                    protocol::backlog_prefix(b.clocks));  // recovery/stateless/messages.hpp
     }
   }
   /// Hook: counts what went out; a delivered backlog starts over.
