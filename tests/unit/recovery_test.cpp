@@ -929,9 +929,28 @@ struct counting_server_hooks {
 };
 static_assert(recovery_policy<counting_server_hooks>);
 
-// Serves one simulated shard with `part`, runs one worker for `clocks` clocks; returns the
-// worker's result.
-std::error_code run_counting(counting_server_hooks::server_part part, int clocks) {
+// counting_server_hooks' server part, with a worker part that records the refusals the
+// worker hands to its recovery policy (`on_refused`) and answers each with `answer`.
+struct refusal_hooks {
+  static constexpr std::string_view name = "refusal-hooks";
+  using server_part = counting_server_hooks::server_part;
+  struct worker_part : recovery::none_worker_part {
+    std::vector<errc>* refusals = nullptr;
+    refusal_action answer = refusal_action::fail;
+    refusal_action on_refused(std::uint32_t shard, errc code) const noexcept {
+      CHECK(shard == 0);
+      refusals->push_back(code);
+      return answer;
+    }
+  };
+};
+static_assert(recovery_policy<refusal_hooks>);
+
+// Serves one simulated shard with `part`, runs one worker (recovery part `wpart`) for `clocks`
+// clocks; returns the worker's result.
+template <class Policy = counting_server_hooks>
+std::error_code run_counting(counting_server_hooks::server_part part, int clocks,
+                             typename Policy::worker_part wpart = {}) {
   simulated_network net;
   test::counter_model model(0, 1, 0, 2, 1, 0);
   simulated_transport st(net, "server0"), wt(net, "worker0");
@@ -939,8 +958,7 @@ std::error_code run_counting(counting_server_hooks::server_part part, int clocks
   so.num_workers = 1;
   so.tables = {model.spec[0]};
   so.log = [](std::string_view) {};
-  basic_server<simulated_transport, consistency::bsp, counting_server_hooks> server(st, so, {},
-                                                                                    part);
+  basic_server<simulated_transport, consistency::bsp, Policy> server(st, so, {}, part);
   auto acc = st.listen("shard0");
   REQUIRE(acc.has_value());
   asio::co_spawn(
@@ -953,8 +971,8 @@ std::error_code run_counting(counting_server_hooks::server_part part, int clocks
   o.servers = {"shard0"};
   o.connect_timeout = std::chrono::milliseconds(50);
   o.log = [](std::string_view) {};
-  basic_worker<test::counter_model, simulated_transport, consistency::bsp, counting_server_hooks> w(
-      wt, model, o);
+  basic_worker<test::counter_model, simulated_transport, consistency::bsp, Policy> w(
+      wt, model, o, std::nullopt, wpart);
   std::error_code ec = errc::timeout;
   asio::co_spawn(
       net.get_executor(),
@@ -991,9 +1009,32 @@ TEST_CASE("server hooks: a hook's refusal reaches the worker with its code") {
   std::vector<std::string> calls;
   counting_server_hooks::server_part part;
   part.calls = &calls;
-  part.refuse = true;  // not_head: the worker keeps trying until connect_timeout
+  part.refuse = true;  // not_head; recovery::none's worker does not fail over: fails at once
   CHECK(run_counting(part, 2) == errc::not_head);
   CHECK(std::count(calls.begin(), calls.end(), "welcome_flags") == 0);
+  CHECK(std::count(calls.begin(), calls.end(), "on_push") == 0);
+}
+
+TEST_CASE("worker hooks: the recovery policy decides what a server's refusal means") {
+  std::vector<std::string> calls;
+  counting_server_hooks::server_part part;
+  part.calls = &calls;
+  part.refuse = true;  // every hello is refused with not_head
+  std::vector<errc> refusals;
+  refusal_hooks::worker_part wpart;
+  wpart.refusals = &refusals;
+  SUBCASE("fail: the run ends with the refusal's code, after one hello") {
+    wpart.answer = refusal_action::fail;
+    CHECK(run_counting<refusal_hooks>(part, 2, wpart) == errc::not_head);
+    CHECK(refusals == std::vector<errc>{errc::not_head});
+  }
+  SUBCASE("next_server: the worker tries again (its only server) until connect_timeout") {
+    wpart.answer = refusal_action::next_server;
+    CHECK(run_counting<refusal_hooks>(part, 2, wpart) == errc::not_head);
+    CHECK(refusals.size() >= 2);
+    CHECK(std::count(refusals.begin(), refusals.end(), errc::not_head) ==
+          static_cast<std::ptrdiff_t>(refusals.size()));
+  }
   CHECK(std::count(calls.begin(), calls.end(), "on_push") == 0);
 }
 
