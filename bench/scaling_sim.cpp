@@ -4,19 +4,22 @@
 // workers each training on its 1/W of the 60,000 images, every gradient computed for real but
 // taking its share of `--compute-ms` of virtual time (the measured time of 64 samples), SSP with a
 // run-time bound (0: BSP), or ASP (`--consistency asp`: reads never wait, every read refreshes
-// the cache in the background). Caution: the simulated transport's sends complete at once (no
-// send buffer paces a sender), so under ASP a worker whose clocks produce bytes faster than the
-// link model carries them queues them without bound: 16 and 64 workers of the MLP at 1 ms per
-// 64 samples ran out of memory (docs/results/scaling/sim/asp_defaults.log). `--rules default` takes
+// the cache in the background). Each connection direction's send buffer
+// (`--send-buffer BYTES`, simulation_options::send_buffer_bytes; default 4 MiB, 0: unbounded)
+// paces a sender that produces bytes faster than the link model carries them; unbounded, ASP
+// with 16 and 64 workers of the MLP at 1 ms per 64 samples ran out of memory
+// (docs/results/scaling/sim/asp_defaults.log). `--rules default` takes
 // the trainer's defaults for each worker count (its update rule, batch and learning rate:
 // examples/fashion_mnist/config.hpp). Deterministic: the same arguments give the same figures. One
 // JSON object per run to stdout and to
 // `--out`: workers, rule, bound, final test accuracy and loss of the servers' model, virtual
-// seconds, clocks per worker.
+// seconds, clocks per worker, the send buffer, the sends that waited for room in it, the most
+// bytes one connection direction held (sent, not yet received), and the rows messages (pull
+// replies) all workers received.
 //
 //   asyncps_scaling_sim [--model mlp|softmax|cnn] [--epochs E] [--workers 1,16,64]
 //       [--rules default,sum,staleness-aware,mean] [--consistency ssp|asp] [--staleness S]
-//       [--compute-ms MS] [--lr X]
+//       [--compute-ms MS] [--send-buffer BYTES] [--lr X]
 //       [--batch B] [--seed N] [--data DIR] [--out FILE.jsonl]
 #include <cstdint>
 #include <cstdio>

@@ -4,7 +4,8 @@
 // A `simulated_network` owns an `asio::io_context` (run only through `simulated_network::run`),
 // the virtual clock and an event queue ordered by (virtual time, sequence number). Message
 // delivery comes from a latency model, worker compute time from a per-worker speed profile
-// (pass `compute_executor(worker)` as `basic_worker`'s `compute` argument), failures and
+// (pass `compute_executor(worker)` as `basic_worker`'s `compute` argument), a sender's pace
+// from its connection's send buffer (`simulation_options::send_buffer_bytes`), failures and
 // partitions from a fault schedule, and every random choice from one seeded generator, so a
 // run is reproducible from its seed. `run()` alternates "run every ready handler" and "jump
 // the clock to the next event"; nothing ever sleeps, and the real CPU only does the math.
