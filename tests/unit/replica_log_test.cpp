@@ -21,6 +21,7 @@
 #include <doctest/doctest.h>
 
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/server.hpp"
@@ -68,6 +69,19 @@ struct kill_result {
   clock_value final_clock = 0;
   std::uint64_t pushes_applied = 0;  // the last server's count of every worker's pushes
   double virtual_seconds = 0;        // when the last worker finished
+  // Memory (log_budget): the most log payload bytes and replica bytes one worker held at
+  // once, the replicas the servers sent, and the bytes of one encoded shard state.
+  std::uint64_t max_log_bytes = 0;
+  std::uint64_t max_replica_bytes = 0;
+  std::uint64_t replicas_sent = 0;
+  std::uint64_t state_bytes = 0;
+};
+
+// Further knobs of a run: the log budget (0: off) and the table's shape.
+struct run_extra {
+  double log_budget = 0;
+  std::uint32_t rows = 6;
+  std::uint32_t width = 3;
 };
 
 bool same_bits(const shard_state& a, const shard_state& b) {
@@ -97,7 +111,7 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
                       std::vector<std::chrono::nanoseconds> kills, std::chrono::nanoseconds outage,
                       Optimizer opt, clock_value replica_interval, float vap_magnitude = 0,
                       std::optional<std::uint32_t> drop_worker = std::nullopt,
-                      recovery::replica_log_ordering ordering = {}) {
+                      recovery::replica_log_ordering ordering = {}, run_extra extra = {}) {
   using server_t = basic_server<simulated_transport, Policy, recovery::replica_log, Optimizer>;
   using worker_t = basic_worker<wiggle_model, simulated_transport, Policy, recovery::replica_log>;
   simulation_options so_net;
@@ -109,7 +123,7 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
   so_net.compute.jitter = 0.3;
   simulated_network net(so_net);
   std::vector<wiggle_model> models;
-  for (std::uint32_t w = 0; w < workers; ++w) models.emplace_back(w, 6, 3);
+  for (std::uint32_t w = 0; w < workers; ++w) models.emplace_back(w, extra.rows, extra.width);
 
   server_options so;
   so.num_workers = workers;
@@ -123,6 +137,7 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
   part.options.replica_interval = replica_interval;
   part.options.recovery_timeout = 2s;
   part.options.ordering = ordering;
+  part.options.log_budget = extra.log_budget;
 
   kill_result r;
   simulated_transport st(net, "server0");
@@ -186,6 +201,7 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
       r.incomplete += s.recovery().stats().incomplete_recoveries;
       r.reordered += s.recovery().stats().reordered_recoveries;
       r.replayed += s.recovery().stats().replayed;
+      r.replicas_sent += s.recovery().stats().replicas_sent;
       s.stop();
       ++r.kills;
     });
@@ -225,9 +241,15 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
   r.incomplete += last.recovery().stats().incomplete_recoveries;
   r.reordered += last.recovery().stats().reordered_recoveries;
   r.replayed += last.recovery().stats().replayed;
+  r.replicas_sent += last.recovery().stats().replicas_sent;
   r.final_clock = last.clock();
   shard_state fin;
   last.save_state(fin);
+  r.state_bytes = detail::encoded_state_size(fin);
+  for (const auto& w : ws) {
+    r.max_log_bytes = std::max(r.max_log_bytes, w->recovery().stats().max_log_bytes);
+    r.max_replica_bytes = std::max(r.max_replica_bytes, w->recovery().stats().max_replica_bytes);
+  }
   for (auto a : fin.applied) r.pushes_applied += a;
   if (dead) {  // the last rebuild never reached the dead server's position
     ++r.compared;
@@ -431,5 +453,83 @@ TEST_CASE("replica_log apply-first: no round trip before an apply (virtual time,
     MESSAGE("seed " << seed << ": write-ahead " << wa.virtual_seconds << " s, apply-first "
                     << af.virtual_seconds << " s of virtual time");
     CHECK(af.virtual_seconds < wa.virtual_seconds);
+  }
+}
+
+namespace {
+
+// Per worker at most: log payload bytes, replica bytes and both, as multiples of one encoded
+// shard state (a replica's bytes), for one run.
+void report_memory(const std::string& what, const kill_result& r) {
+  const auto x = [&](std::uint64_t b) {
+    return static_cast<double>(b) / static_cast<double>(r.state_bytes);
+  };
+  MESSAGE(what << ": shard state " << r.state_bytes << " B; per worker at most log "
+               << r.max_log_bytes << " B (" << x(r.max_log_bytes) << "x), replica "
+               << r.max_replica_bytes << " B (" << x(r.max_replica_bytes)
+               << "x), together <= " << x(r.max_log_bytes + r.max_replica_bytes) << "x; "
+               << r.replicas_sent << " replicas sent");
+}
+
+}  // namespace
+
+TEST_CASE("replica_log log_budget: a worker's log stays near the budget, rebuilds stay exact") {
+  // Memory, deterministic (virtual time): 4 workers, ASP/SGD, 60 clocks, a 64 x 32 table (an
+  // 8 KiB shard, every push the whole shard as in a dense model), a replica every 10 clocks;
+  // with and without a log budget of 1 shard.
+  const run_extra big{0, 64, 32};
+  run_extra budget = big;
+  budget.log_budget = 1;
+  for (std::uint64_t seed : {21, 22, 23}) {
+    CAPTURE(seed);
+    const auto off =
+        run_kills<consistency::asp>(seed, 4, 60, {}, 0ms, optimizer::sgd{0.1f}, 10, 0, std::nullopt,
+                                    recovery::replica_log_ordering::write_ahead, big);
+    const auto on =
+        run_kills<consistency::asp>(seed, 4, 60, {}, 0ms, optimizer::sgd{0.1f}, 10, 0, std::nullopt,
+                                    recovery::replica_log_ordering::write_ahead, budget);
+    REQUIRE(off.all_done);
+    REQUIRE(on.all_done);
+    CHECK(off.pushes_applied == 240);
+    CHECK(on.pushes_applied == 240);
+    report_memory("interval 10, no budget", off);
+    report_memory("interval 10, log_budget 1", on);
+    // The bound: the budget plus what a worker pushes during one replica's round trip.
+    CHECK(on.max_log_bytes <= 4 * on.state_bytes);
+    CHECK(on.max_log_bytes * 2 < off.max_log_bytes);
+    CHECK(on.max_replica_bytes <= on.state_bytes);
+  }
+  // Exactness is the budget's no concern: the random kill schedules, with a budget of 1
+  // (every replica's size from the tiny table: a replica every few pushes) and of 4.
+  for (double b : {1.0, 4.0}) {
+    int kills = 0, compared = 0;
+    double most = 0;  // the largest log of a worker, in shard states
+    for (std::uint64_t seed = 1; seed <= 60; ++seed) {
+      const schedule sc = schedule_of(seed);
+      CAPTURE(seed);
+      CAPTURE(b);
+      run_extra e;
+      e.log_budget = b;
+      const auto r =
+          seed % 2 == 0
+              ? run_kills<consistency::bsp>(seed, sc.workers, sc.clocks, sc.times, sc.outage,
+                                            optimizer::sgd{0.1f}, 1000, 0, std::nullopt, {}, e)
+              : run_kills<consistency::ssp<2>>(seed, sc.workers, sc.clocks, sc.times, sc.outage,
+                                               optimizer::adam{}, 1000, 0, std::nullopt, {}, e);
+      REQUIRE(r.all_done);
+      for (const auto& ec : r.errors) CHECK_MESSAGE(!ec, ec.message());
+      CHECK(r.mismatches == 0);
+      CHECK(r.incomplete == 0);
+      CHECK(r.pushes_applied == std::uint64_t{sc.workers} * sc.clocks);
+      most =
+          std::max(most, static_cast<double>(r.max_log_bytes) / static_cast<double>(r.state_bytes));
+      CHECK(r.max_log_bytes <= static_cast<std::uint64_t>(b + 3) * r.state_bytes);
+      kills += r.kills;
+      compared += r.compared;
+    }
+    MESSAGE("log_budget " << b << ": 60 schedules, " << kills << " kills, " << compared
+                          << " rebuilt states compared bit for bit, a worker's log at most " << most
+                          << " shard states");
+    CHECK(compared * 10 >= kills * 7);
   }
 }

@@ -28,7 +28,8 @@ enum class replica_log_ordering : std::uint8_t {
 };
 
 /// Configuration of `recovery::replica_log`. The server part reads `replica_interval`,
-/// `recovery_timeout`, `void_timeout` and `ordering`; the worker part reads `reconnect_timeout`.
+/// `recovery_timeout`, `void_timeout`, `ordering` and `log_budget`; the worker part reads
+/// `reconnect_timeout`.
 struct replica_log_options {
   /// Server clocks between two state replicas (the logging interval of SWIFT's selective
   /// logging): every this many clocks the shard sends its whole state (parameters and
@@ -49,6 +50,21 @@ struct replica_log_options {
   /// Write-ahead (bit-exact rebuilds, one round trip per update) or apply-first (no round
   /// trip, exactly-once rebuilds); see `replica_log_ordering`. Read by the server part only.
   replica_log_ordering ordering = replica_log_ordering::write_ahead;
+  /// A bound on each worker's log, as a multiple of one encoded shard state (the bytes of a
+  /// state replica: parameters, optimizer state, clocks, counts). 0, the default: off, state
+  /// replicas follow `replica_interval` alone (the behaviour before issue 34). Above 0: the
+  /// shard also sends the next state replica (to the next worker, in turn) as soon as some
+  /// worker's pushes ordered since the stable position hold more than `log_budget` times that
+  /// many payload bytes; once it is stored every worker drops the entries it holds (the same
+  /// truncation as before, triggered by bytes instead of clocks). A worker's log then holds at
+  /// most about `log_budget` shards plus what it pushes during one replica's round trip (sent,
+  /// stored, the new stable position carried to it by its next `order`). The cost: more
+  /// replicas on the wire when workers push much per clock. Rebuilds are unchanged (bit-exact
+  /// under write-ahead, exactly-once under apply-first). Counted by each server from its start
+  /// (a rebuilt one counts the entries it replayed, which their workers hold until the next
+  /// stored replica). Read by the server part only; must be finite and >= 0 (a negative or NaN
+  /// value is off).
+  double log_budget = 0;
 };
 
 }  // namespace asyncps::recovery

@@ -186,6 +186,7 @@ struct replica_log_server_part {
               w == rt_.value.replica_holder_) {
             rt_.value.stable_ = rt_.value.replica_pending_;
             rt_.value.stats_.stable = rt_.value.stable_;
+            forget_logged(rt_.value.stable_);
             rt_.value.replica_pending_ = 0;
             ++rt_.value.stats_.replicas_stored;
           }
@@ -303,6 +304,7 @@ struct replica_log_server_part {
     rt_.value.expect_.assign(n, 0);
     rt_.value.replicas_.clear();
     rt_.value.replicas_.resize(n);
+    rt_.value.logged_bytes_.assign(n, 0);
   }
 
   // ---- ordering and the write-ahead release (defined in server_part_order.ipp) ----
@@ -332,9 +334,18 @@ struct replica_log_server_part {
   template <class Ctx>
   void catch_up(Ctx ctx, std::uint32_t w, const message& m);
 
-  // Every `replica_interval` server clocks, the whole state goes to the next worker.
+  // Every `replica_interval` server clocks, or once a worker's log outgrows `log_budget`,
+  // the whole state goes to the next worker.
   template <class Ctx>
   void maybe_replicate(Ctx ctx);
+
+  // `log_budget`: whether some worker's pushes ordered above the stable position hold more
+  // than `log_budget` encoded shard states.
+  template <class Ctx>
+  bool over_budget(Ctx ctx);
+
+  // `log_budget`: positions up to `stable` are in a stored replica; the workers drop them.
+  void forget_logged(std::uint64_t stable);
 
   // Drops worker `w`'s ordered messages it never confirmed (it did not log their positions,
   // and resends them), and anything else of it held from a closed connection.
@@ -394,6 +405,16 @@ struct replica_log_server_part {
     std::vector<std::optional<message>> replicas_;  // per worker: its newest replica
     std::uint64_t newest_stable_ = 0;
     std::uint64_t unordered_ = 0;  // a rebuild: entries the workers resend without a position
+    // log_budget: the positions ordered above stable_ (oldest first) with their worker and
+    // payload bytes, their sum per worker, and the bytes of one encoded shard state.
+    struct logged {
+      std::uint64_t position = 0;
+      std::uint32_t worker = 0;
+      std::uint64_t bytes = 0;
+    };
+    detail::ring<logged> logged_;
+    std::vector<std::uint64_t> logged_bytes_;
+    std::uint64_t state_bytes_ = 0;
     shard_state initial_{}, scratch_{};
     std::chrono::steady_clock::time_point recovery_started_{};
     replica_log_stats stats_{};

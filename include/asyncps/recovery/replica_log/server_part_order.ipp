@@ -39,6 +39,10 @@ void replica_log_server_part::hold(Ctx ctx, detail::session_base* s, std::uint32
     it.confirmed = options.ordering == replica_log_ordering::apply_first;
     it.position = rt_.value.next_++;
     ++rt_.value.stats_.ordered;
+    if (options.log_budget > 0 && w < rt_.value.logged_bytes_.size()) {
+      rt_.value.logged_.push_back({it.position, w, it.m.payload.size()});
+      rt_.value.logged_bytes_[w] += it.m.payload.size();
+    }
     ctx.send_worker(w, protocol::encode(protocol::order{.shard = ctx.options().shard,
                                                         .seq = it.m.header.seq,
                                                         .position = it.position,
@@ -110,8 +114,10 @@ void replica_log_server_part::catch_up(Ctx ctx, std::uint32_t w, const message& 
 template <class Ctx>
 void replica_log_server_part::maybe_replicate(Ctx ctx) {
   if (rt_.value.mode_ != mode::serving || rt_.value.replica_pending_ != 0 ||
-      rt_.value.position_ <= rt_.value.stable_ ||
-      ctx.clock() < rt_.value.replica_clock_ + std::max<clock_value>(options.replica_interval, 1))
+      rt_.value.position_ <= rt_.value.stable_)
+    return;
+  if (ctx.clock() < rt_.value.replica_clock_ + std::max<clock_value>(options.replica_interval, 1) &&
+      !over_budget(ctx))
     return;
   const std::uint32_t n = ctx.options().num_workers;
   for (std::uint32_t i = 0; i < n; ++i) {
@@ -134,6 +140,28 @@ void replica_log_server_part::maybe_replicate(Ctx ctx) {
     rt_.value.replica_clock_ = ctx.clock();
     ++rt_.value.stats_.replicas_sent;
     return;
+  }
+}
+
+template <class Ctx>
+bool replica_log_server_part::over_budget(Ctx ctx) {
+  if (!(options.log_budget > 0)) return false;
+  const auto& b = rt_.value.logged_bytes_;
+  const std::uint64_t most = b.empty() ? 0 : *std::max_element(b.begin(), b.end());
+  if (most == 0) return false;
+  if (rt_.value.state_bytes_ == 0) {  // once: the size of the shard's encoded state
+    ctx.save_state(rt_.value.scratch_);
+    rt_.value.state_bytes_ = detail::encoded_state_size(rt_.value.scratch_);
+  }
+  return static_cast<double>(most) >
+         options.log_budget * static_cast<double>(rt_.value.state_bytes_);
+}
+
+inline void replica_log_server_part::forget_logged(std::uint64_t stable) {
+  auto& l = rt_.value.logged_;
+  while (!l.empty() && l.front().position <= stable) {
+    rt_.value.logged_bytes_[l.front().worker] -= l.front().bytes;
+    l.pop_front();
   }
 }
 

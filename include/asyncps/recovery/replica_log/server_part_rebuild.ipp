@@ -138,6 +138,11 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
     if (auto ec = ctx.dispatch_of(e.worker, e.m))
       count_drop(ctx, "replayed", e.worker, e.position, e.m, ec);
     ++rt_.value.stats_.replayed;
+    if (options.log_budget > 0 && e.worker < rt_.value.logged_bytes_.size()) {
+      // Its worker holds it until the next stored replica: it counts against the budget.
+      rt_.value.logged_.push_back({e.position, e.worker, e.m.payload.size()});
+      rt_.value.logged_bytes_[e.worker] += e.m.payload.size();
+    }
     expected = e.position + 1;
     rt_.value.position_ = e.position;
     if (on_replayed) on_replayed(e.position);
