@@ -6,6 +6,7 @@
 //                 [--workers N] [--op push|pull|push+pull] [--api protocol,worker] [--no-raw]
 //                 [--cpu SERVER,CLIENT] [--spin-us US] [--max-update-norm N]
 //                 [--max-parameter-value V] [--socket-buffer BYTES,...]
+//                 [--receive-wakeup BYTES,...]
 //
 // Two APIs: `worker` (the headline: a real `basic_worker` training against the shard, see
 // bench/worker_path.hpp; op `clock`, window W = staleness W - 1, 1 worker) and `protocol` (the
@@ -20,6 +21,9 @@
 // `tcp_options::send_buffer_bytes` and `receive_buffer_bytes` both B at both ends (0: the
 // kernel's default and autotuning, the rows named `tcp`; others `tcp-sb<size>`, e.g.
 // `tcp-sb1M`), each against the same raw baseline (which keeps the kernel's default).
+// `--receive-wakeup W1,W2,...` likewise for `tcp_options::receive_wakeup_bytes` (rows
+// `tcp-wk<size>`, `tcp-wk0` for off, `tcp` for the default 1 MiB); with both lists, every pair
+// runs (`tcp-sb4M-wk0`), socket sizes outer.
 //
 // Transports: `tcp` (plain, default options: frames checksum their header only),
 // `tcp-checksum` (plain, `tcp_options::checksum_payloads` on at both ends: payloads hashed
@@ -89,6 +93,7 @@ struct config {
   double max_update_norm = 0;         // --max-update-norm: server_options::max_update_norm (0: off)
   float max_parameter_value = 0;      // --max-parameter-value: server_options' (0: off)
   std::vector<std::size_t> socket_buffers{0};  // --socket-buffer: tcp_options' (0: kernel's)
+  std::vector<std::size_t> wakeups{tcp_options{}.receive_wakeup_bytes};  // --receive-wakeup
   std::vector<op_kind> ops{op_kind::push, op_kind::pull, op_kind::push_pull};
   std::vector<unsigned> windows{1, 16};  // requests in flight per connection
   unsigned reps = 5;
@@ -386,7 +391,7 @@ void run_worker_setup(const config& cfg, const setup& su, std::vector<row>& rows
                "                     [--op push|pull|push+pull] [--api protocol,worker]\n"
                "                     [--cpu SERVER,CLIENT] [--spin-us US] [--no-raw]\n"
                "                     [--max-update-norm N] [--max-parameter-value V]\n"
-               "                     [--socket-buffer BYTES,...]\n",
+               "                     [--socket-buffer BYTES,...] [--receive-wakeup BYTES,...]\n",
                msg);
   std::exit(2);
 }
@@ -476,15 +481,17 @@ config parse(int argc, char** argv) {
     } else if (a == "--max-parameter-value") {
       cfg.max_parameter_value = std::stof(value());
       if (!(cfg.max_parameter_value >= 0)) usage("--max-parameter-value takes a value >= 0");
-    } else if (a == "--socket-buffer") {
-      cfg.socket_buffers.clear();
+    } else if (a == "--socket-buffer" || a == "--receive-wakeup") {
+      auto& list = a == "--socket-buffer" ? cfg.socket_buffers : cfg.wakeups;
+      list.clear();
       const std::string v = value();
       for (std::size_t pos = 0; pos <= v.size();) {
         const std::size_t comma = std::min(v.find(',', pos), v.size());
         const auto b = static_cast<std::size_t>(std::stoull(v.substr(pos, comma - pos)));
         if (b > tcp_options::max_socket_buffer_bytes)
-          usage("--socket-buffer takes sizes in bytes up to 256 MiB (0: the kernel's default)");
-        cfg.socket_buffers.push_back(b);
+          usage("--socket-buffer and --receive-wakeup take sizes in bytes up to 256 MiB (0: the "
+                "kernel's default, off)");
+        list.push_back(b);
         pos = comma + 1;
       }
     } else if (a == "--no-raw") {
@@ -507,16 +514,22 @@ config parse(int argc, char** argv) {
   return cfg;
 }
 
-// The row name of transport `tcp` with socket buffers of `bytes` (0: plain `tcp`).
-std::string socket_buffer_name(std::size_t bytes) {
-  if (bytes == 0) return "tcp";
-  if (bytes % (std::size_t{1} << 20) == 0) return "tcp-sb" + std::to_string(bytes >> 20) + "M";
-  if (bytes % 1024 == 0) return "tcp-sb" + std::to_string(bytes >> 10) + "K";
-  return "tcp-sb" + std::to_string(bytes);
+// The row name of transport `tcp` with socket buffers of `sb` bytes and `receive_wakeup_bytes`
+// `wk` (`tcp` for the defaults; `-wk0`: wake-ups off).
+std::string variant_name(std::size_t sb, std::size_t wk) {
+  const auto text = [](std::size_t bytes) {
+    if (bytes % (std::size_t{1} << 20) == 0) return std::to_string(bytes >> 20) + "M";
+    if (bytes % 1024 == 0) return std::to_string(bytes >> 10) + "K";
+    return std::to_string(bytes);
+  };
+  std::string name = "tcp";
+  if (sb != 0) name += "-sb" + text(sb);
+  if (wk != tcp_options{}.receive_wakeup_bytes) name += "-wk" + (wk == 0 ? "0" : text(wk));
+  return name;
 }
 
 int rank_transport(const std::string& t) {
-  if (t.starts_with("tcp-sb")) return 1;  // with `tcp`, in the order run
+  if (t.starts_with("tcp-sb") || t.starts_with("tcp-wk")) return 1;  // with `tcp`, as run
   static const char* order[] = {"raw-tcp",    "tcp",     "tcp-checksum",
                                 "tcp-secret", "tcp-tls", "in-process"};
   for (int i = 0; i < 6; ++i)
@@ -558,11 +571,14 @@ int run(int argc, char** argv) {
   std::vector<std::string> buffer_names;  // per --socket-buffer size (stable: rows keep copies)
   std::vector<tcp_options> buffer_opts;
   for (std::size_t b : cfg.socket_buffers) {
-    buffer_names.push_back(socket_buffer_name(b));
-    tcp_options o;
-    o.send_buffer_bytes = b;
-    o.receive_buffer_bytes = b;
-    buffer_opts.push_back(o);
+    for (std::size_t w : cfg.wakeups) {
+      buffer_names.push_back(variant_name(b, w));
+      tcp_options o;
+      o.send_buffer_bytes = b;
+      o.receive_buffer_bytes = b;
+      o.receive_wakeup_bytes = w;
+      buffer_opts.push_back(o);
+    }
   }
   tcp_options tls_server_opts, tls_client_opts;
   if (std::find(cfg.transports.begin(), cfg.transports.end(), "tcp-tls") != cfg.transports.end()) {
@@ -691,20 +707,22 @@ int run(int argc, char** argv) {
   for (const auto& r : rows) print_row(r);
 
   if (!cfg.json.empty()) {
-    std::string buffers;
+    std::string buffers, wakeups;
     for (std::size_t b : cfg.socket_buffers)
       buffers += (buffers.empty() ? "" : ",") + std::to_string(b);
+    for (std::size_t w : cfg.wakeups) wakeups += (wakeups.empty() ? "" : ",") + std::to_string(w);
     char meta[600];
-    std::snprintf(meta, sizeof meta,
-                  "{\"reps\": %u, \"seconds\": %.3f, \"windows\": [%s], "
-                  "\"hardware_threads\": %u, \"quick\": %s, \"elapsed_s\": %.1f, "
-                  "\"load_before\": %.2f, \"load_after\": %.2f, \"server_cpu\": %d, "
-                  "\"client_cpu\": %d, \"spin_us\": %lld, \"max_update_norm\": %g, "
-                  "\"max_parameter_value\": %g, \"socket_buffers\": [%s]}",
-                  cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(),
-                  cfg.quick ? "true" : "false", elapsed, load_before, load_after, cfg.server_cpu,
-                  cfg.client_cpu, static_cast<long long>(cfg.spin.count()), cfg.max_update_norm,
-                  static_cast<double>(cfg.max_parameter_value), buffers.c_str());
+    std::snprintf(
+        meta, sizeof meta,
+        "{\"reps\": %u, \"seconds\": %.3f, \"windows\": [%s], "
+        "\"hardware_threads\": %u, \"quick\": %s, \"elapsed_s\": %.1f, "
+        "\"load_before\": %.2f, \"load_after\": %.2f, \"server_cpu\": %d, "
+        "\"client_cpu\": %d, \"spin_us\": %lld, \"max_update_norm\": %g, "
+        "\"max_parameter_value\": %g, \"socket_buffers\": [%s], \"receive_wakeups\": [%s]}",
+        cfg.reps, cfg.seconds, windows.c_str(), std::thread::hardware_concurrency(),
+        cfg.quick ? "true" : "false", elapsed, load_before, load_after, cfg.server_cpu,
+        cfg.client_cpu, static_cast<long long>(cfg.spin.count()), cfg.max_update_norm,
+        static_cast<double>(cfg.max_parameter_value), buffers.c_str(), wakeups.c_str());
     if (!write_json(cfg.json, rows, meta)) {
       std::fprintf(stderr, "asyncps_bench: cannot write %s\n", cfg.json.c_str());
       return 1;

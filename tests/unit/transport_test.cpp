@@ -2234,11 +2234,13 @@ TEST_CASE("tcp: frames on accepted connections wait for max_receive_bytes, then 
   });
 }
 
-TEST_CASE("tcp: socket buffer sizes are set on both ends; sizes above the maximum are refused") {
+TEST_CASE("tcp: socket buffer sizes are set on both ends; sizes above the maximum are refused; "
+          "receive_wakeup_bytes reads large frames whole") {
   asio::io_context io;
   // The defaults leave the sizes to the kernel (docs/performance.md, "Socket buffers").
   CHECK(tcp_options{}.send_buffer_bytes == 0);
   CHECK(tcp_options{}.receive_buffer_bytes == 0);
+  CHECK(tcp_options{}.receive_wakeup_bytes == std::size_t{1} << 20);
   // 128 KiB is below every Linux default of net.core.wmem_max / rmem_max (208 KiB), so the
   // kernel keeps it (and doubles it for its bookkeeping).
   constexpr std::size_t snd = std::size_t{128} << 10;
@@ -2246,6 +2248,9 @@ TEST_CASE("tcp: socket buffer sizes are set on both ends; sizes above the maximu
   tcp_options sized;
   sized.send_buffer_bytes = snd;
   sized.receive_buffer_bytes = rcv;
+  // More than half the receive buffer: the kernel caps SO_RCVLOWAT there, and the frame must
+  // still arrive (no reader waits for bytes that cannot be buffered).
+  sized.receive_wakeup_bytes = std::size_t{256} << 10;
   tcp_transport listener(io.get_executor(), sized);
   tcp_transport connector(io.get_executor(), sized);
   auto acc = listener.listen({asio::ip::make_address("127.0.0.1"), 0});
@@ -2295,13 +2300,62 @@ TEST_CASE("tcp: socket buffer sizes are set on both ends; sizes above the maximu
     }
     CHECK(sent);
     CHECK(m.payload.floats()[(1 << 18) - 1] == static_cast<float>(1000 + (1 << 18) - 1));
+    // SO_RCVLOWAT is back to 1 after a large payload: small frames are read as they come.
+    asio::socket_base::receive_low_watermark lowat;
+    a.socket().get_option(lowat);
+    CHECK(lowat.value() == 1);
+    CHECK(!(co_await a.async_send(make_message(listener, 2, 16))));
+    auto [se, small] = co_await c.async_receive();
+    REQUIRE(!se);
+    CHECK(small.header.seq == 2);
+    // Payloads of every remainder past a wake-up step (not a multiple of it) arrive whole.
+    tcp_options stepped;
+    stepped.receive_wakeup_bytes = std::size_t{64} << 10;
+    tcp_transport stepped_listener(io.get_executor(), stepped);
+    auto acc2 = stepped_listener.listen({asio::ip::make_address("127.0.0.1"), 0});
+    REQUIRE(acc2.has_value());
+    auto [ce2, c2] = co_await connector.async_connect(acc2.value().local_endpoint());
+    REQUIRE(!ce2);
+    auto [ae2, a2] = co_await acc2.value().async_accept();
+    REQUIRE(!ae2);
+    auto& sender2 = c2;
+    std::size_t arrived = 0;
+    bool sent2 = false;
+    const std::array<std::size_t, 4> floats{(std::size_t{1} << 20) / 4 + 3, 70000, 16384 + 1,
+                                            (std::size_t{3} << 20) / 4};
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          for (std::size_t k = 0; k < floats.size(); ++k)
+            CHECK(!(co_await sender2.async_send(make_message(connector, 10 + k, floats[k]))));
+          sent2 = true;
+        },
+        asio::detached);
+    for (std::size_t k = 0; k < floats.size(); ++k) {
+      auto [e, f] = co_await a2.async_receive();
+      REQUIRE(!e);
+      CHECK(f.header.seq == 10 + k);
+      REQUIRE(f.payload.floats().size() == floats[k]);
+      CHECK(f.payload.floats()[floats[k] - 1] ==
+            static_cast<float>((10 + k) * 1000 + floats[k] - 1));
+      ++arrived;
+    }
+    CHECK(arrived == floats.size());
+    for (int k = 0; k < 1000 && !sent2; ++k) {
+      t.expires_after(std::chrono::milliseconds(1));
+      co_await t.async_wait(detail::use_tuple);
+    }
+    CHECK(sent2);
+    a2.socket().get_option(lowat);
+    CHECK(lowat.value() == 1);
   });
 
   // Above the documented maximum: refused by listen and by async_connect, before any socket.
-  for (int which = 0; which < 2; ++which) {
+  for (int which = 0; which < 3; ++which) {
     tcp_options bad;
-    (which == 0 ? bad.send_buffer_bytes : bad.receive_buffer_bytes) =
-        tcp_options::max_socket_buffer_bytes + 1;
+    (which == 0   ? bad.send_buffer_bytes
+     : which == 1 ? bad.receive_buffer_bytes
+                  : bad.receive_wakeup_bytes) = tcp_options::max_socket_buffer_bytes + 1;
     tcp_transport t(io.get_executor(), bad);
     auto l = t.listen({asio::ip::make_address("127.0.0.1"), 0});
     REQUIRE_FALSE(l.has_value());

@@ -188,6 +188,10 @@ class tcp_transport {
     asio::awaitable<std::error_code> listener_handshake();
     asio::awaitable<std::error_code> connector_handshake();
 
+    // Reads all of `rest` (plain TCP) with SO_RCVLOWAT raised per
+    // `tcp_options::receive_wakeup_bytes`, then set back to 1.
+    asio::awaitable<std::tuple<std::error_code, std::size_t>>
+    read_waking_less(asio::mutable_buffer rest);
     std::error_code on_error(std::error_code ec, bool inside_frame) noexcept;
     std::error_code on_header(std::error_code ec, std::size_t n, message& m);
     // The frame in `m` does not fit `max_receive_bytes` yet: polls (1 ms, doubling up to
@@ -273,8 +277,8 @@ class tcp_transport {
 
   /// Listens on `ep` (SO_REUSEADDR; `tcp_options::send_buffer_bytes` and
   /// `receive_buffer_bytes` when set, inherited by accepted connections). Errors: the socket's
-  /// (e.g. address in use); `errc::invalid_argument` (a socket buffer size above
-  /// `tcp_options::max_socket_buffer_bytes`);
+  /// (e.g. address in use); `errc::invalid_argument` (a socket buffer size or
+  /// `receive_wakeup_bytes` above `tcp_options::max_socket_buffer_bytes`);
   /// `errc::tls_setup_failed` (see `tls_setup_error()`); `errc::weak_secret` when the secret is
   /// shorter than `min_secret_bytes`; `errc::authentication_required` for a non-loopback `ep`
   /// (0.0.0.0 included) without a secret nor TLS that verifies peers, unless
@@ -285,7 +289,7 @@ class tcp_transport {
   /// once both ends proved themselves (TLS: the listener accepted this node's certificate and
   /// this node the listener's). The socket buffer sizes of `tcp_options` are set before the
   /// connection is made. Errors: the socket's (e.g. connection refused);
-  /// `errc::invalid_argument` (a socket buffer size above
+  /// `errc::invalid_argument` (a socket buffer size or `receive_wakeup_bytes` above
   /// `tcp_options::max_socket_buffer_bytes`); `errc::tls_setup_failed`; `errc::weak_secret`;
   /// `errc::tls_handshake_failed` (the listener does not speak TLS, or one side refused the other's
   /// certificate or its asyncps identity; the returned, closed connection's `tls_failure()` says
@@ -320,7 +324,7 @@ class tcp_transport {
 
  private:
   static std::uint64_t receive_budget(const tcp_options& o) noexcept;
-  // `errc::invalid_argument` when a socket buffer size of `o` is above
+  // `errc::invalid_argument` when a socket buffer size or `receive_wakeup_bytes` of `o` is above
   // `tcp_options::max_socket_buffer_bytes`.
   static std::error_code check_buffer_sizes(const tcp_options& o) noexcept;
   // SO_SNDBUF / SO_RCVBUF per `o` (a size of 0 is left to the kernel) on a socket or an

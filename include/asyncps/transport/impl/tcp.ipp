@@ -113,15 +113,48 @@ tcp_transport::connection::async_receive() {
       n = std::min(buffered(), p.size());
       if (n > 0) std::memcpy(p.data(), rbuf_.get() + rpos_, n);
       rpos_ += n;
-      if (n < p.size())
-        std::tie(ec, n) = co_await asio::async_read(
-            *socket_, asio::buffer(p.data() + n, p.size() - n), detail::use_tuple);
+      if (n < p.size()) {
+        const auto rest = asio::buffer(p.data() + n, p.size() - n);
+        if (rest.size() > transport_->options_.receive_wakeup_bytes &&
+            transport_->options_.receive_wakeup_bytes != 0) {
+          std::tie(ec, n) = co_await read_waking_less(rest);
+        } else {
+          std::tie(ec, n) = co_await asio::async_read(*socket_, rest, detail::use_tuple);
+        }
+      }
     }
     if (ec) std::get<0>(out) = on_error(ec, true);
   }
   if (!std::get<0>(out)) std::get<0>(out) = verify(std::get<1>(out));
   if (std::get<0>(out)) std::get<1>(out) = message{};
   co_return out;
+}
+
+ASYNCPS_DECL asio::awaitable<std::tuple<std::error_code, std::size_t>>
+tcp_transport::connection::read_waking_less(asio::mutable_buffer rest) {
+  const std::size_t step = transport_->options_.receive_wakeup_bytes;
+  std::size_t done = 0;
+  std::size_t set = 1;
+  std::error_code ec;
+  while (!ec && done < rest.size()) {
+    // Never more than what is still to come: the reader would wait for bytes the peer does not
+    // send until it has a reply.
+    const std::size_t want = std::min(rest.size() - done, step);
+    if (want != set) {
+      std::error_code ignored;  // best effort: without it, reads wake as they would anyway
+      socket_->set_option(asio::socket_base::receive_low_watermark(static_cast<int>(want)),
+                          ignored);
+      set = want;
+    }
+    auto [rec, k] = co_await socket_->async_read_some(asio::buffer(rest + done), detail::use_tuple);
+    ec = rec;
+    done += k;
+  }
+  if (set != 1 && socket_->is_open()) {
+    std::error_code ignored;
+    socket_->set_option(asio::socket_base::receive_low_watermark(1), ignored);
+  }
+  co_return std::tuple{ec, done};
 }
 
 ASYNCPS_DECL void tcp_transport::connection::close() noexcept {
@@ -497,7 +530,8 @@ ASYNCPS_DECL std::uint64_t tcp_transport::receive_budget(const tcp_options& o) n
 
 ASYNCPS_DECL std::error_code tcp_transport::check_buffer_sizes(const tcp_options& o) noexcept {
   if (o.send_buffer_bytes > tcp_options::max_socket_buffer_bytes ||
-      o.receive_buffer_bytes > tcp_options::max_socket_buffer_bytes)
+      o.receive_buffer_bytes > tcp_options::max_socket_buffer_bytes ||
+      o.receive_wakeup_bytes > tcp_options::max_socket_buffer_bytes)
     return make_error_code(errc::invalid_argument);
   return {};
 }
