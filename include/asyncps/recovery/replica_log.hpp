@@ -24,7 +24,10 @@ namespace asyncps::recovery {
 /// * Replicas (selective logging). Every `replica_interval` server clocks the shard sends its
 ///   whole state (parameters, optimizer state, clocks, counts) to one worker, in turn; once
 ///   stored, its position is *stable* and every worker drops its entries up to it. The log
-///   therefore holds about `replica_interval` clocks of a worker's own pushes.
+///   therefore holds about `replica_interval` clocks of a worker's own pushes;
+///   `replica_log_options::log_budget` (off by default) also sends the next replica once a
+///   worker's pushes since the stable position exceed that many encoded shard states, which
+///   bounds the log by bytes (issue 34).
 /// * Rebuild. A restarted shard meets a worker that holds a log (its hello says so): it
 ///   holds every message, asks every worker for its replica and log, and when all have sent
 ///   them (or after `recovery_timeout`) installs the newest replica (or the seeded initial
