@@ -79,6 +79,9 @@ struct config {
   // replica-log: "write-ahead" (apply once logged: bit-exact rebuilds) or "apply-first" (apply
   // on arrival, no round trip: exactly-once rebuilds), replica_log_options::ordering.
   std::string replica_ordering = "write-ahead";
+  // replica-log: a bound on each worker's log, in shard states (replica_log_options::
+  // log_budget); 0: off, replicas follow --replica-interval alone.
+  double replica_log_budget = 0;
   // replica-log: a file of rebuild reports, one JSON line per rebuild. A server process
   // (--role server) appends to it after each rebuild; role all with --kill-at (main.cpp sets it
   // and passes it to its server processes) sums it into the summary. Empty: none.

@@ -455,6 +455,11 @@ int main(int argc, char** argv) {
                  "(applied on arrival, the position follows: exactly-once rebuilds, counted "
                  "'reordered' when not bit-exact)")
       ->check(CLI::IsMember({"write-ahead", "apply-first"}));
+  app.add_option("--replica-log-budget", c.replica_log_budget,
+                 "--recovery replica-log: bound on each worker's log, in shard states: a shard "
+                 "sends its next state replica early once a worker's unreplicated pushes exceed "
+                 "it (more replicas on the wire, less log); 0: off")
+      ->check(CLI::Range(0.0, 1000.0));
   app.add_option("--server-report", c.server_report,
                  "--recovery replica-log, --role server: file to append a JSON line to after "
                  "each rebuild and at the end (role all with --kill-at sets it for its server "
@@ -640,9 +645,9 @@ int main(int argc, char** argv) {
   }
   if (c.recovery != "replica-log" &&
       (app.count("--replica-interval") > 0 || app.count("--server-report") > 0 ||
-       app.count("--replica-ordering") > 0)) {
-    std::cerr << "fashion_mnist: --replica-interval, --replica-ordering and --server-report "
-                 "need --recovery replica-log\n";
+       app.count("--replica-ordering") > 0 || app.count("--replica-log-budget") > 0)) {
+    std::cerr << "fashion_mnist: --replica-interval, --replica-ordering, --replica-log-budget "
+                 "and --server-report need --recovery replica-log\n";
     return 2;
   }
   if (app.count("--server-report") > 0 && c.role != "server") {

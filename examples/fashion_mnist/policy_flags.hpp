@@ -166,7 +166,8 @@ struct recovery_flags<asyncps::recovery::chain_replication<Mode>>
 };
 
 /// --recovery replica-log: --replica-interval (clocks between state replicas),
-/// --replica-ordering (write-ahead or apply-first); --role server
+/// --replica-ordering (write-ahead or apply-first), --replica-log-budget (shard states per
+/// worker's log); --role server
 /// --server-report FILE: the server reports its rebuilds (`replica_log_servers`). Its summary
 /// line is its own (`report_replica_log`). Workers: --reconnect-timeout.
 template <>
@@ -179,6 +180,7 @@ struct recovery_flags<asyncps::recovery::replica_log>
     p.options.ordering = c.replica_ordering == "apply-first"
                              ? asyncps::recovery::replica_log_ordering::apply_first
                              : asyncps::recovery::replica_log_ordering::write_ahead;
+    p.options.log_budget = c.replica_log_budget;
     return p;
   }
   static policy::worker_part worker_part(const config& c) {
