@@ -119,14 +119,15 @@ struct tcp_options {
   /// payload, so frames of up to this size and the headers are read as before. The kernel
   /// still wakes the reader early when its receive window runs out, and caps the value at
   /// half the receive buffer (Linux 4.18 and later also grow an autotuned buffer to fit it;
-  /// set 0 on older kernels). Default 1 MiB: against 0 (off), on the loaded 2-core VM, 12
-  /// rounds, it moved 4 MiB frames 1.07-1.44x faster through the protocol client and 1.18x
-  /// (BSP clock) and 1.11x (window 16) through `basic_worker`, and cut the reads per 4 MiB
-  /// frame from ~120 to ~20; 256 KiB and 2 MiB did no better (docs/performance.md, "Socket
-  /// buffers"). 0: off, every arrival wakes the reader. Plain TCP only (not under TLS). More
-  /// than `max_socket_buffer_bytes`: `listen` and `async_connect` fail with
+  /// use 0 on older kernels). 0 (the default): off, every arrival wakes the reader. Measured
+  /// (docs/performance.md, "Socket buffers"): 1 MiB cuts the reads per 4 MiB frame from ~120
+  /// to ~20; on the 2-core VM under load (4.7-8.7) it moved 4 MiB frames 1.07-1.44x faster
+  /// through the protocol client and 1.18x (BSP clock) through `basic_worker`, but on the quiet
+  /// VM (load 1.0-1.3, 12 rounds) the BSP clock ran at 0.90x of off and the other rows moved
+  /// both ways within the noise, so it is not the default. Plain TCP only (not under TLS).
+  /// More than `max_socket_buffer_bytes`: `listen` and `async_connect` fail with
   /// `errc::invalid_argument`.
-  std::size_t receive_wakeup_bytes = std::size_t{1} << 20;
+  std::size_t receive_wakeup_bytes = 0;
   /// The largest `send_buffer_bytes`, `receive_buffer_bytes` and `receive_wakeup_bytes` accepted:
   /// 256 MiB, the bandwidth-delay product of 10 Gbit/s over a 200 ms round trip. More is taken for
   /// a mistake in units (a count of KiB or MiB given as bytes), not a wish.
