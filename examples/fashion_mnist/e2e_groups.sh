@@ -42,7 +42,8 @@ echo "e2e_groups: load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 port_of() {
   local port=""
   for _ in $(seq 300); do
-    port="$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$1")"
+    # The log may not exist yet: the background shell opens it, not this one.
+    port="$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$1" 2>/dev/null || true)"
     [[ -n "$port" ]] && break
     sleep 0.1
   done

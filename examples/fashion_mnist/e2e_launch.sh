@@ -148,7 +148,8 @@ case "$mode" in
     w1=$!
     # Kill worker 1 once training runs (worker 0 past clock 300), with SIGKILL.
     for _ in $(seq 600); do
-      clock="$(sed -n 's/.*clock *\([0-9]*\) .*/\1/p' "$dir/w0.log" | tail -1)"
+      # The log may not exist yet: the background shell opens it, not this one.
+      clock="$(sed -n 's/.*clock *\([0-9]*\) .*/\1/p' "$dir/w0.log" 2>/dev/null | tail -1 || true)"
       [[ -n "$clock" && "$clock" -ge 300 ]] && break
       sleep 0.1
     done

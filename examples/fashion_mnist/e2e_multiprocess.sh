@@ -19,7 +19,8 @@ for s in 0 1; do
     --metrics "$dir/s$s.jsonl" >"$dir/s$s.log" 2>&1 &
   pids+=($!)
   for _ in $(seq 100); do
-    port="$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$dir/s$s.log")"
+    # The log may not exist yet: the background shell opens it, not this one.
+    port="$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$dir/s$s.log" 2>/dev/null || true)"
     [[ -n "$port" ]] && break
     sleep 0.1
   done

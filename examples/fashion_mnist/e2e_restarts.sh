@@ -51,7 +51,7 @@ leftovers() {
 # The last clock in the progress lines of log $1 (0 when none yet).
 last_clock() {
   local c
-  c="$(sed -n 's/^epoch .* clock *\([0-9]*\) .*/\1/p' "$1" | tail -1)"
+  c="$(sed -n 's/^epoch .* clock *\([0-9]*\) .*/\1/p' "$1" 2>/dev/null | tail -1 || true)"
   echo "${c:-0}"
 }
 
