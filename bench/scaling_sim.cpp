@@ -14,18 +14,21 @@
 // JSON object per run to stdout and to
 // `--out`: workers, rule, bound, final test accuracy and loss of the servers' model, virtual
 // seconds, clocks per worker, the send buffer, the sends that waited for room in it, the most
-// bytes one connection direction held (sent, not yet received), and the rows messages (pull
-// replies) all workers received.
+// bytes one connection direction held (sent, not yet received), the rows messages (pull
+// replies) all workers received, and the clocks that waited on the push window
+// (`--push-window N`, worker_options::push_window; unset: the trainer's default for the worker
+// count with `--rules default`, else the library's, 2 under ASP).
 //
 //   asyncps_scaling_sim [--model mlp|softmax|cnn] [--epochs E] [--workers 1,16,64]
 //       [--rules default,sum,staleness-aware,mean] [--consistency ssp|asp] [--staleness S]
-//       [--compute-ms MS] [--send-buffer BYTES] [--lr X]
+//       [--compute-ms MS] [--send-buffer BYTES] [--push-window N] [--lr X]
 //       [--batch B] [--seed N] [--data DIR] [--out FILE.jsonl]
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -60,13 +63,15 @@ template <class Consistency>
 double run_cluster(asyncps::simulated_network& net, const fashion::config& rc,
                    const std::vector<asyncps::table_spec>& layout, const opt_t& opt,
                    std::vector<fashion::any_model>& models, std::uint64_t clocks,
-                   std::vector<float>& params, int& errors, std::uint64_t& rows_messages) {
+                   std::vector<float>& params, int& errors, std::uint64_t& rows_messages,
+                   std::optional<std::uint32_t> push_window, std::uint64_t& window_waits) {
   using namespace asyncps;
   bench::sim_cluster<fashion::any_model, Consistency, opt_t> cluster(net, rc.servers, rc.workers,
                                                                      layout, opt);
   for (std::uint32_t w = 0; w < rc.workers; ++w) {
     typename decltype(cluster)::worker_options_type wo;
     wo.local_step = opt.local_step() * opt.rule.scale({.worker = w, .workers = rc.workers});
+    wo.push_window = push_window;
     auto& worker = cluster.add_worker(models[w], wo, clocks);
     if constexpr (requires { worker.consistency().staleness = rc.staleness; })
       worker.consistency().staleness = rc.staleness;
@@ -75,8 +80,11 @@ double run_cluster(asyncps::simulated_network& net, const fashion::config& rc,
   for (std::uint32_t s = 0; s < rc.servers; ++s) cluster.server(s).copy_values_into(params);
   errors = cluster.errors();
   rows_messages = 0;
-  for (std::uint32_t w = 0; w < rc.workers; ++w)
+  window_waits = 0;
+  for (std::uint32_t w = 0; w < rc.workers; ++w) {
     rows_messages += cluster.worker(w).stats().rows_messages;
+    window_waits += cluster.worker(w).stats().window_waits;
+  }
   return seconds;
 }
 
@@ -91,6 +99,7 @@ int main(int argc, char** argv) {
   std::string consistency_name = "ssp";
   double compute_ms = 1.0;
   std::size_t send_buffer = simulation_options{}.send_buffer_bytes;
+  std::optional<std::uint32_t> push_window;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string {
@@ -120,6 +129,8 @@ int main(int argc, char** argv) {
       compute_ms = std::stod(next());
     else if (a == "--send-buffer")
       send_buffer = static_cast<std::size_t>(std::stoull(next()));
+    else if (a == "--push-window")
+      push_window = static_cast<std::uint32_t>(std::stoul(next()));
     else if (a == "--lr")
       c.lr = std::stof(next());
     else if (a == "--batch")
@@ -145,6 +156,10 @@ int main(int argc, char** argv) {
       rc.workers = static_cast<std::uint32_t>(std::stoul(ws));
       rc.update_rule = rule == "default" ? "" : rule;  // "default": the trainer's
       fashion::apply_defaults(rc);
+      // --push-window, else the trainer's default for this worker count (apply_defaults),
+      // else the library's.
+      std::optional<std::uint32_t> window = push_window;
+      if (!window && rc.push_window >= 0) window = static_cast<std::uint32_t>(rc.push_window);
       fashion::dataset train, test;
       std::vector<table_spec> layout;
       if (!fashion::load_data(rc, train, test, layout)) return 2;
@@ -164,32 +179,35 @@ int main(int argc, char** argv) {
           rc.epochs * static_cast<double>(train.file_size() / rc.workers) / rc.batch);
       std::vector<float> params(layout_size(layout));
       int errors = 0;
-      std::uint64_t rows_messages = 0;
+      std::uint64_t rows_messages = 0, window_waits = 0;
       const double seconds =
           consistency_name == "asp"
               ? run_cluster<consistency::asp>(net, rc, layout, opt, models, clocks, params, errors,
-                                              rows_messages)
+                                              rows_messages, window, window_waits)
               : run_cluster<consistency::ssp<>>(net, rc, layout, opt, models, clocks, params,
-                                                errors, rows_messages);
+                                                errors, rows_messages, window, window_waits);
       const auto e = models.front().evaluate(parameter_view(layout, params.data()), test);
-      const nlohmann::json j{{"model", rc.model},
-                             {"workers", rc.workers},
-                             {"rule", rc.update_rule},
-                             {"consistency", consistency_name},
-                             {"staleness", consistency_name == "asp" ? -1 : rc.staleness},
-                             {"lr", rc.lr},
-                             {"batch", rc.batch},
-                             {"epochs", rc.epochs},
-                             {"clocks", clocks},
-                             {"compute_ms", compute_ms},
-                             {"worker_errors", errors},
-                             {"virtual_s", seconds},
-                             {"test_accuracy", e.accuracy},
-                             {"test_loss", e.loss},
-                             {"send_buffer_bytes", send_buffer},
-                             {"send_waits", net.stats().send_waits},
-                             {"max_queued_bytes", net.stats().max_queued_bytes},
-                             {"rows_messages", rows_messages}};
+      const nlohmann::json j{
+          {"model", rc.model},
+          {"workers", rc.workers},
+          {"rule", rc.update_rule},
+          {"consistency", consistency_name},
+          {"staleness", consistency_name == "asp" ? -1 : rc.staleness},
+          {"lr", rc.lr},
+          {"batch", rc.batch},
+          {"epochs", rc.epochs},
+          {"clocks", clocks},
+          {"compute_ms", compute_ms},
+          {"worker_errors", errors},
+          {"virtual_s", seconds},
+          {"test_accuracy", e.accuracy},
+          {"test_loss", e.loss},
+          {"send_buffer_bytes", send_buffer},
+          {"send_waits", net.stats().send_waits},
+          {"max_queued_bytes", net.stats().max_queued_bytes},
+          {"rows_messages", rows_messages},
+          {"push_window", window ? nlohmann::json(*window) : nlohmann::json("default")},
+          {"window_waits", window_waits}};
       std::cout << j.dump() << std::endl;
       if (out) out << j.dump() << '\n';
     }

@@ -55,7 +55,11 @@ struct config {
   // its own), "both" (and worker 0's view beside it) or "worker" (worker 0's view only).
   std::string eval = "servers";
   unsigned compute_threads = 0;  // gradient threads; 0: the machine's cores
-  unsigned io_threads = 0;       // threads running the servers' and workers' I/O; 0: the cores
+  // Clocks of pushes a worker may have unacknowledged per server (worker_options::
+  // push_window); <0: the default (apply_defaults: 1 under ASP past 16 workers, else the
+  // library's: 2 under ASP, none under BSP/SSP); 0: no window.
+  int push_window = -1;
+  unsigned io_threads = 0;  // threads running the servers' and workers' I/O; 0: the cores
   // How a push's step scales with the workers and its staleness (asyncps/update_rule.hpp):
   // "sum", "mean", "staleness-aware", "linear-scaling"; empty: the default (apply_defaults).
   std::string update_rule;
@@ -177,6 +181,11 @@ inline void apply_defaults(config& c) {
   // it) has a median of 0.06-0.09 (softmax) and 0.18-0.26 (MLP) over the first 3 epochs.
   if (c.vap_magnitude == 0) c.vap_magnitude = mlp || cnn ? 0.5f : 0.15f;
   if (c.warmup_epochs < 0) c.warmup_epochs = 2;
+  // Push window under ASP (worker_options::push_window): the library's 2 clocks per server up
+  // to 16 workers, 1 beyond. In the simulation (MLP, 20 epochs, docs/results/scaling.md) 2
+  // ended 0.75 points below one worker at 16 workers but 1.0 and 2.1 below at 32 and 64; 1
+  // ended 0.2 and 1.0 below there, at 1.7x the virtual time of 2.
+  if (c.push_window < 0 && c.consistency == "asp" && w > 16) c.push_window = 1;
 }
 
 /// The update rule of `c` (`c.update_rule` after `apply_defaults`; linear scaling warms up

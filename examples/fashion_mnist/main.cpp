@@ -425,6 +425,13 @@ int main(int argc, char** argv) {
   app.add_option("--io-threads", c.io_threads,
                  "threads running the servers' and workers' I/O; each server shard and worker "
                  "has a strand of its own (default: the machine's cores)");
+  app.add_option(
+         "--push-window", c.push_window,
+         "clocks of pushes a worker may have unacknowledged per server before it waits "
+         "to compute the next (bounds how stale ASP reads get behind the worker's own "
+         "pushes; 0: no window). Default: 2 under ASP (1 past 16 workers), none under BSP and "
+         "SSP")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--update-rule", c.update_rule,
                  "how each push's step scales with the workers W and its staleness: sum (full "
                  "step per push), mean (1/W: one step of the mean per clock), staleness-aware "

@@ -223,6 +223,7 @@ int run(const config& c, Optimizer opt) {
       // sum and mean rules; an estimate under the others).
       o.local_step = opt.local_step() * opt.rule.scale({.worker = w, .workers = c.workers});
       o.connect_timeout = std::chrono::seconds(30);
+      if (c.push_window >= 0) o.push_window = static_cast<std::uint32_t>(c.push_window);
       // The job ends at clock `clocks`: a worker that joins late (elastic), or a restarted
       // worker process that rejoins where its shards have its clock, trains to that clock,
       // not `clocks` more from where it joined (it would run past the others' end and wait

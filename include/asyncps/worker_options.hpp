@@ -33,6 +33,11 @@ inline constexpr bool default_check_gradients = true;
 /// with a payload a computation does not produce (arithmetic on NaN yields 0x7fc00000).
 inline constexpr std::uint32_t unwritten_gradient_bits = 0x7fc5a5a5u;
 
+/// `worker_options::push_window` when unset, at clocks where the consistency policy sets no
+/// bound on reads (ASP): 2 clocks per server, so that a clock's gradient is computed while the
+/// previous clock's pushes travel.
+inline constexpr std::uint32_t default_push_window = 2;
+
 /// Configuration of one worker.
 template <class Endpoint>
 struct worker_options {
@@ -75,6 +80,21 @@ struct worker_options {
   /// log): unacknowledged pushes per server beyond which the worker waits for acks before its
   /// next clock (bounds its memory and, for a chain, how far the head runs ahead of the tail).
   std::uint32_t max_unacked = 64;
+  /// Clocks of pushes this worker may have in flight per server: sent, and not yet
+  /// acknowledged as applied. Before it computes a clock, the worker waits until fewer than
+  /// this many of its clocks are unacknowledged on every server that is up; the last push of a
+  /// clock then asks for an ack (`frame_flags::want_ack`, one header-only reply per clock and
+  /// server). A pull request travels on the same connection behind the pushes sent before it,
+  /// so the window also bounds how long a pull waits behind this worker's own pushes, i.e. how
+  /// stale its reads get when its link is slower than its compute (ASP with many workers).
+  /// Unset (the default): `default_push_window` at clocks where the consistency policy sets no
+  /// bound on reads (`min_server_clock(c) == no_clock`: ASP), and no window where it does
+  /// (BSP and SSP already bound a worker's unapplied clocks) or for value-bounded policies (VAP
+  /// bounds its in-transit updates itself). 0: no window. Counted in
+  /// `worker_stats::window_waits`. Follows the bounded delay of a worker's outstanding
+  /// requests in Li et al., "Scaling Distributed Machine Learning with the Parameter Server"
+  /// (OSDI 2014).
+  std::optional<std::uint32_t> push_window{};
   /// Names this worker process in its hellos (`protocol::hello::incarnation`). Unset (the
   /// default) or 0: a random 64-bit value drawn from `std::random_device` once per worker
   /// object. A server that sees the worker's id on a new connection lets it take the id over
@@ -120,6 +140,9 @@ struct worker_stats {
   /// VAP: clocks whose push waited for earlier updates to become visible, and how long.
   std::uint64_t value_waits = 0;
   double value_wait_seconds = 0;  ///< included in `wait_seconds`
+  /// Clocks that waited, before computing, for acks of this worker's earlier clocks (the push
+  /// window, `worker_options::push_window`); the time is in `wait_seconds`.
+  std::uint64_t window_waits = 0;
   /// Allocation failures (`std::bad_alloc`, `std::length_error`) caught in the worker's
   /// loops; the first ended the run with `errc::resource_exhausted`.
   std::uint64_t out_of_memory = 0;

@@ -21,6 +21,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -62,8 +63,9 @@ struct sim_config {
   simulation_options net{};
   // Called before the run (faults, scheduled actions).
   std::function<void(simulated_network&)> setup{};
-  float vap_magnitude = 0;  // consistency::vap's bound (when the policy is vap)
-  std::uint32_t width = 4;  // the counter model's row width (floats)
+  float vap_magnitude = 0;                     // consistency::vap's bound (when the policy is vap)
+  std::uint32_t width = 4;                     // the counter model's row width (floats)
+  std::optional<std::uint32_t> push_window{};  // worker_options::push_window
 };
 
 struct sim_result {
@@ -151,6 +153,7 @@ sim_result simulate(const sim_config& cfg, typename Recovery::server_part server
     o.id = w;
     o.servers = eps;
     o.local_step = 1.0f;
+    o.push_window = cfg.push_window;
     o.log = quiet;
     ws.push_back(std::make_unique<worker_t>(*wts.back(), models[w], o,
                                             asio::any_io_executor(net.compute_executor(w))));
@@ -535,6 +538,38 @@ TEST_CASE("simulation: BSP takes clocks x the slowest worker's compute time; ASP
     CHECK(done <= 0.200 * 1.05);  // the fast workers are not held back
   }
   CHECK(std::chrono::duration<double>(asp.done[3].time_since_epoch()).count() >= 0.800);
+}
+
+TEST_CASE("simulation: under ASP the push window keeps reads fresh when a worker's link is "
+          "slower than its compute") {
+  sim_config c;
+  c.workers = 4;
+  c.shards = 1;
+  c.clocks = 60;
+  c.bound = -1;
+  c.width = 32768;                          // 128 KiB rows: a worker's push is 512 KiB
+  c.net.latency.bytes_per_second = 1.25e8;  // 1 Gbit/s: a push takes 4.2 ms to send
+  c.net.compute.base = 1ms;                 // and its gradient 1 ms to compute
+  c.push_window = 0;                        // no window: as before it existed
+  const auto none = simulate<consistency::asp>(c);
+  c.push_window.reset();  // the default: 2 clocks per server under ASP
+  const auto window = simulate<consistency::asp>(c);
+  c.push_window = 1;
+  const auto one = simulate<consistency::asp>(c);
+  for (const auto* r : {&none, &window, &one}) {
+    REQUIRE(r->all_done);
+    for (const auto& e : r->errors) CHECK(!e);
+    CHECK(r->own_write_violations == 0);
+  }
+  MESSAGE("max lag (clocks of another worker's pushes a read lacked): none "
+          << none.max_lag << ", default " << window.max_lag << ", 1 " << one.max_lag);
+  std::uint64_t waits_none = 0, waits_window = 0;
+  for (const auto& w : none.workers) waits_none += w.window_waits;
+  for (const auto& w : window.workers) waits_window += w.window_waits;
+  CHECK(waits_none == 0);
+  CHECK(waits_window > 0);
+  CHECK(none.max_lag >= 2 * window.max_lag);
+  CHECK(one.max_lag <= window.max_lag);
 }
 
 TEST_CASE("simulation: a server node down with recovery::none ends the run with server_lost "

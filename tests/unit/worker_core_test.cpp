@@ -526,6 +526,122 @@ TEST_CASE("worker_core: the clock loop stepped event by event (pull, wait, compu
   CHECK(core.stats().compute_seconds == doctest::Approx(0.02));
 }
 
+namespace {
+
+using asp_core_t =
+    detail::worker_core<tiny_model, consistency::asp, recovery::none, pool_alloc, clk, std::string>;
+
+// Resumes `core` past joins and pull requests; returns the first other step.
+template <class Core>
+typename Core::action next_step(Core& core, clk::time_point t) {
+  for (;;) {
+    auto a = core.resume(t);
+    if (a.kind == detail::loop_step::join) continue;
+    if (a.kind == detail::loop_step::send && a.msg.header.type == message_type::pull) continue;
+    return a;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("worker_core: under ASP the push window holds a clock until an earlier one is acked") {
+  using detail::loop_step;
+  tiny_model model;
+  pool_alloc alloc;
+  worker_options<std::string> opts;
+  opts.servers = {"server0"};
+  opts.local_step = 0.0f;
+  opts.wait_timeout = std::chrono::milliseconds(500);
+  const auto t0 = clk::now();
+  SUBCASE("the default window: 2 clocks per server") {
+    asp_core_t core(model, opts, alloc, {});
+    core.link_of(0).up = true;
+    core.start(4, {});
+    REQUIRE(next_step(core, t0).kind == loop_step::wait);  // nothing cached: waits for rows
+    CHECK(core.on_message(0, rows_message(alloc.pool, 0, 0, 4, 2, 0, 0, 1.0f)).wake);
+    std::vector<std::uint64_t> seqs;
+    for (clock_value c = 0; c < 2; ++c) {
+      CAPTURE(c);
+      // Clocks 0 and 1 compute at once: fewer than 2 clocks are unacknowledged.
+      REQUIRE(next_step(core, t0).kind == loop_step::compute);
+      core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0);
+      auto a = next_step(core, t0);
+      REQUIRE(a.kind == loop_step::send);
+      CHECK(a.msg.header.type == message_type::push);
+      CHECK(a.msg.header.has(frame_flags::end_of_clock));
+      CHECK(a.msg.header.has(frame_flags::want_ack));  // the window asks for an ack
+      seqs.push_back(a.msg.header.seq);
+    }
+    CHECK(core.link_of(0).in_transit.size() == 2);
+    // Clock 2 waits: clocks 0 and 1 are both in flight.
+    auto a = next_step(core, t0);
+    REQUIRE(a.kind == loop_step::wait);
+    CHECK(core.stats().window_waits == 0);  // counted once the clock computes
+    message ack;
+    ack.header.type = message_type::ack;
+    ack.header.seq = seqs[0];
+    CHECK(core.on_message(0, ack).wake);  // clock 0 applied: the loop re-checks
+    REQUIRE(next_step(core, t0).kind == loop_step::compute);
+    CHECK(core.stats().window_waits == 1);
+    CHECK(core.link_of(0).in_transit.size() == 1);
+    // One ack covers every clock up to its seq.
+    core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0);
+    a = next_step(core, t0);
+    REQUIRE(a.kind == loop_step::send);
+    ack.header.seq = a.msg.header.seq;
+    CHECK(core.on_message(0, ack).wake);
+    CHECK(core.link_of(0).in_transit.empty());
+    REQUIRE(next_step(core, t0).kind == loop_step::compute);
+    CHECK(core.stats().window_waits == 1);
+  }
+  SUBCASE("a window of 1 waits for every clock's ack; 0 turns it off") {
+    for (std::uint32_t window : {1u, 0u}) {
+      CAPTURE(window);
+      opts.push_window = window;
+      asp_core_t core(model, opts, alloc, {});
+      core.link_of(0).up = true;
+      core.start(3, {});
+      REQUIRE(next_step(core, t0).kind == loop_step::wait);
+      core.on_message(0, rows_message(alloc.pool, 0, 0, 4, 2, 0, 0, 1.0f));
+      REQUIRE(next_step(core, t0).kind == loop_step::compute);
+      core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0);
+      const auto a = next_step(core, t0);
+      REQUIRE(a.kind == loop_step::send);
+      CHECK(a.msg.header.has(frame_flags::want_ack) == (window > 0));
+      CHECK(next_step(core, t0).kind == (window > 0 ? loop_step::wait : loop_step::compute));
+    }
+  }
+  SUBCASE("no window where the consistency policy bounds reads (SSP), unless asked for") {
+    worker_options<std::string> o = opts;
+    core_t core(model, o, alloc, {});
+    core.link_of(0).up = true;
+    core.start(1, {});
+    REQUIRE(next_step(core, t0).kind == loop_step::wait);
+    core.on_message(0, rows_message(alloc.pool, 0, 0, 4, 2, 0, 0, 1.0f));
+    REQUIRE(next_step(core, t0).kind == loop_step::compute);
+    core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0);
+    const auto a = next_step(core, t0);
+    REQUIRE(a.kind == loop_step::send);
+    CHECK(!a.msg.header.has(frame_flags::want_ack));
+    CHECK(core.link_of(0).in_transit.empty());
+  }
+  SUBCASE("a lost link forgets its unacknowledged clocks; the window does not hold the loop") {
+    asp_core_t core(model, opts, alloc, {});
+    core.link_of(0).up = true;
+    core.start(3, {});
+    REQUIRE(next_step(core, t0).kind == loop_step::wait);
+    core.on_message(0, rows_message(alloc.pool, 0, 0, 4, 2, 0, 0, 1.0f));
+    for (int c = 0; c < 2; ++c) {
+      REQUIRE(next_step(core, t0).kind == loop_step::compute);
+      core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0);
+      REQUIRE(next_step(core, t0).kind == loop_step::send);
+    }
+    CHECK(core.link_of(0).in_transit.size() == 2);
+    CHECK(core.fail(0, make_error_code(errc::connection_closed), ""));
+    CHECK(core.link_of(0).in_transit.empty());
+  }
+}
+
 TEST_CASE("worker_core: a wait for rows times out; a lost link asks for a reconnect") {
   tiny_model model;
   pool_alloc alloc;

@@ -128,6 +128,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
           }
           c_ = clock_;
           need_ = policy_.min_server_clock(c_);
+          window_ = push_window(need_);
           pc_ = pc::clock_joined;
           return {loop_step::join};
         case pc::clock_joined:
@@ -153,14 +154,16 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
           //    from the cache when the recovery policy trains on) and flow control allows.
           wait_start_ = now;
           wait_ = bounded_wait{now, true};
+          window_waited_ = false;
           pc_ = pc::rows_check;
           break;
         case pc::rows_check:
           if (auto a = check_links(); a.kind == loop_step::reconnect) return a;
-          if (ec_ || (ready() && !flow_blocked())) {
+          if (ec_ || (ready() && !flow_blocked() && !window_blocked())) {
             pc_ = pc::rows_end;
             break;
           }
+          if (window_blocked()) window_waited_ = true;
           if (timed_out(wait_, now)) {
             log("no fresh rows for clock " + std::to_string(c_) + " within the wait timeout (" +
                 std::to_string(opts_.wait_timeout.count()) + " ms): " + blocked_by());
@@ -190,6 +193,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
           }
           computed_ = now;
           stats_.wait_seconds += std::chrono::duration<double>(now - wait_start_).count();
+          if (window_waited_) ++stats_.window_waits;
           for (auto& l : links_)
             if (l.up) cache_.record_staleness(l.shard, c_, staleness_);
           // 3. Snapshot (the rows changed since the last one); the shell computes the
@@ -414,6 +418,26 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
       return l.up && worker_hooks::flow_blocked(recovery_, l.shard);
     });
   }
+  // The push window at a clock whose reads must be at least `need` fresh (see
+  // worker_options::push_window); 0: none.
+  std::uint32_t push_window(clock_value need) const noexcept {
+    if constexpr (value_bounded) {
+      return 0;  // VAP bounds its in-transit updates itself
+    } else {
+      if (opts_.push_window) return *opts_.push_window;
+      return need == no_clock ? default_push_window : 0;
+    }
+  }
+  // Some server that is up has `window_` of this worker's clocks unacknowledged.
+  bool window_blocked() const noexcept {
+    if constexpr (value_bounded) {
+      return false;
+    } else {
+      return window_ > 0 && std::any_of(links_.begin(), links_.end(), [&](const link& l) {
+               return l.up && l.in_transit.size() >= window_;
+             });
+    }
+  }
   bool ready() const noexcept {
     return std::all_of(links_.begin(), links_.end(), [&](const link& l) {
       return cache_.ready(l.shard, need_, l.up, l.trains_away);
@@ -432,6 +456,9 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
   std::string blocked_by() const {
     std::string out = "waits for server clock >= " + std::to_string(need_);
     for (const auto& l : links_) {
+      if (window_blocked() && l.up && l.in_transit.size() >= window_)
+        out += "; " + std::to_string(l.in_transit.size()) + " clocks of pushes to " +
+               server_name(l) + " not acknowledged (push window " + std::to_string(window_) + ")";
       if (l.up && !cache_.stale(l.shard, need_)) continue;
       out += "; " + server_name(l);
       if (!l.up) out += " (not connected)";
@@ -498,6 +525,13 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
         m->header.flags |= frame_flags::want_ack;
         l.in_transit.push_back(in_transit_update{m->header.seq, l.magnitude});
       }
+    } else {
+      // The push window: the clock's last push to this server asks for an ack, and counts as
+      // in flight until it comes (protocol: on_message, `ack`).
+      if (window_ > 0 && l.up && m->header.has(frame_flags::end_of_clock)) {
+        m->header.flags |= frame_flags::want_ack;
+        l.in_transit.push_back(in_transit_update{m->header.seq, 0});
+      }
     }
     cache_.note_push(l.shard, t, grad_);
     ++stats_.pushes;
@@ -534,6 +568,8 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
   bounded_wait wait_{};
   bool waited_ = false;
   float added_ = 0, bound_ = 0;
+  std::uint32_t window_ = 0;    // the push window of this clock (0: none)
+  bool window_waited_ = false;  // this clock waited on it
   buffer grad_{};
   float loss_ = 0;
   bool no_memory_ = false;  // see out_of_memory

@@ -89,8 +89,9 @@ class worker_protocol {
     std::error_code failure;
     std::string reason;
     std::uint64_t seq = 0;
-    /// VAP: this worker's clocks the server has not acknowledged as visible yet, and the
-    /// magnitude of the clock being pushed now.
+    /// This worker's clocks the server has not acknowledged yet: under VAP, as visible (with
+    /// their magnitude); otherwise, as applied (the push window, `worker_options::push_window`).
+    /// Also the magnitude of the clock being pushed now (VAP).
     detail::ring<in_transit_update> in_transit;
     float magnitude = 0;
     /// VAP: the eager rows messages received on this connection that asked for an
@@ -324,12 +325,14 @@ class worker_protocol {
       }
       case message_type::ack: {
         const bool wake = worker_hooks::on_ack(recovery_, s, h.seq);
-        if constexpr (value_bounded) {
-          while (!l.in_transit.empty() && l.in_transit.front().seq <= h.seq)
-            l.in_transit.pop_front();
-          return {{}, true};
+        // VAP: clocks now visible; otherwise the push window's clocks now applied.
+        bool acked_clock = false;
+        while (!l.in_transit.empty() && l.in_transit.front().seq <= h.seq) {
+          l.in_transit.pop_front();
+          acked_clock = true;
         }
-        return {{}, wake};
+        if constexpr (value_bounded) return {{}, true};
+        return {{}, wake || acked_clock};
       }
       case message_type::heartbeat: return {};
       case message_type::report: {
