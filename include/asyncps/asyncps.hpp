@@ -20,6 +20,7 @@
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/recovery/stateless.hpp"
+#include "asyncps/recovery/worker_hooks.hpp"
 #include "asyncps/rendezvous.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/run_loop.hpp"

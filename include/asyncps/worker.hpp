@@ -11,7 +11,7 @@
 // This file is the coroutine shell: connections, the wake timer, reconnects. What to send and
 // when is decided by the sans-io core (detail/worker/fsm.hpp, detail/worker/protocol.hpp,
 // detail/worker/cache.hpp, detail/worker/push_builder.hpp); the recovery policy plugs in through
-// the hooks of its worker part (detail/worker/hooks.hpp). Its options and counters
+// the hooks of its worker part (recovery/worker_hooks.hpp). Its options and counters
 // (`worker_options`, `worker_stats`, `clock_report`) are in asyncps/worker_options.hpp.
 #pragma once
 

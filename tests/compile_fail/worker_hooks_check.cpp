@@ -1,4 +1,4 @@
-// Compile-fail cases for asyncps::check_worker_part (detail/worker/hooks.hpp, docs/concepts/
+// Compile-fail cases for asyncps::check_worker_part (recovery/worker_hooks.hpp, docs/concepts/
 // recovery.md "Worker hooks"): each ASYNCPS_CASE_* macro declares one hook of an otherwise valid
 // recovery worker part with another signature than the worker calls it with; the ctest test
 // compiling it passes when the compiler prints the checker's message for that hook (without the
@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <system_error>
 
-#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/worker_hooks.hpp"
 
 namespace {
 

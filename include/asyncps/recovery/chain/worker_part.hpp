@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/chain/options.hpp"
+#include "asyncps/recovery/worker_hooks.hpp"
 
 namespace asyncps::recovery {
 

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <system_error>
 
-#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/worker_hooks.hpp"
 
 namespace asyncps::recovery {
 

@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/replica_log/messages.hpp"
 #include "asyncps/recovery/replica_log/options.hpp"
+#include "asyncps/recovery/worker_hooks.hpp"
 
 namespace asyncps::recovery {
 
@@ -75,7 +75,7 @@ struct replica_log_worker_part {
   /// The counters.
   const replica_log_worker_stats& stats() const noexcept { return stats_; }
 
-  // ---- hooks (detail/worker/hooks.hpp) ----
+  // ---- hooks (recovery/worker_hooks.hpp) ----
 
   /// One log per shard.
   void on_start(const worker_setup& s) {

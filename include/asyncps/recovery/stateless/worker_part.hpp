@@ -9,10 +9,10 @@
 
 #include <Eigen/Core>
 
-#include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/stateless/messages.hpp"
 #include "asyncps/recovery/stateless/options.hpp"
+#include "asyncps/recovery/worker_hooks.hpp"
 
 namespace asyncps::recovery {
 
