@@ -85,6 +85,17 @@ class buffer {
   /// A new reference to the whole view.
   buffer share() const noexcept { return share(0, size_); }
 
+  /// Whether this is the only reference to its block (false for an empty buffer). An acquire
+  /// load, paired with the release of `reset`: when it returns true, every access made
+  /// through the other references, on any thread, happened before it, so the caller may
+  /// write the bytes (used by copy-on-write storage such as a shard's table values).
+  /// Complexity: one atomic load.
+  bool unique() const noexcept {
+    return block_ != nullptr && block_->refs.load(std::memory_order_acquire) == 1;
+  }
+  /// The pool the block came from; null for an empty buffer.
+  buffer_pool* pool() const noexcept { return block_ != nullptr ? block_->pool : nullptr; }
+
   /// Shrinks the view to its first `count` bytes. Precondition: `count <= size()`.
   void truncate(std::size_t count) noexcept {
     assert(count <= size_);

@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -83,6 +84,12 @@ message keyed_pull(std::uint32_t w, clock_value c, std::vector<row_id> keys) {
   std::memset(m.payload.data(), 0, m.payload.size());
   std::memcpy(m.payload.data(), keys.data(), keys.size() * sizeof(row_id));
   return m;
+}
+
+// The floats of `b`.
+std::vector<float> floats_of(const buffer& b) {
+  const auto f = b.floats();
+  return {f.begin(), f.end()};
 }
 
 }  // namespace
@@ -162,6 +169,119 @@ TEST_CASE("shard_core: rows payloads and eager rows carry only changed subscribe
   CHECK(e.ranged);
   CHECK(e.count == 4);
   CHECK(!whole.empty());  // snapshot once, shared with the next reader of this round
+}
+
+TEST_CASE("shard_core: a range reply shares the table's bytes; a write while it is held copies "
+          "them first, so the reply keeps one version of every row") {
+  auto core = make_core();  // rows [0, 4) x 2, all 0
+  std::string detail;
+  // No reply outstanding: a push writes in place, nothing is copied.
+  core.apply(range_push(0, 0, 0, 4, 1.0f));  // every value -1
+  CHECK(core.cow_copies() == 0);
+  const float* storage = std::as_const(core).table(0).values.data();
+  // A pull of the whole shard: the reply is the table's own bytes.
+  auto reply = core.reply_payload(pull(0, 0, 0, 4), alloc);
+  CHECK(reinterpret_cast<const float*>(reply.data()) == storage);
+  CHECK(reply.size() == 8 * sizeof(float));
+  // A push to rows 1-2 while the reply is held: the table moves to a fresh block first.
+  auto m = range_push(1, 0, 1, 2, 0.5f);
+  REQUIRE(!core.check_and_apply(m, detail));
+  CHECK(core.cow_copies() == 1);
+  CHECK(std::as_const(core).table(0).values.data() != storage);
+  // The reply: every row as it was when the pull was answered; the table: the new rows.
+  CHECK(floats_of(reply) == std::vector<float>(8, -1.0f));
+  const auto& v = core.table(0).values;
+  CHECK(std::vector<float>(v.begin(), v.end()) ==
+        std::vector<float>{-1.0f, -1.0f, -1.5f, -1.5f, -1.5f, -1.5f, -1.0f, -1.0f});
+  // More writes while the reply is still held: the table owns its new block, no more copies.
+  core.apply(range_push(0, 0, 0, 4, 1.0f));
+  CHECK(core.cow_copies() == 1);
+  CHECK(floats_of(reply) == std::vector<float>(8, -1.0f));
+  // The reply gone (sent): writes are in place again.
+  reply.reset();
+  const float* now = std::as_const(core).table(0).values.data();
+  core.apply(range_push(0, 0, 0, 4, 1.0f));
+  CHECK(core.cow_copies() == 1);
+  CHECK(std::as_const(core).table(0).values.data() == now);
+  CHECK(v[0] == -3.0f);
+  // A range of half the shard is shared too (the rows at their offset); a shorter range and
+  // keyed rows are copies, which a later write does not copy again.
+  auto half = core.reply_payload(pull(0, 0, 2, 2), alloc);
+  CHECK(reinterpret_cast<const float*>(half.data()) == now + 4);
+  auto one = core.reply_payload(pull(0, 0, 1, 1), alloc);
+  auto keyed = core.reply_payload(keyed_pull(0, 0, {0, 3}), alloc);
+  CHECK(reinterpret_cast<const float*>(one.data()) != now + 2);
+  half.reset();
+  core.apply(range_push(0, 0, 0, 4, 1.0f));
+  CHECK(core.cow_copies() == 1);
+  CHECK(floats_of(one) == std::vector<float>(2, -3.5f));  // row 1 before the push
+  CHECK(keyed.size() == key_bytes(2) + 4 * sizeof(float));
+}
+
+TEST_CASE("shard_core: replies read and dropped on another thread while pushes apply are "
+          "never torn (a TSan stage: the release of a reply orders its reads before the "
+          "shard's next write)") {
+  auto core = make_core();
+  int torn = 0;
+  for (int round = 0; round < 100; ++round) {
+    auto reply = core.reply_payload(pull(0, 0, 0, 4), alloc);
+    // A transport sending from its own thread: reads every float, then drops the reply.
+    std::thread sender([r = std::move(reply), &torn]() mutable {
+      const auto f = r.floats();
+      for (const float x : f) torn += x != f[0] ? 1 : 0;  // every push writes every row
+      r.reset();
+    });
+    for (int i = 0; i < 3; ++i) core.apply(range_push(0, 0, 0, 4, 1.0f));
+    sender.join();
+  }
+  CHECK(torn == 0);
+  CHECK(core.cow_copies() <= 100);  // at most one copy per reply, none once it is dropped
+  CHECK(core.table(0).values[0] == -300.0f);
+}
+
+TEST_CASE("shard_core: every writer of a table copies it first while a reply holds it") {
+  auto core = make_core();
+  shard_state st;
+  core.apply(range_push(0, 0, 0, 4, 1.0f));  // every value -1
+  core.save_state(st);
+  core.apply(range_push(0, 0, 0, 4, 1.0f));  // every value -2
+  const std::vector<float> ones(8, 1.0f);
+  const auto held = [&] { return core.reply_payload(pull(0, 0, 0, 4), alloc); };
+  std::uint64_t copies = 0;
+  const auto check = [&](const buffer& reply, float before) {
+    CHECK(core.cow_copies() == ++copies);
+    CHECK(floats_of(reply) == std::vector<float>(8, before));
+  };
+  {
+    auto r = held();
+    REQUIRE(!core.restore_state(st));  // a checkpoint, a replica's state
+    check(r, -2.0f);
+  }
+  {
+    auto r = held();
+    core.set_values(0, ones);  // a group server adopting the central model
+    check(r, -1.0f);
+  }
+  {
+    auto r = held();
+    core.install_replica(0, std::vector<float>(8, 4.0f));  // a replica rebuilt
+    check(r, 1.0f);
+  }
+  {
+    auto r = held();
+    auto big = range_push(0, 0, 0, 4, -10.0f);
+    core.apply(big);
+    CHECK(core.clip_rows(big, 5.0f) == 8);  // clipping writes the same (owned) block
+    check(r, 4.0f);
+    CHECK(core.table(0).values[0] == 5.0f);
+  }
+  {  // a snapshot copy of the values is a reader too
+    const auto snapshot = core.table(0).values;
+    core.apply(range_push(0, 0, 0, 4, 1.0f));
+    CHECK(core.cow_copies() == ++copies);
+    CHECK(snapshot[0] == 5.0f);
+    CHECK(core.table(0).values[0] == 4.0f);
+  }
 }
 
 TEST_CASE("shard_core: save_state and restore_state round-trip; a foreign state is refused") {
@@ -462,6 +582,33 @@ TEST_CASE("server_protocol: a push then a pull; a deferred pull is answered when
   CHECK(w0.pending_pulls == 0);
   CHECK(t.proto.core().pending().empty());
   CHECK(t.proto.stats().pulls == 2);
+}
+
+TEST_CASE("server_protocol: a rows reply still queued keeps its values while pushes apply") {
+  stepped t;
+  auto& w0 = t.worker(0);
+  auto& w1 = t.worker(1);
+  auto first = range_push(0, 0, 0, 4, 0.5f);  // every value -0.5
+  CHECK(t.proto.receive(w0, first));
+  w0.outbox.clear();
+  auto p = pull(0, 0, 0, 4);
+  CHECK(t.proto.receive(w0, p));
+  REQUIRE(w0.outbox.size() == 1);
+  REQUIRE(w0.outbox[0].header.type == message_type::rows);
+  CHECK(t.proto.core().cow_copies() == 0);
+  // Worker 1 pushes while worker 0's reply waits in its queue (or in the socket's write).
+  auto second = range_push(1, 0, 0, 2, 1.0f);
+  CHECK(t.proto.receive(w1, second));
+  CHECK(t.proto.core().cow_copies() == 1);
+  CHECK(floats_of(w0.outbox[0].payload) == std::vector<float>(8, -0.5f));
+  CHECK(t.proto.core().table(0).values[0] == -1.5f);
+  CHECK(t.proto.core().table(0).values[7] == -0.5f);
+  // Sent: the next push writes in place.
+  t.drain(w0);
+  auto third = range_push(1, 0, 0, 4, 1.0f);
+  CHECK(t.proto.receive(w1, third));
+  CHECK(t.proto.core().cow_copies() == 1);
+  CHECK(t.proto.core().table(0).values[7] == -1.5f);
 }
 
 TEST_CASE("server_protocol: a push with a bad row range is refused with its code") {
@@ -774,7 +921,7 @@ template <class Core>
 bool same_table(const Core& a, const Core& b) {
   const auto& x = a.table(0);
   const auto& y = b.table(0);
-  const auto bits = [](const std::vector<float>& u, const std::vector<float>& v) {
+  const auto bits = [](std::span<const float> u, std::span<const float> v) {
     return u.size() == v.size() &&
            (u.empty() || std::memcmp(u.data(), v.data(), u.size() * sizeof(float)) == 0);
   };
@@ -893,8 +1040,8 @@ TEST_CASE("server_protocol: out of memory while handling a message refuses that 
           "frees its worker id") {
   stepped t;
   auto& w0 = t.worker(0);
-  t.io.fail_allocations = 1;  // the rows reply cannot be allocated
-  auto p = pull(0, 0, 0, 4);
+  t.io.fail_allocations = 1;  // the rows reply (keyed rows: a copy) cannot be allocated
+  auto p = keyed_pull(0, 0, {0, 1});
   CHECK(!t.proto.receive(w0, p));
   CHECK(error_code_of(w0) == errc::resource_exhausted);
   CHECK(!w0.open);
@@ -906,7 +1053,7 @@ TEST_CASE("server_protocol: out of memory while handling a message refuses that 
 
   // Not even the error frame can be allocated: the connection is closed at once.
   t.io.fail_allocations = 2;
-  auto q = pull(0, 0, 0, 4);
+  auto q = keyed_pull(0, 0, {0, 1});
   CHECK(!t.proto.receive(again, q));
   CHECK(!again.open);
   CHECK(t.io.closed == std::vector<int>{0});

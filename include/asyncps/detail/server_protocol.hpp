@@ -91,7 +91,8 @@ class server_protocol {
   /// Builds the shard of `opts` (throws `std::invalid_argument` naming a bad field).
   server_protocol(Io& io, server_options opts, Optimizer opt, part_type part)
       : io_(&io), opts_(std::move(opts)), part_(std::move(part)),
-        core_(opts_.shard, opts_.num_shards, opts_.num_workers, opts_.tables, opts_.seed, opt),
+        core_(opts_.shard, opts_.num_shards, opts_.num_workers, opts_.tables, opts_.seed, opt,
+              [&io](std::size_t n) { return io.allocate(n); }),
         connected_once_(opts_.num_workers, 0), trained_once_(opts_.num_workers, 0), bounds_(opts_),
         membership_(opts_.elastic, opts_.num_workers) {
     if (opts_.elastic) {

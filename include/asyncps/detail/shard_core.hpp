@@ -18,11 +18,13 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -60,11 +62,20 @@ class shard_core {
  public:
   using pending_type = pending_pull<Reader, TimePoint>;  ///< a waiting pull
 
-  /// Builds shard `shard` of `num_shards` of `tables` (initial values from `seed`). Throws
-  /// `std::invalid_argument` naming the bad field (shard >= num_shards, no workers, empty
-  /// layout, a table with 0 rows or width, ids out of order).
+  /// Builds shard `shard` of `num_shards` of `tables` (initial values from `seed`), the
+  /// tables' values in blocks of a pool of its own: the pull replies it gives
+  /// (`reply_payload`) must not outlive it. Throws `std::invalid_argument` naming the bad
+  /// field (shard >= num_shards, no workers, empty layout, a table with 0 rows or width, ids
+  /// out of order).
   shard_core(std::uint32_t shard, std::uint32_t num_shards, std::uint32_t num_workers,
              std::span<const table_spec> tables, std::uint64_t seed, Optimizer opt = {})
+      : shard_core(shard, num_shards, num_workers, tables, seed, opt, own_pool_tag{}) {}
+  /// As above, each table's values in a buffer from `alloc(bytes)` (a pooled `buffer`, e.g.
+  /// the transport's: the copies copy-on-write makes come from the same pool, which must
+  /// outlive the shard and its replies). Exceptions: also those of `alloc`.
+  template <class Alloc>
+  shard_core(std::uint32_t shard, std::uint32_t num_shards, std::uint32_t num_workers,
+             std::span<const table_spec> tables, std::uint64_t seed, Optimizer opt, Alloc&& alloc)
       : shard_(shard), num_shards_(num_shards), num_workers_(num_workers), optimizer_(opt),
         clocks_(num_workers, 0), member_(num_workers, 1), applied_(num_workers),
         last_seq_(num_workers, 0) {
@@ -87,7 +98,13 @@ class shard_core {
       shard_table t;
       t.spec = spec;
       t.range = shard_range(spec.rows, shard, num_shards);
-      t.values.resize(std::size_t{t.range.size()} * spec.width);
+      const std::size_t n = std::size_t{t.range.size()} * spec.width;
+      if constexpr (std::is_same_v<std::remove_cvref_t<Alloc>, own_pool_tag>) {
+        if (!own_pool_) own_pool_ = std::make_unique<buffer_pool>();
+        t.values = table_values(own_pool_->allocate(n * sizeof(float)));
+      } else {
+        t.values = table_values(alloc(n * sizeof(float)));
+      }
       t.state.resize(t.values.size() * Optimizer::state_per_param, 0.0f);
       t.row_version.assign(t.range.size(), 0);
       init_table(t, seed);
@@ -345,6 +362,32 @@ class shard_core {
         c.staleness += static_cast<std::uint64_t>(clocks_[v] - h.clock);
     return c;
   }
+  /// The payload of the reply to pull `req` (through `check_rows`). A range of at least half
+  /// of this shard's rows of the table (dense reads) is the table's own bytes, shared without
+  /// a copy: while the reply holds them, the next write to the table (a push, a restore, new
+  /// values) first moves the table to a fresh block of the same pool (`table_values`), so
+  /// the reply carries every row as it was when the pull was answered, never a torn one.
+  /// Keyed rows and shorter ranges (where copying the whole table at the next push would cost
+  /// more than copying the rows now) are a snapshot in a buffer from `alloc`
+  /// (`rows_payload`). Cost: one atomic add when shared.
+  template <class Alloc>
+  buffer reply_payload(const message& req, Alloc&& alloc) const {
+    const auto& h = req.header;
+    const auto& t = tables_[h.table];
+    if (h.has(frame_flags::range) && h.row_count > 0 &&
+        std::size_t{h.row_count} * 2 >= t.range.size())
+      return t.values.share(std::size_t{static_cast<row_id>(h.first_row) - t.range.begin} *
+                                t.spec.width,
+                            std::size_t{h.row_count} * t.spec.width);
+    return rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
+                        payload_keys(req), alloc);
+  }
+  /// Copies copy-on-write made so far: writes to a table whose values a reply still held.
+  std::uint64_t cow_copies() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& t : tables_) n += t.values.copies();
+    return n;
+  }
   /// A snapshot of rows of table `tid` (keys first when sparse), in a buffer from `alloc`.
   template <class Alloc>
   buffer rows_payload(table_id tid, bool ranged, std::uint64_t first, std::uint32_t count,
@@ -439,7 +482,7 @@ class shard_core {
     return true;
   }
   void init_table(shard_table& t, std::uint64_t seed) {
-    initial_values(t.spec, t.range, seed, t.values);
+    initial_values(t.spec, t.range, seed, std::span<float>(t.values.data(), t.values.size()));
   }
   // Rows `r` of table `t` changed (for eager rows: see eager_rows_for).
   static void changed(shard_table& t, key_range r) noexcept {
@@ -475,6 +518,9 @@ class shard_core {
   std::uint32_t num_shards_;
   std::uint32_t num_workers_;
   [[no_unique_address]] Optimizer optimizer_;
+  struct own_pool_tag {};
+  // The tables' blocks when no allocator was given (declared before tables_: outlives them).
+  std::unique_ptr<buffer_pool> own_pool_;
   std::vector<shard_table> tables_;
   std::vector<clock_value> clocks_;
   std::vector<std::uint8_t> member_;  // 1: the worker's clock bounds the server clock

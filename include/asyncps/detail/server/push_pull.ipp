@@ -247,8 +247,7 @@ void server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::
     Session& s, const message& req, bool eager) {
   const auto& h = req.header;
   send_rows(s, h.table, h.has(frame_flags::range), h.first_row, h.row_count, eager,
-            core_.rows_payload(h.table, h.has(frame_flags::range), h.first_row, h.row_count,
-                               payload_keys(req), alloc()));
+            core_.reply_payload(req, alloc()));
 }
 
 template <class Consistency, class Recovery, class Optimizer, class Session, class TimePoint,
@@ -279,7 +278,10 @@ void server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::
   const std::uint64_t id = visibility_.next_id();  // this writer clock's
   std::uint32_t readers = 0;
   for (table_id t = 0; t < core_.num_tables(); ++t) {
-    buffer whole;  // the whole shard, when sent as a range: snapshot once, shared
+    // The whole shard, when sent as a range: the table's own bytes, shared by the readers
+    // (copy-on-write keeps them while a reply holds them; see shard_core::reply_payload).
+    const auto& values = core_.table(t).values;
+    buffer whole = values.share(0, values.size());
     for (auto& s : sessions_) {
       if (!s.open || !s.is_worker()) continue;
       auto& sub = s.subs[t];

@@ -2,7 +2,12 @@
 // state and change versions; a reader's subscription; an eager rows message; a waiting pull.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "asyncps/buffer.hpp"
@@ -11,13 +16,78 @@
 
 namespace asyncps::detail {
 
+/// A table's values: `size()` floats in a pooled `buffer`, copy-on-write. `share` lends rows
+/// to a pull reply without a copy; every write access (the non-const `data`, `begin`, `end`,
+/// `operator[]`) first checks whether a reply (or a copy of this object) still holds the
+/// bytes and, if so, moves the values to a fresh block of the same pool (`copies()` counts
+/// these moves), so a reply keeps the bytes it was given, whole rows of one version, however
+/// many pushes apply after it. With no reply outstanding a write costs one atomic load.
+/// Copying a `table_values` shares the bytes too (a snapshot). Const access never copies.
+/// Thread safety: one thread at a time (the shard's); the buffers `share` returns may be read
+/// and dropped on any thread (the reference count is atomic; see `buffer::unique`).
+class table_values {
+ public:
+  table_values() noexcept = default;
+  /// Values in `storage`, a pooled buffer of a multiple of 4 bytes.
+  explicit table_values(buffer storage) noexcept : storage_(std::move(storage)) {}
+  table_values(const table_values& o) noexcept : storage_(o.storage_.share()) {}
+  table_values& operator=(const table_values& o) noexcept {
+    if (this != &o) storage_ = o.storage_.share();
+    return *this;
+  }
+  table_values(table_values&&) noexcept = default;
+  table_values& operator=(table_values&&) noexcept = default;
+  ~table_values() = default;
+
+  std::size_t size() const noexcept { return storage_.size() / sizeof(float); }
+  bool empty() const noexcept { return size() == 0; }
+  const float* data() const noexcept { return storage_.floats().data(); }
+  /// For writing: copies the values first when they are shared. Exceptions: `std::bad_alloc`.
+  float* data() {
+    own();
+    return storage_.floats().data();
+  }
+  const float* begin() const noexcept { return data(); }
+  const float* end() const noexcept { return data() + size(); }
+  float* begin() { return data(); }
+  float* end() { return data() + size(); }
+  float operator[](std::size_t i) const noexcept { return data()[i]; }
+  float& operator[](std::size_t i) { return data()[i]; }
+  operator std::span<const float>() const noexcept { return storage_.floats(); }
+  friend bool operator==(const table_values& a, const table_values& b) noexcept {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+
+  /// A reference to floats [first, first + count), no copy: a later write access leaves these
+  /// bytes as they are now. Precondition: `first + count <= size()`. Complexity: one atomic
+  /// add.
+  buffer share(std::size_t first, std::size_t count) const noexcept {
+    return storage_.share(first * sizeof(float), count * sizeof(float));
+  }
+  /// Whether another reference holds the bytes (the next write access copies them).
+  bool shared() const noexcept { return !storage_.empty() && !storage_.unique(); }
+  /// Write accesses that found the values shared and copied them to a fresh block.
+  std::uint64_t copies() const noexcept { return copies_; }
+
+ private:
+  void own() {
+    if (!shared()) return;
+    buffer fresh = storage_.pool()->allocate(storage_.size());
+    std::memcpy(fresh.data(), storage_.data(), storage_.size());
+    storage_ = std::move(fresh);
+    ++copies_;
+  }
+  buffer storage_;
+  std::uint64_t copies_ = 0;
+};
+
 /// One table of a shard: this shard's rows of it, their optimizer state and change versions.
 struct shard_table {
   table_spec spec;
   key_range range;
-  std::vector<float> values;  ///< `range.size() x width`, row-major
-  std::vector<float> state;   ///< `state_per_param` planes of `values.size()`
-  std::uint64_t step = 0;     ///< optimizer steps applied
+  table_values values;       ///< `range.size() x width`, row-major
+  std::vector<float> state;  ///< `state_per_param` planes of `values.size()`
+  std::uint64_t step = 0;    ///< optimizer steps applied
   // Change tracking for eager rows (only changed rows are pushed): `version` counts changes
   // of the table, `row_version[r]` is the version of row r's last change, `all_changed` the
   // last version that changed every row at once (dense pushes, restores).
