@@ -542,6 +542,20 @@ typename Core::action next_step(Core& core, clk::time_point t) {
   }
 }
 
+// Starts `core` (`clocks` clocks, its one link up), answers its first pull with rows of server
+// clock 0, computes clock 0 and returns the step after it: the clock's push.
+template <class Core>
+typename Core::action first_push(Core& core, pool_alloc& alloc, std::uint64_t clocks,
+                                 clk::time_point t) {
+  core.link_of(0).up = true;
+  core.start(clocks, {});
+  REQUIRE(next_step(core, t).kind == detail::loop_step::wait);  // nothing cached: waits
+  core.on_message(0, rows_message(alloc.pool, 0, 0, 4, 2, 0, 0, 1.0f));
+  REQUIRE(next_step(core, t).kind == detail::loop_step::compute);
+  core.computed(gradient(alloc.pool, 0.25f), 0.5f, t);
+  return next_step(core, t);
+}
+
 }  // namespace
 
 TEST_CASE("worker_core: under ASP the push window holds a clock until an earlier one is acked") {
@@ -599,43 +613,29 @@ TEST_CASE("worker_core: under ASP the push window holds a clock until an earlier
       CAPTURE(window);
       opts.push_window = window;
       asp_core_t core(model, opts, alloc, {});
-      core.link_of(0).up = true;
-      core.start(3, {});
-      REQUIRE(next_step(core, t0).kind == loop_step::wait);
-      core.on_message(0, rows_message(alloc.pool, 0, 0, 4, 2, 0, 0, 1.0f));
-      REQUIRE(next_step(core, t0).kind == loop_step::compute);
-      core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0);
-      const auto a = next_step(core, t0);
+      const auto a = first_push(core, alloc, 3, t0);
       REQUIRE(a.kind == loop_step::send);
       CHECK(a.msg.header.has(frame_flags::want_ack) == (window > 0));
       CHECK(next_step(core, t0).kind == (window > 0 ? loop_step::wait : loop_step::compute));
     }
   }
   SUBCASE("no window where the consistency policy bounds reads (SSP), unless asked for") {
-    worker_options<std::string> o = opts;
-    core_t core(model, o, alloc, {});
-    core.link_of(0).up = true;
-    core.start(1, {});
-    REQUIRE(next_step(core, t0).kind == loop_step::wait);
-    core.on_message(0, rows_message(alloc.pool, 0, 0, 4, 2, 0, 0, 1.0f));
-    REQUIRE(next_step(core, t0).kind == loop_step::compute);
-    core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0);
-    const auto a = next_step(core, t0);
-    REQUIRE(a.kind == loop_step::send);
-    CHECK(!a.msg.header.has(frame_flags::want_ack));
-    CHECK(core.link_of(0).in_transit.empty());
+    for (const bool asked : {false, true}) {
+      CAPTURE(asked);
+      if (asked) opts.push_window = 2;
+      core_t core(model, opts, alloc, {});
+      const auto a = first_push(core, alloc, 1, t0);
+      REQUIRE(a.kind == loop_step::send);
+      CHECK(a.msg.header.has(frame_flags::want_ack) == asked);
+      CHECK(core.link_of(0).in_transit.size() == (asked ? 1u : 0u));
+    }
   }
   SUBCASE("a lost link forgets its unacknowledged clocks; the window does not hold the loop") {
     asp_core_t core(model, opts, alloc, {});
-    core.link_of(0).up = true;
-    core.start(3, {});
-    REQUIRE(next_step(core, t0).kind == loop_step::wait);
-    core.on_message(0, rows_message(alloc.pool, 0, 0, 4, 2, 0, 0, 1.0f));
-    for (int c = 0; c < 2; ++c) {
-      REQUIRE(next_step(core, t0).kind == loop_step::compute);
-      core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0);
-      REQUIRE(next_step(core, t0).kind == loop_step::send);
-    }
+    REQUIRE(first_push(core, alloc, 3, t0).kind == loop_step::send);
+    REQUIRE(next_step(core, t0).kind == loop_step::compute);
+    core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0);
+    REQUIRE(next_step(core, t0).kind == loop_step::send);
     CHECK(core.link_of(0).in_transit.size() == 2);
     CHECK(core.fail(0, make_error_code(errc::connection_closed), ""));
     CHECK(core.link_of(0).in_transit.empty());
