@@ -115,7 +115,10 @@ using values_t = std::vector<std::vector<float>>;
 template <class Proto>
 values_t snapshot(const Proto& p) {
   values_t v;
-  for (std::size_t t = 0; t < p.core().num_tables(); ++t) v.push_back(p.core().table(t).values);
+  for (std::size_t t = 0; t < p.core().num_tables(); ++t) {
+    const auto& values = p.core().table(t).values;
+    v.emplace_back(values.begin(), values.end());
+  }
   return v;
 }
 

@@ -101,7 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (h.type == message_type::push) {
       // As the server: finite gradients whose update keeps the rows finite (check_update).
       if (!core_t::all_finite(payload_floats(m)) || core.check_update(m, detail)) continue;
-      std::vector<float> expected = t.values;
+      std::vector<float> expected(t.values.begin(), t.values.end());
       const auto g = payload_floats(m);
       const std::uint32_t w = t.spec.width;
       for (std::uint32_t i = 0; i < h.row_count; ++i) {
