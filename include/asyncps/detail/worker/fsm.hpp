@@ -159,11 +159,13 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
           break;
         case pc::rows_check:
           if (auto a = check_links(); a.kind == loop_step::reconnect) return a;
-          if (ec_ || (ready() && !flow_blocked() && !window_blocked())) {
+          if (const bool window = window_blocked();
+              ec_ || (ready() && !flow_blocked() && !window)) {
             pc_ = pc::rows_end;
             break;
+          } else if (window) {
+            window_waited_ = true;
           }
-          if (window_blocked()) window_waited_ = true;
           if (timed_out(wait_, now)) {
             log("no fresh rows for clock " + std::to_string(c_) + " within the wait timeout (" +
                 std::to_string(opts_.wait_timeout.count()) + " ms): " + blocked_by());
@@ -456,7 +458,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
   std::string blocked_by() const {
     std::string out = "waits for server clock >= " + std::to_string(need_);
     for (const auto& l : links_) {
-      if (window_blocked() && l.up && l.in_transit.size() >= window_)
+      if (window_ > 0 && l.up && l.in_transit.size() >= window_)
         out += "; " + std::to_string(l.in_transit.size()) + " clocks of pushes to " +
                server_name(l) + " not acknowledged (push window " + std::to_string(window_) + ")";
       if (l.up && !cache_.stale(l.shard, need_)) continue;
