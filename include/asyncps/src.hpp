@@ -3,9 +3,11 @@
 // other translation unit that includes asyncps), or link the CMake target
 // asyncps::asyncps_compiled, which does both (docs/build_time.md, "Separate compilation").
 // It compiles `tcp_transport` (listen, accept, connect, the handshakes, send, receive), the error
-// categories (error.hpp), `make_tls_context` (tls.hpp) and the two servers server.hpp declares
-// `extern template` in this mode: `server<consistency::bsp>` and `server<consistency::ssp<>>`
-// (TCP, no recovery, plain SGD).
+// categories (error.hpp), `make_tls_context` (tls.hpp), the two servers server.hpp declares
+// `extern template` in this mode, `server<consistency::bsp>` and `server<consistency::ssp<>>`
+// (TCP, no recovery, plain SGD), and the two worker shells worker.hpp declares: those of
+// `worker<M, consistency::bsp>` and `worker<M, consistency::ssp<>>` for any model `M` with
+// dense reads and gradients and a plain `compute_gradient`.
 #pragma once
 
 #include "asyncps/detail/config.hpp"
@@ -26,8 +28,16 @@
 
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/server.hpp"
+#include "asyncps/worker.hpp"
 
 namespace asyncps {
 template class basic_server<tcp_transport, consistency::bsp>;
 template class basic_server<tcp_transport, consistency::ssp<>>;
 }  // namespace asyncps
+
+namespace asyncps::detail {
+template class worker_shell<model_ref<false, false, false>, tcp_transport, consistency::bsp,
+                            recovery::none>;
+template class worker_shell<model_ref<false, false, false>, tcp_transport, consistency::ssp<>,
+                            recovery::none>;
+}  // namespace asyncps::detail

@@ -1,5 +1,5 @@
-// Test support: the server configurations that several test translation units share, compiled
-// once (docs/build_time.md, "CI time"). The test executables are built with
+// Test support: the server configurations that several test translation units share, and their
+// worker shells, compiled once (docs/build_time.md, "CI time"). The test executables are built with
 // ASYNCPS_SEPARATE_COMPILATION and link asyncps_test_compiled (tests/CMakeLists.txt), whose
 // translation units (tests/support/instantiations_*.cpp) compile asyncps/src.hpp and define the
 // instantiations declared `extern template` below; a test TU then generates none of their
@@ -19,6 +19,7 @@
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery/none.hpp"
 #include "asyncps/server.hpp"
+#include "asyncps/worker.hpp"
 
 #if defined(ASYNCPS_TEST_COMPILED_IN_PROCESS)
 #include "asyncps/transport/in_process.hpp"
@@ -47,15 +48,23 @@
   X(simulated_transport, consistency::bsp, recovery::stateless)
 
 #define ASYNCPS_TEST_EXTERN_SERVER(T, C, R) extern template class basic_server<T, C, R>;
+// The worker shells of the same configurations, for models with dense reads and gradients and a
+// plain compute_gradient (test::counter_model and most test models; detail/worker/model_ref.hpp).
+#define ASYNCPS_TEST_WORKER_SHELL(T, C, R)                                                         \
+  detail::worker_shell<detail::model_ref<false, false, false>, T, C, R>
+#define ASYNCPS_TEST_EXTERN_WORKER(T, C, R)                                                        \
+  extern template class ASYNCPS_TEST_WORKER_SHELL(T, C, R);
+#define ASYNCPS_TEST_EXTERN(T, C, R)                                                               \
+  ASYNCPS_TEST_EXTERN_SERVER(T, C, R) ASYNCPS_TEST_EXTERN_WORKER(T, C, R)
 
 namespace asyncps {
 #if defined(ASYNCPS_TEST_COMPILED_TCP)
-ASYNCPS_TEST_SERVERS_TCP(ASYNCPS_TEST_EXTERN_SERVER)
+ASYNCPS_TEST_SERVERS_TCP(ASYNCPS_TEST_EXTERN)
 #endif
 #if defined(ASYNCPS_TEST_COMPILED_IN_PROCESS)
-ASYNCPS_TEST_SERVERS_IN_PROCESS(ASYNCPS_TEST_EXTERN_SERVER)
+ASYNCPS_TEST_SERVERS_IN_PROCESS(ASYNCPS_TEST_EXTERN)
 #endif
 #if defined(ASYNCPS_TEST_COMPILED_SIMULATED)
-ASYNCPS_TEST_SERVERS_SIMULATED(ASYNCPS_TEST_EXTERN_SERVER)
+ASYNCPS_TEST_SERVERS_SIMULATED(ASYNCPS_TEST_EXTERN)
 #endif
 }  // namespace asyncps

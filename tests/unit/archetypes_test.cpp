@@ -12,6 +12,7 @@
 #include <string_view>
 #include <system_error>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include <asio/co_spawn.hpp>
@@ -21,6 +22,7 @@
 
 #include "asyncps/consistency.hpp"
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/worker/model_ref.hpp"
 #include "asyncps/model.hpp"
 #include "asyncps/optimizer.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
@@ -540,4 +542,108 @@ TEST_CASE("archetypes: errors from the transport archetype end the loops cleanly
   CHECK(ran == std::errc::connection_refused);
   CHECK(worker.clock() == 0);
   CHECK(server.stats().connections == 0);
+}
+
+namespace {
+
+// Models of each kind, counting the calls the worker makes through its model_ref
+// (detail/worker/model_ref.hpp): the worker shell is generated per kind, not per model type.
+struct counted_model {
+  static constexpr std::array<asyncps::table_spec, 1> layout{{{0, 4, 2, 0.0f}}};
+  static constexpr std::array<asyncps::row_id, 2> rows{{1, 3}};
+  mutable int calls = 0;
+  std::span<const asyncps::table_spec> tables() const {
+    ++calls;
+    return layout;
+  }
+};
+struct dense_model : counted_model {
+  float compute_gradient(const asyncps::parameter_view&, asyncps::gradient_view&) {
+    ++calls;
+    return 2.5f;
+  }
+};
+struct sparse_model : dense_model {
+  std::span<const asyncps::row_id> rows_to_read(asyncps::table_id t) {
+    calls += 10 * (static_cast<int>(t) + 1);
+    return rows;
+  }
+  std::span<const asyncps::row_id> touched_rows(asyncps::table_id) const {
+    calls += 100;
+    return rows;
+  }
+};
+struct async_model : counted_model {
+  asio::awaitable<float> async_compute_gradient(const asyncps::parameter_view&,
+                                                asyncps::gradient_view&) {
+    ++calls;
+    co_return 4.5f;
+  }
+};
+struct async_double_model : counted_model {  // an awaitable of another type than float
+  asio::awaitable<double> async_compute_gradient(const asyncps::parameter_view&,
+                                                 asyncps::gradient_view&) {
+    ++calls;
+    co_return 6.5;
+  }
+};
+
+template <class M>
+constexpr bool same_kind = asyncps::sparse_read_source<asyncps::detail::model_ref_for<M>> ==
+                               asyncps::sparse_read_source<M> &&
+                           asyncps::sparse_gradient_source<asyncps::detail::model_ref_for<M>> ==
+                               asyncps::sparse_gradient_source<M> &&
+                           asyncps::async_gradient_source<asyncps::detail::model_ref_for<M>> ==
+                               asyncps::async_gradient_source<M> &&
+                           asyncps::model<asyncps::detail::model_ref_for<M>>;
+static_assert(same_kind<dense_model> && same_kind<sparse_model> && same_kind<async_model> &&
+              same_kind<async_double_model> && same_kind<model_archetype>);
+static_assert(!asyncps::sparse_read_source<asyncps::detail::model_ref_for<dense_model>> &&
+              asyncps::sparse_read_source<asyncps::detail::model_ref_for<sparse_model>> &&
+              asyncps::sparse_gradient_source<asyncps::detail::model_ref_for<sparse_model>> &&
+              asyncps::async_gradient_source<asyncps::detail::model_ref_for<async_model>>);
+// Two model types of one kind share one shell.
+static_assert(std::is_same_v<asyncps::detail::model_ref_for<dense_model>,
+                             asyncps::detail::model_ref_for<model_archetype>>);
+
+template <class M>
+float awaited(asyncps::detail::model_ref_for<M> ref, const asyncps::parameter_view& p,
+              asyncps::gradient_view& g) {
+  asio::io_context io(1);
+  float loss = -1;
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { loss = co_await ref.async_compute_gradient(p, g); },
+      asio::detached);
+  io.run();
+  return loss;
+}
+
+}  // namespace
+
+TEST_CASE("archetypes: model_ref calls the model's own members and keeps its kind") {
+  std::array<float, 8> values{}, grads{};
+  const asyncps::parameter_view p(counted_model::layout, values.data());
+  asyncps::gradient_view g(counted_model::layout, grads.data());
+
+  sparse_model sparse;
+  asyncps::detail::model_ref_for<sparse_model> sref(sparse);
+  CHECK(sref.tables().data() == counted_model::layout.data());
+  CHECK(sref.compute_gradient(p, g) == 2.5f);
+  CHECK(sref.rows_to_read(1).data() == sparse_model::rows.data());
+  CHECK(sref.touched_rows(0).size() == 2);
+  CHECK(sparse.calls == 1 + 1 + 20 + 100);
+
+  async_model am;
+  CHECK(awaited<async_model>(asyncps::detail::model_ref_for<async_model>(am), p, g) == 4.5f);
+  CHECK(am.calls == 1);
+  async_double_model adm;
+  CHECK(awaited<async_double_model>(asyncps::detail::model_ref_for<async_double_model>(adm), p,
+                                    g) == 6.5f);
+  CHECK(adm.calls == 1);
+
+  dense_model dense;
+  asyncps::detail::model_ref_for<dense_model> dref(dense);
+  asyncps::detail::model_ref_for<dense_model> copy = dref;  // copies the reference
+  CHECK(copy.compute_gradient(p, g) == 2.5f);
+  CHECK(dense.calls == 1);
 }
