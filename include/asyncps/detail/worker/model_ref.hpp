@@ -36,9 +36,9 @@ class model_ref {
                       sparse_gradient_source<M> == SparseGrads && async_gradient_source<M> == Async,
                   "asyncps internal: model_ref's template arguments must be the model's parts");
     if constexpr (Async) {
-      compute_.async = &async_compute_of<M>;
+      compute_ = &async_compute_of<M>;
     } else {
-      compute_.sync = &compute_of<M>;
+      compute_ = &compute_of<M>;
     }
     if constexpr (SparseReads) reads_ = &rows_to_read_of<M>;
     if constexpr (SparseGrads) touched_ = &touched_rows_of<M>;
@@ -51,14 +51,14 @@ class model_ref {
   float compute_gradient(const parameter_view& p, gradient_view& g)
     requires(!Async)
   {
-    return compute_.sync(self_, p, g);
+    return compute_(self_, p, g);
   }
   /// The model's `async_compute_gradient(p, g)`, as an `asio::awaitable<float>` (the model's
   /// own awaitable when it is one; otherwise a coroutine that awaits it).
   asio::awaitable<float> async_compute_gradient(const parameter_view& p, gradient_view& g)
     requires Async
   {
-    return compute_.async(self_, p, g);
+    return compute_(self_, p, g);
   }
   /// The model's `rows_to_read(t)`.
   std::span<const row_id> rows_to_read(table_id t)
@@ -107,14 +107,10 @@ class model_ref {
 
   using sync_fn = float (*)(void*, const parameter_view&, gradient_view&);
   using async_fn = asio::awaitable<float> (*)(void*, const parameter_view&, gradient_view&);
-  union compute_fn {
-    sync_fn sync;
-    async_fn async;
-  };
 
   void* self_;
   std::span<const table_spec> (*tables_)(const void*);
-  compute_fn compute_{};
+  std::conditional_t<Async, async_fn, sync_fn> compute_ = nullptr;
   std::span<const row_id> (*reads_)(void*, table_id) = nullptr;
   std::span<const row_id> (*touched_)(const void*, table_id) = nullptr;
 };
