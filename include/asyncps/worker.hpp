@@ -104,22 +104,26 @@ class basic_worker {
   }
 
   /// The worker's current clock.
-  clock_value clock() const noexcept { return shell_.clock(); }
+  clock_value clock() const noexcept { return shell_.core().clock(); }
   /// The consistency policy object, for policies configured at run time (e.g.
   /// `consistency::vap::magnitude`). Set it before `async_run`; on the worker's executor.
-  Consistency& consistency() noexcept { return shell_.consistency(); }
-  const Consistency& consistency() const noexcept { return shell_.consistency(); }
+  Consistency& consistency() noexcept { return shell_.core().consistency(); }
+  const Consistency& consistency() const noexcept { return shell_.core().consistency(); }
   /// Observed staleness of every read so far: one sample per row read per clock (`clock -` the
   /// row's server clock; see `staleness_histogram`).
-  const staleness_histogram& staleness() const noexcept { return shell_.staleness(); }
+  const staleness_histogram& staleness() const noexcept { return shell_.core().staleness(); }
   /// The worker's counters (`worker_stats`, worker_options.hpp). On the worker's executor.
-  const worker_stats& stats() const noexcept { return shell_.stats(); }
+  const worker_stats& stats() const noexcept { return shell_.core().stats(); }
   /// The recovery policy's worker part (its options; its counters, e.g. `recovery().stats()`
   /// for `recovery::stateless`). On the worker's executor.
-  typename Recovery::worker_part& recovery() noexcept { return shell_.recovery(); }
-  const typename Recovery::worker_part& recovery() const noexcept { return shell_.recovery(); }
+  typename Recovery::worker_part& recovery() noexcept { return shell_.core().recovery(); }
+  const typename Recovery::worker_part& recovery() const noexcept {
+    return shell_.core().recovery();
+  }
   /// The local cache of all tables (table-major, see parameter_view).
-  parameter_view cache() const noexcept { return shell_.cache(); }
+  parameter_view cache() const noexcept {
+    return {shell_.core().cache().tables(), shell_.core().cache().values().data()};
+  }
   /// The options, as given to the constructor (`stop_at` may have lowered `end_clock`).
   const options_type& options() const noexcept { return shell_.options(); }
 

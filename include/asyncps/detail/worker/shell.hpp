@@ -49,6 +49,13 @@ template <checked_model Model, transport Transport, consistency_policy Consisten
           recovery_policy Recovery>
 class worker_shell {
  public:
+  // The transport's timer and clock (asio::steady_timer and std::chrono::steady_clock unless
+  // it declares its own, e.g. a simulated transport's virtual time).
+  using timer_type = transport_timer_t<Transport>;
+  using clock_type = transport_clock_t<Transport>;
+  using core_type = worker_core<Model, Consistency, Recovery, Transport, clock_type,
+                                typename Transport::endpoint_type>;
+
   using model_type = Model;
   using transport_type = Transport;
   using consistency_type = Consistency;
@@ -71,17 +78,10 @@ class worker_shell {
   // basic_worker::async_run.
   asio::awaitable<std::error_code> async_run(std::uint64_t clocks);
 
-  // The accessors of basic_worker (documented there).
-  clock_value clock() const noexcept { return core_.clock(); }
-  Consistency& consistency() noexcept { return core_.consistency(); }
-  const Consistency& consistency() const noexcept { return core_.consistency(); }
-  const staleness_histogram& staleness() const noexcept { return core_.staleness(); }
-  const worker_stats& stats() const noexcept { return core_.stats(); }
-  typename Recovery::worker_part& recovery() noexcept { return core_.recovery(); }
-  const typename Recovery::worker_part& recovery() const noexcept { return core_.recovery(); }
-  parameter_view cache() const noexcept {
-    return {core_.cache().tables(), core_.cache().values().data()};
-  }
+  // The sans-io core (its counters, cache, consistency and recovery part) and the options,
+  // for basic_worker's accessors (documented there).
+  core_type& core() noexcept { return core_; }
+  const core_type& core() const noexcept { return core_; }
   const options_type& options() const noexcept { return opts_; }
 
   void stop_at(clock_value clock) noexcept {
@@ -89,12 +89,6 @@ class worker_shell {
   }
 
  private:
-  // The transport's timer and clock (asio::steady_timer and std::chrono::steady_clock unless
-  // it declares its own, e.g. a simulated transport's virtual time).
-  using timer_type = transport_timer_t<Transport>;
-  using clock_type = transport_clock_t<Transport>;
-  using core_type = worker_core<Model, Consistency, Recovery, Transport, clock_type,
-                                typename Transport::endpoint_type>;
   using step = loop_step;
 
   static options_type checked(options_type o) {
