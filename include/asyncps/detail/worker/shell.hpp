@@ -56,10 +56,6 @@ class worker_shell {
   using core_type = worker_core<Model, Consistency, Recovery, Transport, clock_type,
                                 typename Transport::endpoint_type>;
 
-  using model_type = Model;
-  using transport_type = Transport;
-  using consistency_type = Consistency;
-  using recovery_type = Recovery;
   using options_type = worker_options<typename Transport::endpoint_type>;
 
   // basic_worker's constructor.
