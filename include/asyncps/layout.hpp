@@ -15,8 +15,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <span>
+
+#include "asyncps/detail/config.hpp"
 
 namespace asyncps {
 
@@ -81,21 +82,8 @@ constexpr std::uint32_t shard_of(std::uint32_t rows, row_id row,
 /// Preconditions: `out.size() == rows.size() * spec.width`.
 /// Errors: `std::bad_alloc` (from `std::seed_seq`). Complexity: O(out.size()).
 /// Thread safety: reentrant.
-inline void initial_values(const table_spec& spec, key_range rows, std::uint64_t seed,
-                           std::span<float> out) {
-  if (spec.init_scale == 0.0f) {
-    std::fill(out.begin(), out.end(), 0.0f);
-    return;
-  }
-  for (row_id r = rows.begin; r < rows.end; ++r) {
-    std::seed_seq seq{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32),
-                      spec.id, r};
-    std::mt19937 gen(seq);
-    std::uniform_real_distribution<float> dist(-spec.init_scale, spec.init_scale);
-    float* row = out.data() + std::size_t{r - rows.begin} * spec.width;
-    for (std::uint32_t j = 0; j < spec.width; ++j) row[j] = dist(gen);
-  }
-}
+ASYNCPS_DECL void initial_values(const table_spec& spec, key_range rows, std::uint64_t seed,
+                                 std::span<float> out);
 
 /// Offset, in floats, of table `t` in the table-major layout of `tables` (the sum of the sizes
 /// of the tables before it). Precondition: `t <= tables.size()`. Complexity: O(t).
@@ -113,3 +101,7 @@ constexpr std::size_t layout_size(std::span<const table_spec> tables) noexcept {
 }
 
 }  // namespace asyncps
+
+#if !defined(ASYNCPS_SEPARATE_COMPILATION)
+#include "asyncps/impl/layout.ipp"
+#endif

@@ -9,10 +9,10 @@
 // error, report); in detail/codec/rendezvous_messages.hpp, the rendezvous's (announce, assigned,
 // lookup, directory); each recovery policy's own in its folder (recovery/chain/messages.hpp:
 // chain_hello, chain_config; recovery/replica_log/messages.hpp: order;
-// recovery/stateless/messages.hpp: the backlog prefix), which the policy's parts include. This
-// header includes them all through detail/codec/recovery_messages.hpp, for code that reaches them
-// here. Push, pull, rows, clock, ack, heartbeat, bye, commit, replay and state
-// are header-only or carry rows/state (wire.hpp, shard_state codec).
+// recovery/stateless/messages.hpp: the backlog prefix), which the policy's parts include; this
+// header includes neither the rendezvous's nor any policy's. Push, pull, rows, clock, ack,
+// heartbeat, bye, commit, replay and state are header-only or carry rows/state (wire.hpp,
+// shard_state codec).
 #pragma once
 
 #include <cstdint>
@@ -27,8 +27,6 @@
 #include "asyncps/buffer.hpp"
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/codec/message_frame.hpp"
-#include "asyncps/detail/codec/recovery_messages.hpp"
-#include "asyncps/detail/codec/rendezvous_messages.hpp"
 #include "asyncps/detail/endian.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/layout.hpp"

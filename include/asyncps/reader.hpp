@@ -17,6 +17,7 @@
 #include <asio/experimental/awaitable_operators.hpp>
 
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/codec/rendezvous_messages.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/error.hpp"

@@ -45,6 +45,7 @@
 #include "asyncps/detail/accept_loop.hpp"
 #include "asyncps/detail/accept_retry.hpp"
 #include "asyncps/detail/asio_compat.hpp"
+#include "asyncps/detail/codec/rendezvous_messages.hpp"
 #include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
 #include "asyncps/detail/rendezvous/client.hpp"

@@ -9,22 +9,15 @@
 //   asyncps::tcp_transport t(ex, {.secret = std::move(secret).value()});
 #pragma once
 
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <span>
 #include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
 
-#include <fcntl.h>
-#include <openssl/crypto.h>
-#include <openssl/rand.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+#include "asyncps/detail/config.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/result.hpp"
 
@@ -65,14 +58,7 @@ class shared_secret {
   /// `n` random bytes from OpenSSL's CSPRNG (an ephemeral secret for one run). Errors:
   /// `errc::weak_secret` when `n < min_secret_bytes`; `errc::invalid_argument` when the
   /// CSPRNG fails.
-  static result<shared_secret> random(std::size_t n = 32) {
-    if (n < min_secret_bytes) return make_error_code(errc::weak_secret);
-    shared_secret s;
-    s.bytes_.resize(n);
-    if (RAND_bytes(reinterpret_cast<unsigned char*>(s.bytes_.data()), static_cast<int>(n)) != 1)
-      return make_error_code(errc::invalid_argument);
-    return s;
-  }
+  ASYNCPS_DECL static result<shared_secret> random(std::size_t n = 32);
 
   /// Whether there is a secret (non-empty).
   bool empty() const noexcept { return bytes_.empty(); }
@@ -82,15 +68,14 @@ class shared_secret {
   std::span<const std::byte> bytes() const noexcept { return bytes_; }
 
  private:
-  void wipe() noexcept {
-    if (!bytes_.empty()) OPENSSL_cleanse(bytes_.data(), bytes_.size());
-    bytes_.clear();
-  }
+  ASYNCPS_DECL void wipe() noexcept;
   std::vector<std::byte> bytes_;
 };
 
 /// Reads a shared secret from `path`: the file's bytes, as they are (a trailing newline is
 /// part of the secret; `head -c 32 /dev/urandom > secret; chmod 600 secret` makes one).
+/// `path` is a file name; a `std::filesystem::path` converts to it (this header does not
+/// include `<filesystem>`, so that a translation unit which does not read files skips it).
 ///
 /// Errors (the caller names `path` when it reports them): the system error of open(2) or
 /// read(2) (e.g. no such file); `errc::insecure_secret_file` when the file's mode lets its group
@@ -98,36 +83,10 @@ class shared_secret {
 /// regular file or longer than `max_secret_bytes`; `errc::weak_secret` when it holds fewer than
 /// `min_secret_bytes` bytes. Thread safety: any thread. Blocking file I/O: call it at startup,
 /// not on an executor that serves connections.
-inline result<shared_secret> load_secret_file(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return std::error_code{errno, std::system_category()};
-  struct closer {
-    int fd;
-    ~closer() { ::close(fd); }
-  } guard{fd};
-  struct ::stat st{};
-  if (::fstat(fd, &st) != 0) return std::error_code{errno, std::system_category()};
-  if (!S_ISREG(st.st_mode)) return make_error_code(errc::bad_file);
-  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) return make_error_code(errc::insecure_secret_file);
-  if (st.st_size > static_cast<::off_t>(max_secret_bytes)) return make_error_code(errc::bad_file);
-  std::vector<std::byte> buf(max_secret_bytes + 1);
-  std::size_t n = 0;
-  while (n < buf.size()) {
-    const ::ssize_t r = ::read(fd, buf.data() + n, buf.size() - n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const std::error_code ec{errno, std::system_category()};
-      OPENSSL_cleanse(buf.data(), buf.size());
-      return ec;
-    }
-    if (r == 0) break;
-    n += static_cast<std::size_t>(r);
-  }
-  shared_secret s(std::span<const std::byte>(buf.data(), n));
-  OPENSSL_cleanse(buf.data(), buf.size());
-  if (n > max_secret_bytes) return make_error_code(errc::bad_file);
-  if (!s.valid()) return make_error_code(errc::weak_secret);
-  return s;
-}
+ASYNCPS_DECL result<shared_secret> load_secret_file(const std::string& path);
 
 }  // namespace asyncps
+
+#if !defined(ASYNCPS_SEPARATE_COMPILATION)
+#include "asyncps/impl/secret.ipp"
+#endif

@@ -30,10 +30,7 @@
 #include <list>
 #include <new>
 #include <optional>
-#include <ostream>
-#include <random>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>

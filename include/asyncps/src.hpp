@@ -3,7 +3,9 @@
 // other translation unit that includes asyncps), or link the CMake target
 // asyncps::asyncps_compiled, which does both (docs/build_time.md, "Separate compilation").
 // It compiles `tcp_transport` (listen, accept, connect, the handshakes, send, receive), the error
-// categories (error.hpp), `make_tls_context` (tls.hpp), the two servers server.hpp declares
+// categories (error.hpp), `make_tls_context` (tls.hpp), reading and wiping a shared secret
+// (secret.hpp), the seeded initial values (layout.hpp), the optimizers' `apply` and
+// `stays_finite` (optimizer/optimizers.hpp), the two servers server.hpp declares
 // `extern template` in this mode, `server<consistency::bsp>` and `server<consistency::ssp<>>`
 // (TCP, no recovery, plain SGD), and the two worker shells worker.hpp declares: those of
 // `worker<M, consistency::bsp>` and `worker<M, consistency::ssp<>>` for any model `M` with
@@ -18,12 +20,20 @@
 
 // The declarations first (with the macro defined they do not include their definitions), then
 // the definitions, which do not include their headers back.
+#include "asyncps/detail/worker/protocol.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/layout.hpp"
+#include "asyncps/optimizer/optimizers.hpp"
+#include "asyncps/secret.hpp"
 #include "asyncps/tls.hpp"
 #include "asyncps/transport/tcp.hpp"
 
+#include "asyncps/detail/worker/protocol.ipp"
 #include "asyncps/impl/error.ipp"
+#include "asyncps/impl/layout.ipp"
+#include "asyncps/impl/secret.ipp"
 #include "asyncps/impl/tls.ipp"
+#include "asyncps/optimizer/impl/optimizers.ipp"
 #include "asyncps/transport/impl/tcp.ipp"
 
 #include "asyncps/consistency/policies.hpp"

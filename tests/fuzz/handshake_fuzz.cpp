@@ -30,8 +30,10 @@
 #include <string>
 #include <vector>
 
+#include "asyncps/detail/codec/rendezvous_messages.hpp"
 #include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/messages.hpp"
 #include "asyncps/recovery/replica_log/worker_part.hpp"
 #include "asyncps/wire.hpp"
 #include "fuzz_support.hpp"

@@ -16,12 +16,15 @@
 #include <vector>
 
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/codec/rendezvous_messages.hpp"
 #include "asyncps/detail/shard_core.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/messages.hpp"
 #include "asyncps/recovery/checkpoint/file.hpp"
 #include "asyncps/recovery/none.hpp"
+#include "asyncps/recovery/replica_log/messages.hpp"
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/shard_state.hpp"
 #include "asyncps/wire.hpp"

@@ -14,6 +14,8 @@
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/messages.hpp"
+#include "asyncps/recovery/stateless/messages.hpp"
 #include "asyncps/staleness.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/wire.hpp"

@@ -19,7 +19,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>

@@ -23,9 +23,6 @@
 #include <asio/any_io_executor.hpp>
 #include <asio/buffer.hpp>
 #include <asio/ip/tcp.hpp>
-#include <asio/ssl/context.hpp>
-#include <asio/ssl/error.hpp>
-#include <asio/ssl/stream.hpp>
 #include <asio/steady_timer.hpp>
 
 #include "asyncps/buffer.hpp"
@@ -33,14 +30,26 @@
 #include "asyncps/detail/config.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/options.hpp"
+#include "asyncps/peer_identity.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/secret.hpp"
-#include "asyncps/tls.hpp"
 #include "asyncps/transport.hpp"
 #include "asyncps/transport/tcp_options.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps {
+
+namespace detail {
+// A connection's TLS stream (an `asio::ssl::stream` over its socket) and a transport's TLS
+// context (an `asio::ssl::context`), defined in transport/impl/tcp.ipp: a translation unit that
+// only declares the transport (separate compilation) then parses neither Asio's SSL nor OpenSSL.
+struct tcp_tls_stream;
+struct tcp_tls_context;
+struct tcp_tls_deleter {
+  ASYNCPS_DECL void operator()(tcp_tls_stream* s) const noexcept;
+  ASYNCPS_DECL void operator()(tcp_tls_context* c) const noexcept;
+};
+}  // namespace detail
 
 /// TCP transport: models `asyncps::transport`.
 ///
@@ -78,8 +87,6 @@ class tcp_transport {
  public:
   using executor_type = asio::any_io_executor;
   using endpoint_type = asio::ip::tcp::endpoint;
-  /// A connection's stream when TLS is on.
-  using tls_stream = asio::ssl::stream<asio::ip::tcp::socket>;
 
   /// A framed TCP connection. Models `asyncps::connection`.
   class connection {
@@ -116,9 +123,7 @@ class tcp_transport {
     /// Closes the socket; outstanding operations complete with `asio::error::operation_aborted`.
     /// Under TLS, no close_notify is sent (see the class comment).
     void close() noexcept;
-    bool is_open() const noexcept {
-      return (socket_ && socket_->is_open()) || (tls_ && tls_->next_layer().is_open());
-    }
+    ASYNCPS_DECL bool is_open() const noexcept;
     /// Whether this connection runs over TLS.
     bool uses_tls() const noexcept { return tls_ != nullptr; }
     /// Why this connection's TLS handshake failed: OpenSSL's reason (e.g. "certificate verify
@@ -144,10 +149,7 @@ class tcp_transport {
     friend class tcp_transport;
     enum class auth_state : std::uint8_t { done, listener_pending, failed };
 
-    asio::ip::tcp::socket& lowest() noexcept { return tls_ ? tls_->next_layer() : *socket_; }
-    const asio::ip::tcp::socket& lowest() const noexcept {
-      return tls_ ? tls_->next_layer() : *socket_;
-    }
+    ASYNCPS_DECL asio::ip::tcp::socket& lowest() noexcept;
 
     // Reads all of `b` / writes all of `bs` over TLS (kept out of async_receive and async_send,
     // so that their coroutine frames stay as small as without TLS).
@@ -212,7 +214,8 @@ class tcp_transport {
     tcp_transport* transport_ = nullptr;
     // At most one of these two holds the socket; neither for a placeholder connection.
     std::optional<asio::ip::tcp::socket> socket_;  // without TLS
-    std::unique_ptr<tls_stream> tls_;              // with TLS (the socket is its next layer)
+    // With TLS (the socket is its next layer).
+    std::unique_ptr<detail::tcp_tls_stream, detail::tcp_tls_deleter> tls_;
     const char* tls_failure_ = "";
     std::shared_ptr<const peer_identity> identity_;  // see identity()
     endpoint_type remote_{};
@@ -270,7 +273,7 @@ class tcp_transport {
   const wire_limits& limits() const noexcept { return options_.limits; }
   const tcp_options& options() const noexcept { return options_; }
   /// Whether connections use TLS (`tcp_options::tls` set and its files loaded).
-  bool uses_tls() const noexcept { return tls_context_.has_value(); }
+  bool uses_tls() const noexcept { return tls_context_ != nullptr; }
   /// Why the TLS files could not be used: one line naming the file and the reason (see
   /// `make_tls_context`); empty when TLS is off or ready.
   const std::string& tls_setup_error() const noexcept { return tls_setup_error_; }
@@ -349,7 +352,8 @@ class tcp_transport {
   std::uint64_t receive_budget_;
   buffer_pool receive_pool_;
   std::atomic<std::uint64_t> receive_waits_{0};
-  std::optional<asio::ssl::context> tls_context_;  // set when TLS is on and its files loaded
+  // Set when TLS is on and its files loaded.
+  std::unique_ptr<detail::tcp_tls_context, detail::tcp_tls_deleter> tls_context_;
   std::error_code tls_setup_ec_;
   std::string tls_setup_error_;
 };

@@ -17,7 +17,7 @@
 #include "asyncps/options.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/secret.hpp"
-#include "asyncps/tls.hpp"
+#include "asyncps/tls_options.hpp"
 
 namespace asyncps {
 

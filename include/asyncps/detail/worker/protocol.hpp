@@ -16,7 +16,6 @@
 #include <functional>
 #include <limits>
 #include <optional>
-#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "asyncps/consistency.hpp"
+#include "asyncps/detail/config.hpp"
 #include "asyncps/detail/endian.hpp"
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/text.hpp"
@@ -46,13 +46,7 @@ namespace detail {
 
 /// `given` when set and not 0, else a random non-zero 64-bit value from `std::random_device`
 /// (a worker's incarnation, see `worker_options::incarnation`).
-inline std::uint64_t draw_incarnation(std::optional<std::uint64_t> given) {
-  if (given && *given != 0) return *given;
-  std::random_device rd;
-  std::uint64_t v = 0;
-  while (v == 0) v = (std::uint64_t{rd()} << 32) ^ std::uint64_t{rd()};
-  return v;
-}
+ASYNCPS_DECL std::uint64_t draw_incarnation(std::optional<std::uint64_t> given);
 
 /// A worker's protocol state and message handling (see the file comment). `Alloc` has
 /// `buffer allocate(std::size_t)` (the transport's pool). Thread safety: the owner's executor.
@@ -432,3 +426,7 @@ class worker_protocol {
 
 }  // namespace detail
 }  // namespace asyncps
+
+#if !defined(ASYNCPS_SEPARATE_COMPILATION)
+#include "asyncps/detail/worker/protocol.ipp"
+#endif

@@ -11,6 +11,9 @@
 
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/read.hpp>
+#include <asio/ssl/context.hpp>
+#include <asio/ssl/error.hpp>
+#include <asio/ssl/stream.hpp>
 #include <asio/write.hpp>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -19,6 +22,7 @@
 
 #include "asyncps/detail/auth.hpp"
 #include "asyncps/detail/config.hpp"
+#include "asyncps/tls.hpp"
 
 // Compiled once (separate compilation), these coroutines are not inline; g++ 12 then reports
 // their frames' fields of lambda type (with_deadline's `deadline`, the operations that
@@ -30,6 +34,25 @@
 #endif
 
 namespace asyncps {
+
+namespace detail {
+struct tcp_tls_stream : asio::ssl::stream<asio::ip::tcp::socket> {
+  using asio::ssl::stream<asio::ip::tcp::socket>::stream;
+};
+struct tcp_tls_context : asio::ssl::context {
+  using asio::ssl::context::context;
+};
+ASYNCPS_DECL void tcp_tls_deleter::operator()(tcp_tls_stream* s) const noexcept { delete s; }
+ASYNCPS_DECL void tcp_tls_deleter::operator()(tcp_tls_context* c) const noexcept { delete c; }
+}  // namespace detail
+
+ASYNCPS_DECL bool tcp_transport::connection::is_open() const noexcept {
+  return (socket_ && socket_->is_open()) || (tls_ && tls_->next_layer().is_open());
+}
+
+ASYNCPS_DECL asio::ip::tcp::socket& tcp_transport::connection::lowest() noexcept {
+  return tls_ ? tls_->next_layer() : *socket_;
+}
 
 ASYNCPS_DECL asio::awaitable<std::error_code> tcp_transport::connection::async_send(message m) {
   if (!socket_ && !tls_) co_return make_error_code(errc::connection_closed);
@@ -423,7 +446,7 @@ ASYNCPS_DECL tcp_transport::connection::connection(tcp_transport& t, asio::ip::t
   if (accepted) (void)set_buffer_sizes(s, t.options_);
   remote_ = s.remote_endpoint(ignored);
   if (t.tls_context_) {
-    tls_ = std::make_unique<tls_stream>(std::move(s), *t.tls_context_);
+    tls_.reset(new detail::tcp_tls_stream(std::move(s), *t.tls_context_));
   } else {
     socket_.emplace(std::move(s));
   }
@@ -468,7 +491,7 @@ ASYNCPS_DECL tcp_transport::tcp_transport(executor_type ex, tcp_options opts)
   if (!options_.tls.enabled()) return;
   auto ctx = make_tls_context(options_.tls, tls_setup_error_);
   if (ctx) {
-    tls_context_.emplace(ctx.value().release());
+    tls_context_.reset(new detail::tcp_tls_context(ctx.value().release()));
   } else {
     tls_setup_ec_ = ctx.error();
   }
