@@ -123,6 +123,9 @@ class tcp_transport {
     /// Closes the socket; outstanding operations complete with `asio::error::operation_aborted`.
     /// Under TLS, no close_notify is sent (see the class comment).
     void close() noexcept;
+    /// Whether the connection's socket (under TLS, the stream's lower layer) is open; false
+    /// for a moved-from or default-constructed placeholder. Thread safety: the connection's
+    /// executor.
     ASYNCPS_DECL bool is_open() const noexcept;
     /// Whether this connection runs over TLS.
     bool uses_tls() const noexcept { return tls_ != nullptr; }
