@@ -201,8 +201,12 @@ struct log_model {
       }
       case message_type::welcome: {
         const bool lost = m.header.has(frame_flags::state);
-        require(part.on_welcome(welcome_part{.shard = s, .server_lost_state = lost}) ==
-                    welcome_action::resend,
+        // The other fields keep their defaults (g++ -Wextra warns on a designated initializer
+        // that leaves fields out).
+        welcome_part welcome;
+        welcome.shard = s;
+        welcome.server_lost_state = lost;
+        require(part.on_welcome(welcome) == welcome_action::resend,
                 "replica log: a welcome resends");
         sh.met = true;
         sh.rebuilding = lost;
