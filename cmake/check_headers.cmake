@@ -79,6 +79,15 @@ endforeach()
 # compiling its checks in turn (this script again, with CHECK_CHAIN set), so a slow header
 # holds up only its own chain, not a whole batch. Each chain writes one line per check to
 # <list>.result: "ok|<index>" or "FAIL|<index>|<exit status>".
+# The compiler's arguments for one check: `base_args`, plus the macro when `separate` is 1.
+function(check_args out separate)
+  set(args ${base_args})
+  if(separate)
+    list(APPEND args -DASYNCPS_SEPARATE_COMPILATION)
+  endif()
+  set(${out} ${args} PARENT_SCOPE)
+endfunction()
+
 if(DEFINED CHECK_CHAIN)
   file(STRINGS "${CHECK_CHAIN}" entries)
   set(out "")
@@ -87,10 +96,7 @@ if(DEFINED CHECK_CHAIN)
     list(GET fields 0 index)
     list(GET fields 1 tu)
     list(GET fields 2 separate)
-    set(args ${base_args})
-    if(separate)
-      list(APPEND args -DASYNCPS_SEPARATE_COMPILATION)
-    endif()
+    check_args(args ${separate})
     execute_process(COMMAND "${CHECK_CXX}" ${args} -x c++ "${tu}"
       RESULT_VARIABLE result OUTPUT_QUIET ERROR_QUIET)
     if(result STREQUAL "0")
@@ -187,10 +193,7 @@ foreach(i RANGE 0 ${last})
     message(STATUS "FAIL  ${name}")
     list(GET check_tus ${i} tu)
     list(GET check_separate ${i} separate)
-    set(args ${base_args})
-    if(separate)
-      list(APPEND args -DASYNCPS_SEPARATE_COMPILATION)
-    endif()
+    check_args(args ${separate})
     # Re-run the failure alone so its diagnostics are not interleaved with others'.
     execute_process(
       COMMAND "${CHECK_CXX}" ${args} -x c++ "${tu}"
