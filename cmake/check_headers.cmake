@@ -73,12 +73,6 @@ foreach(header IN LISTS headers)
   endif()
 endforeach()
 
-# Each check is a TU including its header twice, compiled with `base_args` (plus
-# -DASYNCPS_SEPARATE_COMPILATION for the second set). The checks are dealt round-robin to JOBS
-# chains; the chains run at once (execute_process runs its COMMANDs concurrently), each one
-# compiling its checks in turn (this script again, with CHECK_CHAIN set), so a slow header
-# holds up only its own chain, not a whole batch. Each chain writes one line per check to
-# <list>.result: "ok|<index>" or "FAIL|<index>|<exit status>".
 # The compiler's arguments for one check: `base_args`, plus the macro when `separate` is 1.
 function(check_args out separate)
   set(args ${base_args})
@@ -88,6 +82,13 @@ function(check_args out separate)
   set(${out} ${args} PARENT_SCOPE)
 endfunction()
 
+# Each check is a TU including its header twice, compiled with `base_args` (plus
+# -DASYNCPS_SEPARATE_COMPILATION for the second set). The checks are dealt round-robin to JOBS
+# chains; the chains run at once (execute_process runs its COMMANDs concurrently), each one
+# compiling its checks in turn (this script again, with CHECK_CHAIN set), so a slow header
+# holds up only its own chain, not a whole batch. Each chain writes one line per check to
+# <list>.result: "ok|<index>" or "FAIL|<index>" (a failure is compiled again below, alone, to
+# show its diagnostics).
 if(DEFINED CHECK_CHAIN)
   file(STRINGS "${CHECK_CHAIN}" entries)
   set(out "")
@@ -102,7 +103,7 @@ if(DEFINED CHECK_CHAIN)
     if(result STREQUAL "0")
       string(APPEND out "ok|${index}\n")
     else()
-      string(APPEND out "FAIL|${index}|${result}\n")
+      string(APPEND out "FAIL|${index}\n")
     endif()
   endforeach()
   file(WRITE "${CHECK_CHAIN}.result" "${out}")
@@ -181,13 +182,11 @@ foreach(chain_file IN LISTS chain_files)
 endforeach()
 set(failed)
 foreach(i RANGE 0 ${last})
+  list(GET check_names ${i} name)
   if(NOT DEFINED status_${i})
-    list(GET check_names ${i} name)
     message(FATAL_ERROR "check_headers.cmake: no result for ${name}")
   endif()
-  set(status "${status_${i}}")
-  list(GET check_names ${i} name)
-  if(status STREQUAL "ok")
+  if(status_${i} STREQUAL "ok")
     message(STATUS "ok    ${name}")
   else()
     message(STATUS "FAIL  ${name}")
