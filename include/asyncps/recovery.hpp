@@ -80,14 +80,18 @@ inline constexpr bool allows_elastic_membership_v<R> = static_cast<bool>(R::elas
 // below (detected by the `detail::has_*` concepts here, and nowhere else), and otherwise does
 // what the last column says. The server never asks which policy it has: everything
 // policy-specific is one of these hooks. `Ctx` is the server's `basic_server::context` (a small
-// copyable handle through which a hook reads and changes the shard, talks to sessions and logs;
-// every call on the server's executor), so context hooks are member templates
-// `template <class Ctx> ...`; `Server` is the `basic_server` itself; a session is seen as a
+// copyable handle through which a hook reads and changes the shard, talks to sessions, logs,
+// arms the part's timers (`ctx.arm_timer(id, ms)`, hook `on_timer`) and asks for connects
+// (`ctx.connect(role, endpoint)`, hooks `on_connected` / `on_connect_failed`): a part has no
+// coroutine, timer or socket of its own; every call on the server's executor), so context
+// hooks are member templates
+// `template <class Ctx> ...` (`on_start` and `on_clock` receive it as an lvalue); a session is
+// seen as a
 // `detail::session_base&`; `detail` is a `std::string&` appended to the error's message.
 //
 // | hook | signature | called | default |
 // |------|-----------|--------|---------|
-// | on_start | `void on_start(Server&)` | once, when `async_serve` starts, before the first accept (e.g. restore a checkpoint) | nothing |
+// | on_start | `void on_start(Ctx&)` | once, when `async_serve` starts, before the first accept (e.g. restore a checkpoint) | nothing |
 // | on_serve | `std::error_code on_serve(Ctx)` | once, after `on_start`, before the first accept; an error ends `async_serve` with it | nothing |
 // | on_hello | `std::error_code on_hello(Ctx, const frame_header& hello, std::string& detail)` | a worker's valid hello, before it is registered; an error refuses it | accept |
 // | welcome_flags | `std::uint8_t welcome_flags(Ctx, const frame_header& hello)` | the worker is registered: flags of its welcome (e.g. `frame_flags::state`) | 0 |
@@ -100,7 +104,10 @@ inline constexpr bool allows_elastic_membership_v<R> = static_cast<bool>(R::elas
 // | on_push | `bool on_push(Ctx, detail::session_base&, const frame_header&)` | a worker's push or clock, checked, before its clock is checked; `true` drops it | apply |
 // | on_update | `void on_update(table_id table, std::uint64_t first_row, std::uint32_t rows, std::span<const float> grad)` | after every applied update (`grad`: `rows * width` floats, valid during the call) | nothing |
 // | on_applied | `bool on_applied(Ctx, detail::session_base&, const message&)` | a worker's push or clock was applied, before its clock advances; `true`: the part acks | the server acks |
-// | on_clock | `void on_clock(clock_value server_clock, const Server&)` or `void on_clock(clock_value)` | the server clock advanced, before waiting pulls are answered and eager rows pushed | nothing |
+// | on_clock | `void on_clock(clock_value server_clock, Ctx&)` or `void on_clock(clock_value)` | the server clock advanced, before waiting pulls are answered and eager rows pushed | nothing |
+// | on_timer | `void on_timer(Ctx, std::uint32_t timer)` | the part's timer `timer` armed with `ctx.arm_timer` is due (fired once, by the server's sweeper; not after `stop()`) | nothing |
+// | on_connected | `void on_connected(Ctx, detail::session_base&)` | a connect the part asked for (`ctx.connect(role, endpoint)`) made a peer session, tagged `role` | the session is closed |
+// | on_connect_failed | `void on_connect_failed(Ctx, std::uint8_t role, std::error_code ec)` | a connect the part asked for with tag `role` failed | nothing |
 // | on_stop | `void on_stop()` | once, after `async_serve` closed every connection | nothing |
 // | serves_workers | `bool serves_workers() const` | by the watchdog: report missing workers only when true | true |
 // | recovering | `bool recovering() const` | by a reader's pull: while true it is refused with `errc::recovering` | false |
@@ -111,9 +118,9 @@ inline constexpr bool allows_elastic_membership_v<R> = static_cast<bool>(R::elas
 namespace detail {
 
 /// Detection, one concept per hook (the table above): whether `P` implements it with the shape
-/// the server calls it with. `Ctx`: the server context; `Server`: the server.
-template <class P, class Server>
-concept has_on_start = requires(P& p, Server& s) { p.on_start(s); };
+/// the server calls it with. `Ctx`: the server context.
+template <class P, class Ctx>
+concept has_on_start = requires(P& p, Ctx& c) { p.on_start(c); };
 template <class P, class Ctx>
 concept has_on_serve = requires(P& p, Ctx c) {
   { p.on_serve(c) } -> std::same_as<std::error_code>;
@@ -163,14 +170,22 @@ template <class P, class Ctx>
 concept has_on_applied = requires(P& p, Ctx c, session_base& s, const message& m) {
   { p.on_applied(c, s, m) } -> std::same_as<bool>;
 };
-/// `on_clock(server_clock, server)`, preferred when both shapes are declared.
-template <class P, class Server>
-concept has_on_clock_with_server =
-    requires(P& p, const clock_value c, Server& s) { p.on_clock(c, s); };
+/// `on_clock(server_clock, ctx)`, preferred when both shapes are declared.
+template <class P, class Ctx>
+concept has_on_clock_with_context =
+    requires(P& p, const clock_value c, Ctx& x) { p.on_clock(c, x); };
 template <class P>
 concept has_on_clock_alone = requires(P& p, const clock_value c) { p.on_clock(c); };
-template <class P, class Server>
-concept has_on_clock = has_on_clock_with_server<P, Server> || has_on_clock_alone<P>;
+template <class P, class Ctx>
+concept has_on_clock = has_on_clock_with_context<P, Ctx> || has_on_clock_alone<P>;
+template <class P, class Ctx>
+concept has_on_timer = requires(P& p, Ctx c, std::uint32_t id) { p.on_timer(c, id); };
+template <class P, class Ctx>
+concept has_on_connected = requires(P& p, Ctx c, session_base& s) { p.on_connected(c, s); };
+template <class P, class Ctx>
+concept has_on_connect_failed = requires(P& p, Ctx c, std::uint8_t role, std::error_code ec) {
+  p.on_connect_failed(c, role, ec);
+};
 template <class P>
 concept has_on_stop = requires(P& p) { p.on_stop(); };
 template <class P>
@@ -202,11 +217,13 @@ struct hook_names {
   // The hooks.
   int on_start, on_serve, on_hello, welcome_flags, on_rejoin, on_unknown_peer, on_peer_message,
       on_session_closed, on_recovery_push, on_worker_message, on_push, on_update, on_applied,
-      on_clock, on_stop, serves_workers, recovering, routine_refusal, log_suffix, peer_name;
+      on_clock, on_timer, on_connected, on_connect_failed, on_stop, serves_workers, recovering,
+      routine_refusal, log_suffix, peer_name;
   // Near misses of their names, which the server would silently never call.
   int on_starts, on_serves, on_hellos, welcome_flag, on_rejoins, on_unknown_peers, on_peer_messages,
       on_session_close, on_recovery_pushes, on_worker_messages, on_pushes, on_updates, on_clocks,
-      on_stops, serve_workers, serves_worker, routine_refusals, peer_names;
+      on_timers, on_connect, on_connection_failed, on_stops, serve_workers, serves_worker,
+      routine_refusals, peer_names;
 };
 template <class P, bool = std::is_class_v<P> && !std::is_final_v<P>>
 struct hook_probe : P, hook_names {};
@@ -219,20 +236,20 @@ struct hook_probe<P, false> : hook_names {};
 /// with one `static_assert` per hook declared with another shape than the server calls it
 /// with, and one per member whose name is a near miss of a hook's (`on_clocks`,
 /// `on_updates`, ...: the server would never call it), each naming the hook and its expected
-/// signature. `Ctx` is the server context a context hook receives, `Server` what `on_start` and
-/// `on_clock` receive; `basic_server` checks its part with its own. A hook the part does not
+/// signature. `Ctx` is the server context the hooks receive; `basic_server` checks its part with
+/// its own. A hook the part does not
 /// declare is not an error (the server's default applies). After a failed check it still
 /// returns `true`, so that each wrong member gives exactly one error.
-template <class Part, class Ctx, class Server>
+template <class Part, class Ctx>
 consteval bool check_server_part() {
   using namespace detail;
   // `requires { &probe::x; }`: `Part` declares no member named `x` (see `hook_probe`).
   using probe = hook_probe<Part>;
   // -- hooks declared with another shape --
   static_assert(
-      requires { &probe::on_start; } || has_on_start<Part, Server>,
-      "asyncps: recovery server part: `on_start` must be callable as "
-      "`void on_start(Server& server)` (recovery.hpp, server hooks)");
+      requires { &probe::on_start; } || has_on_start<Part, Ctx>,
+      "asyncps: recovery server part: `on_start` must be "
+      "`template <class Ctx> void on_start(Ctx& ctx)` (recovery.hpp, server hooks)");
   static_assert(
       requires { &probe::on_serve; } || has_on_serve<Part, Ctx>,
       "asyncps: recovery server part: `on_serve` must be "
@@ -294,10 +311,23 @@ consteval bool check_server_part() {
       "on_applied(Ctx, detail::session_base&, const message&)` (true: the part acks; "
       "recovery.hpp, server hooks)");
   static_assert(
-      requires { &probe::on_clock; } || has_on_clock<Part, Server>,
-      "asyncps: recovery server part: `on_clock` must be callable as `void "
-      "on_clock(clock_value server_clock, const Server& server)` or `void "
+      requires { &probe::on_clock; } || has_on_clock<Part, Ctx>,
+      "asyncps: recovery server part: `on_clock` must be `template <class Ctx> void "
+      "on_clock(clock_value server_clock, Ctx& ctx)` or `void "
       "on_clock(clock_value server_clock)` (recovery.hpp, server hooks)");
+  static_assert(
+      requires { &probe::on_timer; } || has_on_timer<Part, Ctx>,
+      "asyncps: recovery server part: `on_timer` must be `template <class Ctx> void "
+      "on_timer(Ctx, std::uint32_t timer)` (recovery.hpp, server hooks)");
+  static_assert(
+      requires { &probe::on_connected; } || has_on_connected<Part, Ctx>,
+      "asyncps: recovery server part: `on_connected` must be `template <class Ctx> void "
+      "on_connected(Ctx, detail::session_base&)` (recovery.hpp, server hooks)");
+  static_assert(
+      requires { &probe::on_connect_failed; } || has_on_connect_failed<Part, Ctx>,
+      "asyncps: recovery server part: `on_connect_failed` must be `template <class Ctx> void "
+      "on_connect_failed(Ctx, std::uint8_t role, std::error_code ec)` (recovery.hpp, server "
+      "hooks)");
   static_assert(
       requires { &probe::on_stop; } || has_on_stop<Part>,
       "asyncps: recovery server part: `on_stop` must be callable as `void on_stop()` "
@@ -326,7 +356,8 @@ consteval bool check_server_part() {
   static_assert(
       requires { &probe::on_starts; },
       "asyncps: recovery server part declares `on_starts`, which is no server hook: "
-      "did you mean `void on_start(Server& server)`? (recovery.hpp, server hooks)");
+      "did you mean `template <class Ctx> void on_start(Ctx& ctx)`? (recovery.hpp, server "
+      "hooks)");
   static_assert(
       requires { &probe::on_serves; },
       "asyncps: recovery server part declares `on_serves`, which is no server hook: "
@@ -381,8 +412,22 @@ consteval bool check_server_part() {
   static_assert(
       requires { &probe::on_clocks; },
       "asyncps: recovery server part declares `on_clocks`, which is no server hook: "
-      "did you mean `void on_clock(clock_value server_clock, const Server& server)` "
+      "did you mean `template <class Ctx> void on_clock(clock_value server_clock, Ctx& ctx)` "
       "or `void on_clock(clock_value server_clock)`? (recovery.hpp, server hooks)");
+  static_assert(
+      requires { &probe::on_timers; },
+      "asyncps: recovery server part declares `on_timers`, which is no server hook: "
+      "did you mean `template <class Ctx> void on_timer(Ctx, std::uint32_t timer)`? "
+      "(recovery.hpp, server hooks)");
+  static_assert(
+      requires { &probe::on_connect; },
+      "asyncps: recovery server part declares `on_connect`, which is no server hook: did you "
+      "mean `template <class Ctx> void on_connected(Ctx, detail::session_base&)`? "
+      "(recovery.hpp, server hooks)");
+  static_assert(
+      requires { &probe::on_connection_failed; },
+      "asyncps: recovery server part declares `on_connection_failed`, which is no server hook: "
+      "did you mean `on_connect_failed`? (recovery.hpp, server hooks)");
   static_assert(
       requires { &probe::on_stops; },
       "asyncps: recovery server part declares `on_stops`, which is no server hook: did "
@@ -405,10 +450,10 @@ consteval bool check_server_part() {
   return true;
 }
 
-/// A server part that passes `check_server_part<Part, Ctx, Server>()`: for a class template's
+/// A server part that passes `check_server_part<Part, Ctx>()`: for a class template's
 /// parameter, where a wrong hook should stop the build with the checker's messages. Not for
 /// overload resolution or `if constexpr`: a wrong part is a hard error here, not `false`.
-template <class Part, class Ctx, class Server>
-concept checked_server_part = check_server_part<Part, Ctx, Server>();
+template <class Part, class Ctx>
+concept checked_server_part = check_server_part<Part, Ctx>();
 
 }  // namespace asyncps

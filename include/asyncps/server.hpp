@@ -116,7 +116,7 @@ class basic_server {
         done_(transport.get_executor()), running_(transport.get_executor()),
         watchdog_(transport.get_executor()), sweeper_(transport.get_executor()),
         trimmer_(transport.get_executor()) {
-    static_assert(check_server_part<part_type, context, basic_server>());  // recovery.hpp
+    static_assert(check_server_part<part_type, context>());  // recovery.hpp
   }
 
   /// As above, with the layout taken from a model object (the same type the workers train):
@@ -143,8 +143,9 @@ class basic_server {
   asio::awaitable<std::error_code> async_serve(typename Transport::acceptor_type acceptor) {
     acceptor_ = &acceptor;
     std::error_code result;
-    if constexpr (detail::has_on_start<part_type, basic_server>) {
-      recovery().on_start(*this);  // e.g. restore the newest valid checkpoint
+    if constexpr (detail::has_on_start<part_type, context>) {
+      context c{this};
+      recovery().on_start(c);  // e.g. restore the newest valid checkpoint
     }
     if constexpr (detail::has_on_serve<part_type, context>) {
       if (auto ec = recovery().on_serve(context{this})) {  // e.g. connect to the chain master
@@ -298,30 +299,24 @@ class basic_server {
 
   /// What the recovery part's hooks (recovery.hpp, server hooks) may do with this server: a
   /// copyable handle, valid while the server lives; every call on the server's executor. The
-  /// shard and the sessions through `detail::part_context` (sans-io: a test steps a part with
-  /// that alone, tests/unit/policy_steps_test.cpp); here the I/O a part may start on its own
-  /// (connects, coroutines, timers) and the transport's limits.
+  /// shard, the sessions and the part's timers through `detail::part_context` (sans-io: a
+  /// test steps a part with that alone, tests/unit/policy_steps_test.cpp); here the one I/O
+  /// action that needs the transport's address type (`connect`) and the transport's limits.
+  /// A part has no coroutine, timer or socket of its own.
   class context : public detail::part_context<protocol_type> {
    public:
-    using timer_type = detail::transport_timer_t<Transport>;  ///< the transport's timer
     using endpoint_type = typename Transport::endpoint_type;  ///< the transport's address
-    using connection_type = typename Transport::connection_type;
 
     explicit context(basic_server* s) noexcept
         : detail::part_context<protocol_type>(s->proto_), s_(s) {}
 
-    typename Transport::executor_type executor() const { return s_->transport_.get_executor(); }
-    /// Connects to `ep` through the server's transport.
-    auto async_connect(endpoint_type ep) const { return s_->transport_.async_connect(ep); }
-    /// Whether `stop()` was called (a spawned coroutine then ends).
-    bool stopped() const noexcept { return s_->stopped_; }
-    /// Runs `a` on the server's executor; `async_serve` completes after it has finished.
-    void spawn(asio::awaitable<void> a) const { s_->spawn(std::move(a)); }
-    /// Serves connection `c` (one the part opened) as a peer session with tag `role`.
-    detail::session_base& add_peer(connection_type c, std::uint8_t role) const {
-      auto& s = s_->add_session(std::move(c));
-      this->claim(s, role);
-      return s;
+    /// Connects to `ep` through the server's transport, in the background. On success the
+    /// connection is served as a peer session tagged `role` (its messages go to
+    /// `on_peer_message`) and the part's `on_connected(ctx, session)` is called; on failure
+    /// `on_connect_failed(ctx, role, ec)` with the transport's error. Exactly one of them,
+    /// unless the server stops first (then neither; a connection made is closed).
+    void connect(std::uint8_t role, endpoint_type ep) const {
+      s_->spawn(s_->connect_peer(role, std::move(ep)));
     }
     /// The largest frame the transport accepts, in bytes.
     std::size_t max_frame_bytes() const {
@@ -362,7 +357,6 @@ class basic_server {
   static typename clock_type::time_point now() { return clock_type::now(); }
   void wake_watchdog() { watchdog_.cancel(); }
   void wake_sweeper() { sweeper_.cancel(); }
-  basic_server& server() noexcept { return *this; }  // for the part's on_clock(c, server)
 
   // The coroutines (detail/server/shell.ipp): spawned work counted for `async_serve`, each
   // session's read and write loops, the watchdog and the sweeper.
@@ -374,6 +368,8 @@ class basic_server {
   asio::awaitable<void> read_loop(session& s);
   asio::awaitable<void> watchdog();
   asio::awaitable<void> sweeper();
+  // The part's `ctx.connect(role, ep)`: connects, then on_connected / on_connect_failed.
+  asio::awaitable<void> connect_peer(std::uint8_t role, typename Transport::endpoint_type ep);
   // Every `pool_trim_interval`: the transport's pools give back what they cached beyond the
   // interval's working set (only for transports with `trim_pools()`).
   asio::awaitable<void> trimmer();

@@ -23,10 +23,8 @@ using asyncps::frame_header;
 using asyncps::table_id;
 using asyncps::detail::session_base;
 
-// Stand-ins for the server context and the server: the checker only looks at the hooks'
-// declarations.
+// A stand-in for the server context: the checker only looks at the hooks' declarations.
 struct test_context {};
-struct test_server {};
 
 struct wrong_part {
   // Hooks every case declares correctly: the checker must not complain about them.
@@ -34,8 +32,8 @@ struct wrong_part {
   bool on_push(Ctx, session_base&, const frame_header&) {
     return false;
   }
-  template <class Server>
-  void on_start(Server&) {}
+  template <class Ctx>
+  void on_start(Ctx&) {}
   bool serves_workers() const { return true; }
 
 #if defined(ASYNCPS_CASE_MISSPELT_ON_CLOCK) || defined(ASYNCPS_CASE_CHECKED_PART_PARAMETER) ||     \
@@ -65,6 +63,17 @@ struct wrong_part {
   }
 #endif
 
+#if defined(ASYNCPS_CASE_ON_TIMER_WRONG_PARAMETERS)
+  template <class Ctx>
+  void on_timer(Ctx) {}  // the timer's id is missing
+#elif defined(ASYNCPS_CASE_MISSPELT_ON_TIMER)
+  template <class Ctx>
+  void on_timers(Ctx, std::uint32_t) {}  // never called: the hook is on_timer
+#else
+  template <class Ctx>
+  void on_timer(Ctx, std::uint32_t) {}
+#endif
+
 #if defined(ASYNCPS_CASE_RECOVERING_NOT_CONST)
   bool recovering() { return false; }  // must be const
 #endif
@@ -82,13 +91,13 @@ struct wrong_policy {
       s(t, asyncps::server_options{});
 }
 #elif defined(ASYNCPS_CASE_CHECKED_PART_PARAMETER)
-// As a library class template would use it (`template <checked_server_part<Ctx, S> P, ...>`).
+// As a library class template would use it (`template <checked_server_part<Ctx> P, ...>`).
 template <class P>
-  requires asyncps::checked_server_part<P, test_context, test_server>
+  requires asyncps::checked_server_part<P, test_context>
 struct uses_part {};
 [[maybe_unused]] uses_part<wrong_part> instance;
 #else
-static_assert(asyncps::check_server_part<wrong_part, test_context, test_server>());
+static_assert(asyncps::check_server_part<wrong_part, test_context>());
 #endif
 
 }  // namespace

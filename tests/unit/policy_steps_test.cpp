@@ -2,9 +2,13 @@
 // recording shell whose hook context is the sans-io `detail::part_context` (no transport,
 // executor, timer or thread of the server's). Covered: recovery::stateless (replicas and
 // backlogs), recovery::checkpoint (snapshot at a clock boundary, restore into a fresh shard),
-// and `fenced`, a sixth policy defined entirely in this file: it plugs into the unchanged
-// library through the hooks of recovery.hpp, is stepped like the others, then trains end to
-// end in a local_cluster.
+// recovery::replica_log (its watch on the part's timer: a rebuild that never completes, orders
+// a closed connection left unconfirmed), recovery::chain_replication (head, middle and tail
+// members: the links to the master and the successor on the part's timers and connects, entries
+// down the chain, commits back up, a failover), and `fenced`, a sixth policy defined entirely in
+// this file: it plugs into the unchanged library through the hooks of recovery.hpp, is stepped like
+// the others, then trains end to end in a local_cluster.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -31,7 +35,9 @@
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/checkpoint.hpp"
+#include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/server_options.hpp"
 #include "asyncps/wire.hpp"
@@ -114,29 +120,41 @@ template <class Recovery>
 using proto_of = detail::server_protocol<consistency::ssp<0>, Recovery, optimizer::sgd,
                                          step_session, test_time, policy_io<Recovery>>;
 
-// The shell: records closes; hooks get `detail::part_context`; `on_start` / `on_clock(c,
-// server)` get a view of the shard's state, all a part may use of a server without I/O.
+// The shell: records closes and connects; every hook (`on_start` and `on_clock(c, ctx)`
+// included) gets the context below, all a part may use of a server.
 template <class Recovery>
 struct policy_io {
   using proto_type = proto_of<Recovery>;
   struct server_view {
     proto_type* p;
-    const server_options& options() const { return p->options(); }
-    void save_state(shard_state& out) const { p->save_state(out); }
-    std::error_code restore_state(const shard_state& st) const { return p->restore_state(st); }
   };
 
-  detail::part_context<proto_type> ctx() { return detail::part_context<proto_type>(*view.p); }
+  // The hooks' context: the sans-io `part_context` plus the one I/O action a part may ask
+  // for, `connect`, recorded here (the test completes it by hand with `part_connected`).
+  struct context : detail::part_context<proto_type> {
+    using endpoint_type = std::string;
+    context(proto_type& p, policy_io* io) : detail::part_context<proto_type>(p), io_(io) {}
+    void connect(std::uint8_t role, std::string ep) const {
+      io_->connects.push_back({role, std::move(ep)});
+    }
+    std::size_t max_frame_bytes() const { return std::size_t{1} << 20; }
+    policy_io* io_;
+  };
+  struct connect_request {
+    std::uint8_t role;
+    std::string endpoint;
+  };
+  context ctx() { return context(*view.p, this); }
   void wake(step_session&) {}
   void close(step_session& s) { closed.push_back(s.tag); }
   buffer allocate(std::size_t n) { return pool.allocate(n); }
   test_time now() const { return time; }
   void wake_watchdog() {}
   void wake_sweeper() {}
-  server_view& server() { return view; }
 
   server_view view{nullptr};  // set once the protocol is built
   std::vector<int> closed;
+  std::vector<connect_request> connects;  // the part's connects, in order
   test_time time{};
 };
 
@@ -427,7 +445,8 @@ TEST_CASE("checkpoint, stepped: a snapshot at each clock boundary, restored into
   std::vector<float> trained;
   {
     stepped<recovery::checkpoint> t{recovery::checkpoint::server_part(options())};
-    t.proto.part().on_start(t.io.server());  // nothing to restore yet
+    auto ctx = t.io.ctx();
+    t.proto.part().on_start(ctx);  // nothing to restore yet
     CHECK(t.proto.part().stats().restored_clock == -1);
     auto& w0 = t.worker(0);
     auto& w1 = t.worker(1);
@@ -447,10 +466,387 @@ TEST_CASE("checkpoint, stepped: a snapshot at each clock boundary, restored into
     t.proto.part().on_stop();
   }
   stepped<recovery::checkpoint> fresh{recovery::checkpoint::server_part(options())};
-  fresh.proto.part().on_start(fresh.io.server());
+  auto fresh_ctx = fresh.io.ctx();
+  fresh.proto.part().on_start(fresh_ctx);
   CHECK(fresh.proto.part().stats().restored_clock == 2);
   CHECK(fresh.proto.core().clock() == 2);
   CHECK(shard_values(fresh.proto) == trained);
   fresh.proto.part().on_stop();
   std::filesystem::remove_all(dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// replica_log: the watch runs on the part's timer (ctx.arm_timer / on_timer), stepped by the
+// sweeper's calls with the shell's clock moved by hand
+// ---------------------------------------------------------------------------------------------
+
+TEST_CASE("replica_log, stepped: a rebuild whose second log never arrives ends at "
+          "recovery_timeout on the part's timer, counted incomplete") {
+  using namespace std::chrono_literals;
+  recovery::replica_log_server_part part;
+  part.options.recovery_timeout = 200ms;
+  stepped<recovery::replica_log> t(std::move(part));
+  using proto_type = stepped<recovery::replica_log>::proto_type;
+  CHECK(!t.proto.part_timer_armed(0));
+  CHECK(!t.proto.sweep());  // nothing watched: the sweeper sleeps
+
+  // Worker 0 holds a log for this shard (hello flag `state`) and meets a shard without state:
+  // the shard rebuilds, and the watch arms the part's timer for one tick.
+  auto& w0 = t.proto.add_session(0);
+  auto h = t.hello(0, 0);
+  h.header.flags |= frame_flags::state;
+  REQUIRE(t.proto.receive(w0, h));
+  CHECK(t.proto.part().recovering());
+  CHECK(t.proto.part_timer_armed(0));
+  CHECK(logged("rebuilding from the workers' replicas and logs"));
+  REQUIRE(t.proto.sweep());
+  CHECK(*t.proto.sweep() == t.io.time + 50ms);  // the tick is the sweeper's next deadline
+
+  // Worker 1 never sends its log. Before its deadline a sweep fires nothing.
+  t.io.time += 49ms;
+  t.proto.sweep();
+  CHECK(t.proto.part().recovering());
+  // Three ticks (150 ms): still rebuilding, the timer re-armed each time.
+  t.io.time += 1ms;
+  for (int tick = 0; tick < 3; ++tick) {
+    t.proto.sweep();
+    CHECK(t.proto.part().recovering());
+    CHECK(t.proto.part_timer_armed(0));
+    t.io.time += 50ms;
+  }
+  // The fourth (200 ms): the rebuild ends without worker 1's log, counted as incomplete, and
+  // the watch stops (nothing is left to time).
+  t.proto.sweep();
+  CHECK(!t.proto.part().recovering());
+  CHECK(t.proto.part().serving());
+  CHECK(t.proto.part().stats().recoveries == 1);
+  CHECK(t.proto.part().stats().incomplete_recoveries == 1);
+  CHECK(!t.proto.part_timer_armed(0));
+  static_assert(proto_type::part_timer_count >= 1);
+}
+
+TEST_CASE("replica_log, stepped: a push ordered but never confirmed is voided after "
+          "void_timeout once its worker's connection closed, never applied") {
+  using namespace std::chrono_literals;
+  recovery::replica_log_server_part part;
+  part.options.void_timeout = 100ms;
+  stepped<recovery::replica_log> t(std::move(part));
+  auto& w0 = t.worker(0);
+  t.worker(1);
+  CHECK(t.proto.part().serving());
+  const auto before = shard_values(t.proto);
+
+  // Write-ahead: the push is held and its position sent to the worker (an `order`); it is
+  // applied only once the worker confirms it has logged it.
+  const std::size_t queued = w0.outbox.size();
+  auto p = shard_push(0, 0, 1.0f);
+  p.header.seq = 1;  // the worker's first numbered message
+  REQUIRE(t.proto.receive(w0, p));
+  CHECK(t.proto.part().stats().ordered == 1);
+  REQUIRE(w0.outbox.size() == queued + 1);
+  protocol::order o;
+  std::string detail;
+  REQUIRE(!protocol::decode(w0.outbox.back(), o, detail));
+  CHECK(shard_values(t.proto) == before);
+  CHECK(!t.proto.part_timer_armed(0));
+
+  // Its connection closes before the confirmation: the order is an orphan, and the watch
+  // starts on the part's timer.
+  t.proto.close(w0);
+  t.proto.session_finished(w0);
+  CHECK(t.proto.part_timer_armed(0));
+  t.io.time += 50ms;
+  t.proto.sweep();
+  CHECK(t.proto.part().stats().voided == 0);
+  t.io.time += 50ms;
+  t.proto.sweep();
+  CHECK(t.proto.part().stats().voided == 1);
+  CHECK(logged("dropped the unconfirmed updates of disconnected workers after 100 ms"));
+  CHECK(!t.proto.part_timer_armed(0));
+  CHECK(shard_values(t.proto) == before);  // never applied
+}
+
+// ---------------------------------------------------------------------------------------------
+// chain_replication (strict): one member stepped. Its links are the part's timers and the
+// connects it asks for (recorded by the test shell, completed by hand); the master and the
+// other members are sessions the test feeds.
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+using strict_chain = recovery::chain_replication<recovery::chain_mode::strict>;
+constexpr std::uint32_t no_member = protocol::chain_config::none;
+
+recovery::chain_server_part<recovery::chain_mode::strict> chain_member(std::uint32_t self) {
+  recovery::chain_server_part<recovery::chain_mode::strict> part;
+  part.set_chain<std::string>("master", {"m0", "m1", "m2"}, self);
+  return part;
+}
+
+message chain_config_message(std::uint32_t member, std::uint32_t pred, std::uint32_t succ,
+                             std::int64_t epoch, bool joining = false) {
+  return protocol::encode(protocol::chain_config{.shard = 0,
+                                                 .member = member,
+                                                 .predecessor = pred,
+                                                 .successor = succ,
+                                                 .epoch = epoch,
+                                                 .joining = joining},
+                          [](std::size_t n) { return pool.allocate(n); });
+}
+
+message chain_ack(std::uint64_t position, std::uint8_t flags = 0) {
+  message m;
+  m.header.type = message_type::ack;
+  m.header.flags = flags;
+  m.header.seq = position;
+  return m;
+}
+
+// The part's pending connect `i` completes: a peer session tagged as the part asked.
+template <class T>
+step_session& complete_connect(T& t, std::size_t i, int tag) {
+  REQUIRE(t.io.connects.size() > i);
+  auto& s = t.proto.add_session(tag);
+  decltype(t.io.ctx())::claim(s, t.io.connects[i].role);
+  t.proto.part_connected(s);
+  return s;
+}
+
+bool has_type(const step_session& s, message_type type) {
+  return std::any_of(s.outbox.begin(), s.outbox.end(),
+                     [&](const message& m) { return m.header.type == type; });
+}
+
+std::size_t count_type(const step_session& s, message_type type) {
+  return static_cast<std::size_t>(std::count_if(
+      s.outbox.begin(), s.outbox.end(), [&](const message& m) { return m.header.type == type; }));
+}
+
+}  // namespace
+
+TEST_CASE("chain (strict), stepped as the head: registers on a connect, links to its "
+          "successor, acks a push once the tail has it, heartbeats on its timers") {
+  using namespace std::chrono_literals;
+  stepped<strict_chain> t(chain_member(0));
+  auto& part = t.proto.part();
+  REQUIRE(!part.on_serve(t.io.ctx()));
+  // on_serve asks for one connect: to the master.
+  REQUIRE(t.io.connects.size() == 1);
+  CHECK(t.io.connects[0].endpoint == "master");
+  auto& master = complete_connect(t, 0, 100);
+  CHECK(has_type(master, message_type::chain_hello));  // registered
+  CHECK(t.proto.part_timer_armed(0));                  // its heartbeat
+
+  // The master makes it head, with member 1 as its successor: the successor link starts on
+  // the part's timer and asks for a connect to m1.
+  auto cfg = chain_config_message(0, no_member, 1, 1);
+  REQUIRE(t.proto.receive(master, cfg));
+  CHECK(part.is_head());
+  CHECK(t.io.connects.size() == 1);  // not yet: on the next sweep
+  t.proto.sweep();
+  REQUIRE(t.io.connects.size() == 2);
+  CHECK(t.io.connects[1].endpoint == "m1");
+  auto& succ = complete_connect(t, 1, 101);
+  CHECK(has_type(succ, message_type::chain_hello));
+  // The successor answers with its log position (0): the link is synced.
+  auto ready = chain_ack(0);
+  REQUIRE(t.proto.receive(succ, ready));
+
+  // A worker's push is applied at the head and goes down the chain as entry 1; its ack waits
+  // for the tail.
+  auto& w0 = t.worker(0);
+  const std::size_t w0_queued = w0.outbox.size();
+  auto p = shard_push(0, 0, 1.0f);
+  p.header.seq = 1;
+  p.header.flags |= frame_flags::want_ack;
+  REQUIRE(t.proto.receive(w0, p));
+  CHECK(part.log_position() == 1);
+  CHECK(count_type(succ, message_type::push) == 1);
+  CHECK(w0.outbox.size() == w0_queued);  // no ack yet
+  CHECK(part.committed() == 0);
+  // The successor (the tail) acknowledges position 1: committed, and the worker is acked.
+  auto tail_ack = chain_ack(1);
+  REQUIRE(t.proto.receive(succ, tail_ack));
+  CHECK(part.committed() == 1);
+  REQUIRE(w0.outbox.size() == w0_queued + 1);
+  CHECK(w0.outbox.back().header.type == message_type::ack);
+  CHECK(w0.outbox.back().header.seq == 1);
+
+  // Heartbeats: after heartbeat_interval, one to the master and one to the synced successor.
+  const auto hb = part.options.heartbeat_interval;
+  const std::size_t master_beats = count_type(master, message_type::heartbeat);
+  const std::size_t succ_beats = count_type(succ, message_type::heartbeat);
+  t.io.time += hb;
+  t.proto.sweep();
+  CHECK(count_type(master, message_type::heartbeat) == master_beats + 1);
+  CHECK(count_type(succ, message_type::heartbeat) == succ_beats + 1);
+}
+
+TEST_CASE("chain (strict), stepped as middle and tail: a worker is refused with not_head "
+          "(routine: not counted), entries from the predecessor are applied and acked") {
+  stepped<strict_chain> t(chain_member(1));
+  auto& part = t.proto.part();
+  REQUIRE(!part.on_serve(t.io.ctx()));
+  auto& master = complete_connect(t, 0, 100);
+  // Member 1 is the tail, after member 0.
+  auto cfg = chain_config_message(1, 0, no_member, 1);
+  REQUIRE(t.proto.receive(master, cfg));
+  CHECK(!part.is_head());
+  t.proto.sweep();
+  CHECK(t.io.connects.size() == 1);  // a tail connects to no successor
+
+  // A worker is refused with not_head, which is routine: neither logged nor counted.
+  auto& w = t.proto.add_session(0);
+  auto h = t.hello(0, 0);
+  CHECK(!t.proto.receive(w, h));
+  CHECK(t.error_of(w) == errc::not_head);
+  CHECK(t.proto.stats().rejected == 0);
+
+  // The predecessor links in with a chain_hello; the tail answers with its log position.
+  auto& pred = t.proto.add_session(200);
+  auto hello = protocol::encode(
+      protocol::chain_hello{.shard = 0,
+                            .member = 0,
+                            .fingerprint = policy_fingerprint<consistency::ssp<0>, strict_chain>(),
+                            .epoch = 1},
+      [](std::size_t n) { return pool.allocate(n); });
+  REQUIRE(t.proto.receive(pred, hello));
+  REQUIRE(!pred.outbox.empty());
+  CHECK(pred.outbox.back().header.type == message_type::ack);
+  CHECK(pred.outbox.back().header.seq == 0);
+
+  // Entry 1 (a push of worker 0) arrives from the predecessor: applied, and the tail commits
+  // it at once (it acks position 1 up the chain).
+  const auto before = shard_values(t.proto);
+  auto e = shard_push(0, 0, 1.0f);
+  e.header.seq = 1;
+  REQUIRE(t.proto.receive(pred, e));
+  CHECK(part.log_position() == 1);
+  CHECK(shard_values(t.proto) != before);
+  CHECK(pred.outbox.back().header.type == message_type::ack);
+  CHECK(pred.outbox.back().header.seq == 1);
+
+  // Made the middle (a new tail, member 2, joins after it): it links to member 2.
+  auto cfg2 = chain_config_message(1, 0, 2, 2);
+  REQUIRE(t.proto.receive(master, cfg2));
+  t.proto.sweep();
+  REQUIRE(t.io.connects.size() == 2);
+  CHECK(t.io.connects[1].endpoint == "m2");
+}
+
+TEST_CASE("chain (strict), stepped through a failover: a lost successor link is made again at "
+          "once, failed connects back off, a lost master link registers again") {
+  using namespace std::chrono_literals;
+  stepped<strict_chain> t(chain_member(0));
+  auto& part = t.proto.part();
+  REQUIRE(!part.on_serve(t.io.ctx()));
+
+  // The master is down at first: the connect fails and is retried after 20 ms, then 40 ms.
+  t.proto.part_connect_failed(t.io.connects[0].role, make_error_code(errc::connection_closed));
+  CHECK(t.io.connects.size() == 1);
+  t.io.time += 19ms;
+  t.proto.sweep();
+  CHECK(t.io.connects.size() == 1);
+  t.io.time += 1ms;
+  t.proto.sweep();
+  REQUIRE(t.io.connects.size() == 2);
+  t.proto.part_connect_failed(t.io.connects[1].role, make_error_code(errc::connection_closed));
+  t.io.time += 39ms;
+  t.proto.sweep();
+  CHECK(t.io.connects.size() == 2);
+  t.io.time += 1ms;
+  t.proto.sweep();
+  REQUIRE(t.io.connects.size() == 3);
+  auto* master = &complete_connect(t, 2, 100);
+
+  auto cfg = chain_config_message(0, no_member, 1, 1);
+  REQUIRE(t.proto.receive(*master, cfg));
+  t.proto.sweep();
+  REQUIRE(t.io.connects.size() == 4);
+  auto& succ = complete_connect(t, 3, 101);
+  auto ready = chain_ack(0);
+  REQUIRE(t.proto.receive(succ, ready));
+
+  // The successor link drops: the next connect is asked for on the next sweep, not after a
+  // heartbeat interval.
+  t.proto.close(succ);
+  t.proto.session_finished(succ);
+  t.proto.sweep();
+  REQUIRE(t.io.connects.size() == 5);
+  CHECK(t.io.connects[4].endpoint == "m1");
+
+  // The master reconfigures (member 1 failed): member 2 is the successor now. The connect to
+  // m1 completes late and is closed; the next step connects to m2.
+  auto cfg2 = chain_config_message(0, no_member, 2, 2);
+  REQUIRE(t.proto.receive(*master, cfg2));
+  auto& late = complete_connect(t, 4, 102);
+  CHECK(t.io.closed.back() == 102);
+  (void)late;
+  // The backoff doubles with each attempt since the link was last synced (1 ms at the
+  // configuration, 2 ms after the first link's connect, 4 ms after this one).
+  t.io.time += 3ms;
+  t.proto.sweep();
+  CHECK(t.io.connects.size() == 5);
+  t.io.time += 1ms;
+  t.proto.sweep();
+  REQUIRE(t.io.connects.size() == 6);
+  CHECK(t.io.connects[5].endpoint == "m2");
+
+  // The master link drops: at the next heartbeat tick the member registers again.
+  t.proto.close(*master);
+  t.proto.session_finished(*master);
+  t.io.time += part.options.heartbeat_interval;
+  t.proto.sweep();
+  REQUIRE(t.io.connects.size() == 7);
+  CHECK(t.io.connects[6].endpoint == "master");
+  master = &complete_connect(t, 6, 103);
+  CHECK(has_type(*master, message_type::chain_hello));
+}
+
+TEST_CASE("chain (strict), stepped: a member joining a running chain links to its successor "
+          "only once a state transfer arrived (no timer meanwhile)") {
+  // The head: its successor asks for a state transfer (ack flag `state`), which the head
+  // queues on the link.
+  stepped<strict_chain> head(chain_member(0));
+  REQUIRE(!head.proto.part().on_serve(head.io.ctx()));
+  auto& head_master = complete_connect(head, 0, 100);
+  auto head_cfg = chain_config_message(0, no_member, 1, 1);
+  REQUIRE(head.proto.receive(head_master, head_cfg));
+  head.proto.sweep();
+  auto& head_succ = complete_connect(head, 1, 101);
+  auto wants_state = chain_ack(0, frame_flags::state);
+  REQUIRE(head.proto.receive(head_succ, wants_state));
+  REQUIRE(has_type(head_succ, message_type::state));
+  const message& transfer = head_succ.outbox.back();
+  REQUIRE(transfer.header.type == message_type::state);
+
+  // Member 1 joins as the middle, before member 2, without the shard's state (fresh).
+  stepped<strict_chain> t(chain_member(1));
+  auto& part = t.proto.part();
+  REQUIRE(!part.on_serve(t.io.ctx()));
+  auto& master = complete_connect(t, 0, 100);
+  auto cfg = chain_config_message(1, 0, 2, 2, /*joining=*/true);
+  REQUIRE(t.proto.receive(master, cfg));
+  t.proto.sweep();
+  CHECK(t.io.connects.size() == 1);     // nothing to feed member 2 with yet
+  CHECK(!t.proto.part_timer_armed(1));  // and no timer polls for it
+  t.io.time += std::chrono::seconds(1);
+  t.proto.sweep();
+  CHECK(t.io.connects.size() == 1);
+
+  // The predecessor links in and sends the state: installed, and the successor link starts.
+  auto& pred = t.proto.add_session(200);
+  auto hello = protocol::encode(
+      protocol::chain_hello{.shard = 0,
+                            .member = 0,
+                            .fingerprint = policy_fingerprint<consistency::ssp<0>, strict_chain>(),
+                            .epoch = 2},
+      [](std::size_t n) { return pool.allocate(n); });
+  REQUIRE(t.proto.receive(pred, hello));
+  message copy{transfer.header, transfer.payload.share()};
+  REQUIRE(t.proto.receive(pred, copy));
+  CHECK(part.stats().states_installed == 1);
+  t.proto.sweep();
+  REQUIRE(t.io.connects.size() == 2);
+  CHECK(t.io.connects[1].endpoint == "m2");
 }

@@ -853,8 +853,8 @@ struct counting_server_hooks {
     void note(const char* hook) const {
       if (calls->empty() || calls->back() != hook) calls->push_back(hook);
     }
-    template <class Server>
-    void on_start(Server&) {
+    template <class Ctx>
+    void on_start(Ctx&) {
       note("on_start");
     }
     template <class Ctx>
@@ -919,8 +919,8 @@ struct counting_server_hooks {
       note("on_applied");
       return false;
     }
-    template <class Server>
-    void on_clock(clock_value, const Server&) {
+    template <class Ctx>
+    void on_clock(clock_value, Ctx&) {
       note("on_clock");
     }
     void on_stop() { note("on_stop"); }

@@ -386,7 +386,6 @@ struct test_io {
   test_time now() const { return time; }
   void wake_watchdog() { ++watchdog_wakes; }
   void wake_sweeper() { ++sweeper_wakes; }
-  test_io& server() { return *this; }  // what a part's on_clock(clock, server) would receive
 
   std::vector<int> woken;
   std::vector<int> closed;

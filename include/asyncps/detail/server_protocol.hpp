@@ -16,9 +16,9 @@
 //   io.allocate(n)       a payload buffer of n bytes
 //   io.now()             the transport clock's time
 //   io.wake_watchdog()   a pull now waits, or nothing can wait any more: re-arm the watchdog
-//   io.wake_sweeper()    a deadline earlier than the sweeper's timer appeared, or nothing is
+//   io.wake_sweeper()    a deadline earlier than the sweeper's timer appeared (a session's,
+//                        or a recovery part's timer armed with `ctx.arm_timer`), or nothing is
 //                        watched any more: the sweeper calls `sweep` and re-arms its timer
-//   io.server()          what the recovery part's `on_clock(clock, server)` receives
 //
 // `basic_server` (server.hpp) is the shell; tests/unit/server_core_test.cpp steps it with a
 // shell that records. Thread safety: one thread at a time (the server's executor).
@@ -34,6 +34,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -162,6 +163,25 @@ class server_protocol {
   std::optional<TimePoint> sweep();
   // The sessions' deadlines (see `sweep`).
   std::optional<TimePoint> sweep_sessions();
+
+  // ---- the recovery part's timers (a sans-io action: the sweeper fires them) ----
+
+  /// How many timers a recovery part may arm (ids 0 .. part_timer_count - 1).
+  static constexpr std::uint32_t part_timer_count = 4;
+  /// Arms the part's timer `id` to fire `after` from `io.now()` (replacing its earlier
+  /// deadline): `sweep` then calls the part's `on_timer(ctx, id)` once (recovery.hpp). Wakes
+  /// the sweeper. Precondition: `id < part_timer_count`.
+  void arm_part_timer(std::uint32_t id, std::chrono::milliseconds after);
+  /// Disarms the part's timer `id` (nothing happens when it was not armed).
+  void cancel_part_timer(std::uint32_t id) noexcept { part_timers_[id].reset(); }
+  /// A connect the part asked for (`ctx.connect`) made peer session `s` (claimed with its
+  /// role): the part's `on_connected(ctx, s)`.
+  void part_connected(Session& s);
+  /// A connect the part asked for with tag `role` failed with `ec`: the part's
+  /// `on_connect_failed(ctx, role, ec)`.
+  void part_connect_failed(std::uint8_t role, std::error_code ec);
+  /// Whether the part's timer `id` is armed.
+  bool part_timer_armed(std::uint32_t id) const noexcept { return part_timers_[id].has_value(); }
   /// Closes `s` once its queued messages are sent.
   void close_after_flush(Session& s);
   /// Refuses `s`: queues an error{code, reason} and closes after flushing it (logged and
@@ -404,6 +424,7 @@ class server_protocol {
   membership<TimePoint> membership_;          // elastic: when absent members leave
   vap_visibility<Session> visibility_;        // VAP: writer clocks waiting for their readers
   log_limiter<TimePoint> limiter_;            // refusals and failed accepts, per peer host
+  std::array<std::optional<TimePoint>, part_timer_count> part_timers_{};  // deadlines
 };
 
 }  // namespace asyncps::detail

@@ -27,10 +27,10 @@ template <class Consistency, class Recovery, class Optimizer, class Session, cla
           class Io>
 void server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::clock_advanced() {
   const clock_value m = core_.clock();
-  // The two shapes of the hook, detected by recovery.hpp's concepts (the server's form first).
-  if constexpr (has_on_clock_with_server<part_type,
-                                         std::remove_reference_t<decltype(io_->server())>>) {
-    part_.on_clock(m, io_->server());  // e.g. snapshot at this clock boundary
+  // The two shapes of the hook, detected by recovery.hpp's concepts (the context's form first).
+  if constexpr (has_on_clock_with_context<part_type, ctx_t<Io>>) {
+    auto ctx = io_->ctx();
+    part_.on_clock(m, ctx);  // e.g. snapshot at this clock boundary
   } else if constexpr (has_on_clock_alone<part_type>) {
     part_.on_clock(m);
   }

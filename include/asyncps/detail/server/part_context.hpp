@@ -6,6 +6,7 @@
 // connect, spawn, timers) on top of it.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -109,6 +110,22 @@ class part_context {
     for (auto& s : p().sessions())
       if (pred(static_cast<const session_base&>(s))) p().close(s);
   }
+
+  // ---- timers (the part's hook `on_timer`; fired by the server's sweeper) ----
+
+  /// How many timers a part may arm: ids 0 .. timer_count - 1.
+  static constexpr std::uint32_t timer_count = Protocol::part_timer_count;
+  /// Arms timer `id` (< `timer_count`) to fire once, `after` (milliseconds) from now in the
+  /// transport's clock (virtual time on the simulated transport): the part's
+  /// `on_timer(ctx, id)` is then called on the server's executor. Arming an armed timer
+  /// moves its deadline. Not fired after the server stops.
+  void arm_timer(std::uint32_t id, std::chrono::milliseconds after) const {
+    p().arm_part_timer(id, after);
+  }
+  /// Disarms timer `id` (nothing when it is not armed).
+  void cancel_timer(std::uint32_t id) const noexcept { p().cancel_part_timer(id); }
+  /// Whether timer `id` is armed.
+  bool timer_armed(std::uint32_t id) const noexcept { return p().part_timer_armed(id); }
 
   // ---- the shard ----
 

@@ -13,8 +13,9 @@ namespace asyncps::detail {
 /// The policy-independent part of one server connection, as recovery parts see it.
 ///
 /// A session is unknown until its first message: a worker's hello makes it a worker session;
-/// a recovery part may claim it as a peer (`Ctx::claim`, or `Ctx::add_peer` for a connection
-/// the part opened). Thread safety: the server's executor.
+/// a recovery part may claim it as a peer (`Ctx::claim`; a connection the part asked for with
+/// `ctx.connect(role, endpoint)` arrives claimed, in hook `on_connected`). Thread safety: the
+/// server's executor.
 struct session_base {
   /// What the peer of a session is.
   /// `reader`: a read-only session (`protocol::reader_id`), greeted by the server itself.

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <iterator>
 #include <optional>
@@ -117,9 +118,47 @@ server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::sweep
     });
   }
   limiter_.flush(io_->now(), [this](const std::string& line) { log(line); });
+  if constexpr (has_on_timer<part_type, ctx_t<Io>>) {
+    // The part's timers that are due, in id order; each fires once (it may arm itself again).
+    for (std::uint32_t id = 0; id < part_timer_count; ++id) {
+      if (part_timers_[id] && *part_timers_[id] <= io_->now()) {
+        part_timers_[id].reset();
+        part_.on_timer(io_->ctx(), id);
+      }
+    }
+  }
   auto next = sweep_sessions();
   if (const auto d = membership_.next()) next = next ? std::min(*next, *d) : *d;
+  for (const auto& d : part_timers_)
+    if (d) next = next ? std::min(*next, *d) : *d;
   return next;
+}
+
+template <class Consistency, class Recovery, class Optimizer, class Session, class TimePoint,
+          class Io>
+void server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::part_connected(
+    Session& s) {
+  if constexpr (has_on_connected<part_type, ctx_t<Io>>) {
+    part_.on_connected(io_->ctx(), s);
+  } else {
+    close(s);  // nobody asked for it
+  }
+}
+
+template <class Consistency, class Recovery, class Optimizer, class Session, class TimePoint,
+          class Io>
+void server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::part_connect_failed(
+    std::uint8_t role, std::error_code ec) {
+  if constexpr (has_on_connect_failed<part_type, ctx_t<Io>>)
+    part_.on_connect_failed(io_->ctx(), role, ec);
+}
+
+template <class Consistency, class Recovery, class Optimizer, class Session, class TimePoint,
+          class Io>
+void server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::arm_part_timer(
+    std::uint32_t id, std::chrono::milliseconds after) {
+  part_timers_[id] = io_->now() + std::chrono::duration_cast<typename TimePoint::duration>(after);
+  io_->wake_sweeper();
 }
 
 template <class Consistency, class Recovery, class Optimizer, class Session, class TimePoint,

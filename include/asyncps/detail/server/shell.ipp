@@ -218,6 +218,26 @@ asio::awaitable<void> basic_server<Transport, Consistency, Recovery, Optimizer>:
   }
 }
 
+// A connect the recovery part asked for (`context::connect`): the new connection becomes a peer
+// session tagged `role`, then the part hears of it; or the part hears of the failure.
+template <transport Transport, consistency_policy Consistency, recovery_policy Recovery,
+          optimizer_policy Optimizer>
+asio::awaitable<void> basic_server<Transport, Consistency, Recovery, Optimizer>::connect_peer(
+    std::uint8_t role, typename Transport::endpoint_type ep) {
+  auto [ec, conn] = co_await transport_.async_connect(ep);
+  if (stopped_) {
+    if (!ec) conn.close();
+    co_return;
+  }
+  if (ec) {
+    proto_.part_connect_failed(role, ec);
+    co_return;
+  }
+  auto& s = add_session(std::move(conn));
+  detail::part_context<protocol_type>::claim(s, role);
+  proto_.part_connected(s);
+}
+
 // The pool trimmer: one coroutine and one timer per server, for transports that pool buffers
 // per node (tcp_transport::trim_pools). Ends with the server.
 template <transport Transport, consistency_policy Consistency, recovery_policy Recovery,

@@ -4,8 +4,11 @@
 // entries (worker pushes and clocks, in the order the head applied them) flow down the chain
 // and acks (log positions) flow back up; a worker's push is acked once the tail has it.
 // Relaxed: the head copies its whole state down the chain every `replicate_every` pushes.
-// Everything here runs in `basic_server`'s hooks (declared in recovery.hpp) or in the coroutines
-// they spawn (`ctx.spawn`: the links to the master and the successor), on its executor.
+// Everything here runs in `basic_server`'s hooks (declared in recovery.hpp), on its executor:
+// sans-io, with no coroutine, timer or socket of its own. The links to the master and the
+// successor are schedules on the part's timers (`ctx.arm_timer`, hook `on_timer`) and connects
+// the server makes for it (`ctx.connect`, hooks `on_connected` / `on_connect_failed`), so a
+// test steps a member event by event (tests/unit/policy_steps_test.cpp).
 //
 // This file holds the class, its hooks and its small helpers; the longer members are defined at
 // its end, in server_part_links.ipp (the links to the master and the successor, the master's
@@ -24,9 +27,6 @@
 #include <utility>
 #include <vector>
 
-#include <asio/awaitable.hpp>
-
-#include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
@@ -93,7 +93,7 @@ class chain_server_part {
       ctx.log("chain replication needs set_chain(...) with this server among the members");
       return errc::invalid_argument;
     }
-    ctx.spawn(master_link(ctx));
+    connect_master(ctx);
     return {};
   }
   /// Only the head serves workers; a head without the shard's state (`shard_lost()`) refuses
@@ -212,17 +212,28 @@ class chain_server_part {
     detail = " (type " + std::to_string(static_cast<int>(h.type)) + " on a chain link)";
     return errc::unexpected_message;
   }
-  /// Forgets a link that ended.
+  /// Forgets a link that ended (the master's is made again at its next heartbeat; the
+  /// successor's at once).
   template <class Ctx>
-  void on_session_closed(Ctx, detail::session_base& s) {
+  void on_session_closed(Ctx ctx, detail::session_base& s) {
     auto& r = rt_.value;
     if (r.pred == &s) r.pred = nullptr;
     if (r.succ == &s) {
       r.succ = nullptr;
-      r.succ_wake();
+      wake_successor_link(ctx);
     }
     if (r.master == &s) r.master = nullptr;
   }
+  /// The links' timers: heartbeats to the master and the successor, reconnects with backoff.
+  template <class Ctx>
+  void on_timer(Ctx ctx, std::uint32_t timer);
+  /// A connect this part asked for made a link: registers with the master, or greets the
+  /// successor (closed instead when the configuration moved on meanwhile).
+  template <class Ctx>
+  void on_connected(Ctx ctx, detail::session_base& s);
+  /// A connect this part asked for failed: retried after a backoff.
+  template <class Ctx>
+  void on_connect_failed(Ctx ctx, std::uint8_t role, std::error_code ec);
   /// Only the head serves workers (not one without the shard's state).
   bool serves_workers() const noexcept { return rt_.value.head && !rt_.value.lost; }
   /// Log lines name the member: "asyncps server <shard>.<member>".
@@ -268,14 +279,22 @@ class chain_server_part {
 
   // ---- the links and the configuration (defined in server_part_links.ipp) ----
 
-  // Registers with the chain master, sends it heartbeats, and registers again when the link
-  // drops (the master then treats this server as a new member: it rejoins as the tail).
+  // The link to the chain master: registers, sends heartbeats every heartbeat_interval
+  // (timer `master_timer`), and registers again when the link drops (the master then treats
+  // this server as a new member: it rejoins as the tail), connecting with backoff.
   template <class Ctx>
-  asio::awaitable<void> master_link(Ctx ctx);
-
-  // Keeps a connection to the configured successor (reconnecting while it stays configured).
+  void connect_master(Ctx ctx);
+  // The link to the configured successor (timer `successor_timer`): kept while one is
+  // configured and this server has the state to feed it, reconnected with backoff, sent
+  // heartbeats once synced. One step of its schedule:
   template <class Ctx>
-  asio::awaitable<void> successor_link(Ctx ctx);
+  void successor_link_step(Ctx ctx);
+  // Runs the successor link's next step soon (a new successor, a lost link, a state
+  // installed), unless a connect is in flight (its completion runs it).
+  template <class Ctx>
+  void wake_successor_link(Ctx ctx);
+  static constexpr std::uint32_t master_timer = 0;  // the part's timers (ctx.arm_timer)
+  static constexpr std::uint32_t successor_timer = 1;
 
   // Drops everything this server did as a chain member: it rejoins from a state transfer.
   template <class Ctx>

@@ -1,8 +1,9 @@
 // asyncps — recovery::chain_replication, server part: the links and the configuration. The link
-// to the chain master (registering, heartbeats, registering again), the link to the configured
-// successor, the master's chain_config (predecessor, successor, head, a lost shard), leaving the
-// chain to rejoin from a state transfer, and a predecessor's chain_hello claiming its session
-// (its member id checked against the chain and the certificate's identity).
+// to the chain master (registering, heartbeats, registering again) and the link to the
+// configured successor, both schedules on the part's timers and connects (sans-io); the
+// master's chain_config (predecessor, successor, head, a lost shard); leaving the chain to
+// rejoin from a state transfer; and a predecessor's chain_hello claiming its session (its member
+// id checked against the chain and the certificate's identity).
 //
 // Out-of-line definitions of members of chain_server_part, declared in
 // asyncps/recovery/chain/server_part.hpp. Not a header to include on its own: server_part.hpp
@@ -17,9 +18,6 @@
 #include <system_error>
 #include <utility>
 
-#include <asio/awaitable.hpp>
-
-#include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/peer_identity.hpp"
@@ -33,62 +31,108 @@ namespace asyncps::recovery {
 
 template <chain_mode Mode>
 template <class Ctx>
-asio::awaitable<void> chain_server_part<Mode>::master_link(Ctx ctx) {
+void chain_server_part<Mode>::connect_master(Ctx ctx) {
   auto& r = rt_.value;
-  typename Ctx::timer_type timer(ctx.executor());
-  std::chrono::milliseconds backoff{10};
-  while (!ctx.stopped()) {
+  if (r.master_connecting || r.master != nullptr) return;
+  r.master_connecting = true;
+  ctx.connect(role_master, endpoints<Ctx>()->master);
+}
+
+template <chain_mode Mode>
+template <class Ctx>
+void chain_server_part<Mode>::successor_link_step(Ctx ctx) {
+  auto& r = rt_.value;
+  if (r.succ_member == no_member) {  // no successor configured (any more): the link ends
+    r.succ_linking = false;
+    ctx.cancel_timer(successor_timer);
+    return;
+  }
+  if (r.succ_connecting) return;  // its completion takes the next step
+  // Without the shard's state nothing can feed a successor: the link waits, with no timer,
+  // for the state transfer (install_state wakes it).
+  if (r.succ == nullptr && r.fresh) return;
+  if (r.succ == nullptr) {
+    r.succ_connecting = true;
+    r.succ_target = r.succ_member;
+    ctx.connect(role_successor, endpoints<Ctx>()->members[r.succ_target]);
+    return;
+  }
+  if (r.succ != nullptr && r.succ->ready) {
+    r.succ_backoff = std::chrono::milliseconds(1);
+    // Tells the successor this link is live (chain_options::link_silence).
+    ctx.send_peer(*r.succ, chain_message(ctx, message_type::heartbeat, 0));
+  }
+  ctx.arm_timer(successor_timer, r.succ == nullptr ? r.succ_backoff : options.heartbeat_interval);
+}
+
+template <chain_mode Mode>
+template <class Ctx>
+void chain_server_part<Mode>::wake_successor_link(Ctx ctx) {
+  auto& r = rt_.value;
+  if (r.succ_linking && !r.succ_connecting) ctx.arm_timer(successor_timer, {});
+}
+
+template <chain_mode Mode>
+template <class Ctx>
+void chain_server_part<Mode>::on_timer(Ctx ctx, std::uint32_t timer) {
+  auto& r = rt_.value;
+  if (timer == master_timer) {
     if (r.master == nullptr) {
-      auto [ec, conn] = co_await ctx.async_connect(endpoints<Ctx>()->master);
-      if (!ec && !ctx.stopped()) {
-        r.master = &ctx.add_peer(std::move(conn), role_master);
-        r.first_config = true;
-        ctx.send_peer(*r.master, chain_hello(ctx));
-        backoff = std::chrono::milliseconds(10);
-      } else {
-        if (!ec) conn.close();
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-      }
+      connect_master(ctx);
     } else {
       ctx.send_peer(*r.master, chain_message(ctx, message_type::heartbeat, 0));
+      ctx.arm_timer(master_timer, options.heartbeat_interval);
     }
-    timer.expires_after(r.master == nullptr ? backoff : options.heartbeat_interval);
-    co_await timer.async_wait(detail::use_tuple);
+  } else if (timer == successor_timer && r.succ_linking) {
+    successor_link_step(ctx);
   }
 }
 
 template <chain_mode Mode>
 template <class Ctx>
-asio::awaitable<void> chain_server_part<Mode>::successor_link(Ctx ctx) {
+void chain_server_part<Mode>::on_connected(Ctx ctx, detail::session_base& s) {
   auto& r = rt_.value;
-  typename Ctx::timer_type timer(ctx.executor());
-  r.succ_wake =
-      detail::chain_waker{&timer, [](void* t) { static_cast<decltype(&timer)>(t)->cancel(); }};
-  std::chrono::milliseconds backoff{1};
-  while (!ctx.stopped() && r.succ_member != no_member) {
-    if (r.succ == nullptr && !r.fresh) {
-      const std::uint32_t target = r.succ_member;
-      auto [ec, conn] = co_await ctx.async_connect(endpoints<Ctx>()->members[target]);
-      if (!ec && !ctx.stopped() && r.succ_member == target && r.succ == nullptr && !r.fresh) {
-        r.succ = &ctx.add_peer(std::move(conn), role_successor);
-        r.succ->peer = target;
-        ctx.send_peer(*r.succ, chain_hello(ctx));
-      } else if (!ec) {
-        conn.close();
-      }
-      // A refused or failed attempt (e.g. the successor has not got its configuration
-      // yet) is retried with backoff; a synced link resets it.
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
-    } else if (r.succ != nullptr && r.succ->ready) {
-      backoff = std::chrono::milliseconds(1);
-      // Tells the successor this link is live (chain_options::link_silence).
-      ctx.send_peer(*r.succ, chain_message(ctx, message_type::heartbeat, 0));
+  if (s.role == role_master) {
+    r.master_connecting = false;
+    r.master = &s;
+    r.first_config = true;
+    ctx.send_peer(s, chain_hello(ctx));
+    r.master_backoff = std::chrono::milliseconds(10);
+    ctx.arm_timer(master_timer, options.heartbeat_interval);
+  } else if (s.role == role_successor) {
+    r.succ_connecting = false;
+    if (r.succ_member == r.succ_target && r.succ == nullptr && !r.fresh) {
+      r.succ = &s;
+      s.peer = r.succ_target;
+      ctx.send_peer(s, chain_hello(ctx));
+    } else {
+      ctx.close(s);  // the configuration moved on while it connected
     }
-    timer.expires_after(r.succ == nullptr ? backoff : options.heartbeat_interval);
-    co_await timer.async_wait(detail::use_tuple);
+    // Until the link is synced (a refused or failed attempt: e.g. the successor has not got
+    // its configuration yet) attempts back off; a synced link resets it.
+    r.succ_backoff = std::min(r.succ_backoff * 2, std::chrono::milliseconds(200));
+    if (r.succ_linking) {
+      ctx.arm_timer(successor_timer,
+                    r.succ == nullptr ? r.succ_backoff : options.heartbeat_interval);
+    }
+  } else {
+    ctx.close(s);
   }
-  r.succ_wake = detail::chain_waker{};
-  r.succ_connecting = false;
+}
+
+template <chain_mode Mode>
+template <class Ctx>
+void chain_server_part<Mode>::on_connect_failed(Ctx ctx, std::uint8_t role, std::error_code) {
+  auto& r = rt_.value;
+  if (role == role_master) {
+    r.master_connecting = false;
+    r.master_backoff = std::min(r.master_backoff * 2, std::chrono::milliseconds(500));
+    ctx.arm_timer(master_timer, r.master_backoff);
+  } else if (role == role_successor) {
+    r.succ_connecting = false;
+    r.succ_backoff = std::min(r.succ_backoff * 2, std::chrono::milliseconds(200));
+    if (r.succ_linking) ctx.arm_timer(successor_timer, r.succ_backoff);
+  }
 }
 
 template <chain_mode Mode>
@@ -160,15 +204,18 @@ void chain_server_part<Mode>::on_config(Ctx ctx, const protocol::chain_config& h
       r.succ = nullptr;
     }
     r.succ_member = succ;
-    r.succ_wake();
     if (succ == no_member) {
+      wake_successor_link(ctx);  // it ends
       if constexpr (strict) {
         r.sent.clear();
         if (!r.fresh) commit(ctx, r.log_index);  // the tail commits what it applies
       }
-    } else if (!r.succ_connecting) {
-      r.succ_connecting = true;
-      ctx.spawn(successor_link(ctx));
+    } else if (!r.succ_linking) {
+      r.succ_linking = true;
+      r.succ_backoff = std::chrono::milliseconds(1);
+      ctx.arm_timer(successor_timer, {});  // its first step, soon
+    } else {
+      wake_successor_link(ctx);
     }
   }
   ctx.log("chain epoch " + std::to_string(r.epoch) + ": predecessor " + member_name(pred) +

@@ -87,7 +87,7 @@ std::error_code chain_server_part<Mode>::install_state(Ctx ctx, detail::session_
   r.fresh = false;
   r.lost = false;  // a member that held the state passed it on
   ++r.stats.states_installed;
-  r.succ_wake();  // it may now feed a successor
+  wake_successor_link(ctx);  // it may now feed a successor
   if (r.stats.states_installed == 1 || strict)
     ctx.log("installed a state transfer at log position " + std::to_string(r.log_index) +
             " (server clock " + std::to_string(ctx.clock()) + ")");

@@ -2,6 +2,7 @@
 // (links, log, acks waiting for the tail). Used by chain_server_part only.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 #include "asyncps/detail/ring.hpp"
@@ -20,20 +21,11 @@ struct chain_pending_ack {
   std::uint32_t worker;
   std::uint64_t seq;
 };
-// Cancels a timer of the server's type without naming it (successor_link's).
-struct chain_waker {
-  void* timer = nullptr;
-  void (*fn)(void*) = nullptr;
-  void operator()() const {
-    if (timer != nullptr) fn(timer);
-  }
-};
 // Run-time state: one registration with the master and the links of this member.
 struct chain_runtime {
   session_base* master = nullptr;  // link to the chain master
   session_base* pred = nullptr;    // incoming link from the predecessor
   session_base* succ = nullptr;    // outgoing link to the successor
-  chain_waker succ_wake{};         // successor_link's timer
   std::uint32_t pred_member = chain_no_member;
   std::uint32_t succ_member = chain_no_member;
   std::int64_t epoch = 0;
@@ -45,14 +37,20 @@ struct chain_runtime {
   // with errc::shard_lost (never serves its initial values); `lost_epoch` is when.
   bool lost = false;
   std::int64_t lost_epoch = 0;
-  bool succ_connecting = false;
-  std::uint64_t log_index = 0;           // entries applied (strict) or pushes (relaxed)
-  std::uint64_t committed = 0;           // entries the tail has (strict)
-  std::uint64_t since_copy = 0;          // relaxed: pushes since the last state copy
-  ring<message> sent;                    // strict: entries forwarded, not acked by the tail
-  std::uint64_t sent_first = 0;          // log position of sent.front()
-  ring<chain_pending_ack> pending_acks;  // head: worker acks waiting for the tail
-  shard_state incoming{};                // state transfer buffers (reused)
+  // The links' schedules (the part's timers and connects; see server_part_links.ipp).
+  bool master_connecting = false;                // a connect to the master is in flight
+  bool succ_linking = false;                     // a successor is configured: its link is kept
+  bool succ_connecting = false;                  // a connect to the successor is in flight
+  std::uint32_t succ_target = chain_no_member;   // the member that connect is to
+  std::chrono::milliseconds master_backoff{10};  // pause before the next master connect
+  std::chrono::milliseconds succ_backoff{1};     // pause before the next successor connect
+  std::uint64_t log_index = 0;                   // entries applied (strict) or pushes (relaxed)
+  std::uint64_t committed = 0;                   // entries the tail has (strict)
+  std::uint64_t since_copy = 0;                  // relaxed: pushes since the last state copy
+  ring<message> sent;                            // strict: entries forwarded, not acked by the tail
+  std::uint64_t sent_first = 0;                  // log position of sent.front()
+  ring<chain_pending_ack> pending_acks;          // head: worker acks waiting for the tail
+  shard_state incoming{};                        // state transfer buffers (reused)
   shard_state outgoing{};
   recovery::chain_stats stats{};
 };

@@ -96,10 +96,11 @@ class checkpoint_server_part {
   /// `s.options().shard` that reads back valid (`detail::read_checkpoint`) and fits the
   /// server (`s.restore_state`); every rejected file is logged with its reason and the next
   /// older one is tried (`checkpoint_store::restore`). Sets `stats().restored_clock` (-1 when
-  /// none was restored). `Server` provides `options().shard` and `std::error_code
+  /// none was restored). `Ctx` (the server context, or any type) provides `options().shard` and
+  /// `std::error_code
   /// restore_state(const shard_state&)`.
-  template <class Server>
-  void on_start(Server& s) noexcept {
+  template <class Ctx>
+  void on_start(Ctx& s) noexcept {
     if (!rt_) return;
     shard_ = s.options().shard;
     rt_->store.set_shard(shard_);
@@ -127,9 +128,10 @@ class checkpoint_server_part {
   /// in flight, snapshots the shard with `s.save_state` into the reused buffer (cost: one
   /// memcpy of `shard_state::data_bytes()` bytes) and hands it to the persist thread; when
   /// one is in flight the checkpoint is skipped (`stats().skipped`). Also logs persists that
-  /// failed since the last call. `Server` provides `void save_state(shard_state&) const`.
-  template <class Server>
-  void on_clock(clock_value c, const Server& s) noexcept {
+  /// failed since the last call. `Ctx` (the server context, or any type) provides
+  /// `void save_state(shard_state&) const`.
+  template <class Ctx>
+  void on_clock(clock_value c, const Ctx& s) noexcept {
     if (!rt_ || !schedule_.active()) return;
     const auto t = now();
     const bool in_flight = rt_->persister.poll(finished_);
@@ -182,8 +184,8 @@ class checkpoint_server_part {
   std::chrono::steady_clock::time_point now() const { return checkpoint_now(rt_->opts.clock); }
 
   // Snapshots into the buffer and hands it to the thread. True when a persist started.
-  template <class Server>
-  bool snapshot(clock_value c, const Server& s, checkpoint_schedule::time_point t) noexcept {
+  template <class Ctx>
+  bool snapshot(clock_value c, const Ctx& s, checkpoint_schedule::time_point t) noexcept {
     auto& p = rt_->persister;
     try {
       p.ensure_running();

@@ -8,7 +8,8 @@
 // are defined at its end, in server_part_order.ipp (holding and ordering worker messages, the
 // write-ahead release, state replicas to the workers, voiding unconfirmed orders) and
 // server_part_rebuild.ipp (rebuilding a restarted shard from the replicas and logs, and the
-// watch that times a rebuild out and voids orphaned orders).
+// watch that times a rebuild out and voids orphaned orders). Sans-io: no coroutine, timer or
+// socket of its own; the watch is the server's part timer (`ctx.arm_timer`, hook `on_timer`).
 #pragma once
 
 #include <algorithm>
@@ -21,9 +22,6 @@
 #include <utility>
 #include <vector>
 
-#include <asio/awaitable.hpp>
-
-#include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/server_hooks.hpp"
@@ -276,6 +274,12 @@ struct replica_log_server_part {
     release(ctx);
   }
 
+  /// The watch's tick (timer `watch_timer`, every `watch_tick` while a rebuild waits for the
+  /// workers or a closed connection's orders wait for confirmation): finishes the rebuild
+  /// after `recovery_timeout`, voids the orphaned orders after `void_timeout`.
+  template <class Ctx>
+  void on_timer(Ctx ctx, std::uint32_t timer);
+
  private:
   enum class mode : std::uint8_t { undecided, recovering, serving };
 
@@ -378,12 +382,12 @@ struct replica_log_server_part {
   template <class Ctx>
   void finish_recovery(Ctx ctx, bool timed_out);
 
-  // Ticks while a rebuild waits for the workers or a closed connection's orders wait for
-  // confirmation: finishes the rebuild at `recovery_timeout`, voids at `void_timeout`.
+  // Starts the watch (`on_timer`) unless it runs: it ticks while a rebuild waits for the
+  // workers or a closed connection's orders wait for confirmation.
   template <class Ctx>
   void watch(Ctx ctx);
-  template <class Ctx>
-  asio::awaitable<void> watch_loop(Ctx ctx);
+  static constexpr std::uint32_t watch_timer = 0;  // the part's one timer (ctx.arm_timer)
+  static constexpr std::chrono::milliseconds watch_tick{50};
   bool has_orphans() const noexcept;
 
   // Run-time state: a configured part copied into several servers starts fresh in each.
@@ -398,6 +402,7 @@ struct replica_log_server_part {
     clock_value replica_clock_ = 0;
     bool releasing_ = false;
     bool watching_ = false;
+    std::chrono::milliseconds recovering_for_{0}, orphaned_for_{0};  // the watch's ticks
     detail::ring<held> held_;
     std::vector<char> met_, done_;
     std::vector<std::uint64_t> expect_;

@@ -1,8 +1,8 @@
 // asyncps — recovery::replica_log (SWIFT), server part: rebuilding a restarted shard. Starting
 // a rebuild, collecting the workers' replays, choosing the replica the logs back, installing it
 // and replaying every logged entry after it in position order, then serving what was held; and
-// the watch that finishes a rebuild at recovery_timeout and voids orphaned orders at
-// void_timeout.
+// the watch (the part's timer, hook `on_timer`) that finishes a rebuild at recovery_timeout and
+// voids orphaned orders at void_timeout.
 //
 // Out-of-line definitions of members of replica_log_server_part, declared in
 // asyncps/recovery/replica_log/server_part.hpp. Not a header to include on its own: server_part.hpp
@@ -19,9 +19,6 @@
 #include <utility>
 #include <vector>
 
-#include <asio/awaitable.hpp>
-
-#include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/detail/server_hooks.hpp"
 #include "asyncps/detail/shard_state_codec.hpp"
@@ -222,41 +219,39 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
 
 template <class Ctx>
 void replica_log_server_part::watch(Ctx ctx) {
-  if (rt_.value.watching_) return;
-  rt_.value.watching_ = true;
-  ctx.spawn(watch_loop(ctx));
+  auto& r = rt_.value;
+  if (r.watching_) return;
+  r.watching_ = true;
+  r.recovering_for_ = r.orphaned_for_ = std::chrono::milliseconds{0};
+  ctx.arm_timer(watch_timer, watch_tick);
 }
 
 template <class Ctx>
-asio::awaitable<void> replica_log_server_part::watch_loop(Ctx ctx) {
-  typename Ctx::timer_type timer(ctx.executor());
-  const auto tick = std::chrono::milliseconds(50);
-  std::chrono::milliseconds recovering_for{0}, orphaned_for{0};
-  while (!ctx.stopped()) {
-    const bool orphans = has_orphans();
-    if (rt_.value.mode_ != mode::recovering && !orphans) break;
-    timer.expires_after(tick);
-    co_await timer.async_wait(detail::use_tuple);
-    if (ctx.stopped()) break;
-    if (rt_.value.mode_ == mode::recovering) {
-      recovering_for += tick;
-      if (recovering_for >= options.recovery_timeout) finish_recovery(ctx, true);
-    }
-    if (has_orphans()) {
-      orphaned_for += tick;
-      if (orphaned_for >= options.void_timeout) {
-        for (std::uint32_t w = 0; w < rt_.value.met_.size(); ++w)
-          if (!ctx.worker_connected(w)) void_unconfirmed(ctx, w);
-        ctx.log("dropped the unconfirmed updates of disconnected workers after " +
-                std::to_string(options.void_timeout.count()) + " ms");
-        release(ctx);
-        orphaned_for = std::chrono::milliseconds{0};
-      }
-    } else {
-      orphaned_for = std::chrono::milliseconds{0};
-    }
+void replica_log_server_part::on_timer(Ctx ctx, std::uint32_t timer) {
+  auto& r = rt_.value;
+  if (timer != watch_timer || !r.watching_) return;
+  if (r.mode_ == mode::recovering) {
+    r.recovering_for_ += watch_tick;
+    if (r.recovering_for_ >= options.recovery_timeout) finish_recovery(ctx, true);
   }
-  rt_.value.watching_ = false;
+  if (has_orphans()) {
+    r.orphaned_for_ += watch_tick;
+    if (r.orphaned_for_ >= options.void_timeout) {
+      for (std::uint32_t w = 0; w < r.met_.size(); ++w)
+        if (!ctx.worker_connected(w)) void_unconfirmed(ctx, w);
+      ctx.log("dropped the unconfirmed updates of disconnected workers after " +
+              std::to_string(options.void_timeout.count()) + " ms");
+      release(ctx);
+      r.orphaned_for_ = std::chrono::milliseconds{0};
+    }
+  } else {
+    r.orphaned_for_ = std::chrono::milliseconds{0};
+  }
+  if (r.mode_ == mode::recovering || has_orphans()) {
+    ctx.arm_timer(watch_timer, watch_tick);
+  } else {
+    r.watching_ = false;
+  }
 }
 
 inline bool replica_log_server_part::has_orphans() const noexcept {
