@@ -7,10 +7,10 @@
 // clock advances (Bösen's SSPPushServerThread).
 //
 // Structure: this file is a thin coroutine shell. What the server does with each message is
-// detail::server_protocol (sans-io, detail/server_protocol.hpp) over the shard's state and
-// rules, detail::shard_core (detail/shard_core.hpp); the recovery policy's server part plugs
+// detail::server_protocol (sans-io, detail/server/protocol.hpp) over the shard's state and
+// rules, detail::shard_core (detail/server/shard_core.hpp); the recovery policy's server part plugs
 // into the server hooks (declared, detected and checked in recovery.hpp); a connection is a
-// detail::server_session (detail/server_session.hpp). The shell accepts connections, runs each
+// detail::server_session (detail/server/session.hpp). The shell accepts connections, runs each
 // session's read and write loops, the watchdog and the sweeper (hello and send deadlines), and
 // executes what the protocol asks (wake a write loop, close a connection); those coroutines are
 // defined in detail/server/shell.ipp, included at the end of this file.
@@ -49,11 +49,11 @@
 #include "asyncps/detail/asio_compat.hpp"
 #include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/peer_address.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/detail/server/part_context.hpp"
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/server_protocol.hpp"
-#include "asyncps/detail/server_session.hpp"
-#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/server/protocol.hpp"
+#include "asyncps/detail/server/session.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/detail/transport_time.hpp"
 #include "asyncps/detail/wait_group.hpp"
@@ -338,7 +338,7 @@ class basic_server {
     }
   }();
 
-  // ---- the effects server_protocol asks for (see detail/server_protocol.hpp) ----
+  // ---- the effects server_protocol asks for (see detail/server/protocol.hpp) ----
   context ctx() noexcept { return context{this}; }
   static void wake(session& s) { s.wake.cancel(); }
   static void close(session& s) {

@@ -25,7 +25,7 @@
 // Payloads: push/rows = [keys: row_count x u32, padded to 16 bytes, only without `range`]
 // followed by row_count x width float32 (little-endian IEEE-754); a backlog push has a 16-byte
 // prefix before the floats (clocks u64, 8 zero bytes); pull = keys (sparse) or nothing
-// (range); state = an encoded shard state (detail/shard_state_codec.hpp); hello, welcome, error,
+// (range); state = an encoded shard state (detail/codec/shard_state.hpp); hello, welcome, error,
 // report, chain_hello, chain_config, order, announce, assigned, directory = the typed messages
 // of protocol.hpp; clock, ack, heartbeat, bye, commit, replay, lookup = nothing.
 #pragma once
@@ -79,7 +79,7 @@ enum class message_type : std::uint8_t {
                  ///< transfer)
   chain_config,  ///< chain master -> member: its predecessor and successor
                  ///< (`protocol::chain_config`, recovery/chain/messages.hpp)
-  state,         ///< member -> successor: the whole shard state (detail/shard_state_codec.hpp) as
+  state,         ///< member -> successor: the whole shard state (detail/codec/shard_state.hpp) as
                  ///< of log position `seq`; clock = server clock
   report,        ///< server -> worker with a pull waiting for the server clock: what holds it
                  ///< back (`protocol::report`)

@@ -22,7 +22,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/codec/shard_state.hpp"
 #include "asyncps/recovery/checkpoint/file.hpp"
 #include "asyncps/shard_state.hpp"
 #include "fuzz_support.hpp"

@@ -36,8 +36,8 @@
 
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/detail/server/part_context.hpp"
-#include "asyncps/detail/server_protocol.hpp"
-#include "asyncps/detail/server_session.hpp"
+#include "asyncps/detail/server/protocol.hpp"
+#include "asyncps/detail/server/session.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/none.hpp"

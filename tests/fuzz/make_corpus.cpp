@@ -17,8 +17,8 @@
 
 #include "asyncps/consistency/policies.hpp"
 #include "asyncps/detail/codec/rendezvous_messages.hpp"
-#include "asyncps/detail/shard_core.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/codec/shard_state.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/chain/messages.hpp"

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/wire.hpp"
 #include "fuzz_support.hpp"

@@ -1,4 +1,4 @@
-// libFuzzer target `state`: a chain state transfer's payload (detail/shard_state_codec.hpp)
+// libFuzzer target `state`: a chain state transfer's payload (detail/codec/shard_state.hpp)
 // decoded as a successor decodes it, then installed into a shard as the chain's server part
 // does (shard_core::restore_state). Input: the payload bytes.
 //
@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "asyncps/detail/shard_core.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/codec/shard_state.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/shard_state.hpp"

@@ -1,5 +1,5 @@
 // recovery::checkpoint and its file format (recovery/checkpoint/file.hpp, a framing around
-// detail/shard_state_codec.hpp): bit-identical round trips, rejection of truncated/corrupt/
+// detail/codec/shard_state.hpp): bit-identical round trips, rejection of truncated/corrupt/
 // hostile/old-version files, atomic writes, pruning, restore fallback, the fixed and adaptive
 // schedule driven by made-up times (recovery/checkpoint/schedule.hpp) and by an injected clock,
 // and a real in-process server restored from disk. Nothing here sleeps.
@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "asyncps/consistency/policies.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/codec/shard_state.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery/checkpoint.hpp"
 #include "asyncps/recovery/checkpoint/file.hpp"
@@ -363,7 +363,7 @@ TEST_CASE("checkpoint file: bad magic, version and hostile counts") {
   // Counts that are checksummed correctly but describe far more data than the file holds must
   // be rejected before anything is allocated (a resize to these sizes would throw or exhaust
   // memory).
-  // The record (detail/shard_state_codec.hpp) starts after the file header.
+  // The record (detail/codec/shard_state.hpp) starts after the file header.
   const std::size_t h = detail::checkpoint_header_bytes;
   b = bytes;
   poke<std::uint32_t>(b, h + 8, 0xffffffffu);  // num_workers

@@ -33,8 +33,8 @@
 #include <doctest/doctest.h>
 
 #include "asyncps/consistency/policies.hpp"
-#include "asyncps/detail/shard_core.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/codec/shard_state.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/chain/master.hpp"

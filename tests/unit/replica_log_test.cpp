@@ -21,7 +21,7 @@
 #include <doctest/doctest.h>
 
 #include "asyncps/consistency/policies.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/codec/shard_state.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/server.hpp"

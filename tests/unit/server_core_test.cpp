@@ -21,9 +21,9 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/consistency/policies.hpp"
-#include "asyncps/detail/server_protocol.hpp"
-#include "asyncps/detail/server_session.hpp"
-#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/server/protocol.hpp"
+#include "asyncps/detail/server/session.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"

@@ -9,8 +9,8 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/codec/shard_state.hpp"
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"

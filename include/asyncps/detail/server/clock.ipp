@@ -2,16 +2,16 @@
 // the server clock advances (recovery part's on_clock, ready pulls answered, eager rows, the
 // options' on_clock), elastic membership's join, leave and catch-up, and installing a shard state.
 //
-// Out-of-line definitions of members declared in asyncps/detail/server_protocol.hpp. Not a header
-// to include on its own: server_protocol.hpp includes it at its end, after the class it defines
-// members of (so this file does not include server_protocol.hpp back).
+// Out-of-line definitions of members declared in asyncps/detail/server/protocol.hpp. Not a header
+// to include on its own: protocol.hpp includes it at its end, after the class it defines
+// members of (so this file does not include protocol.hpp back).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <system_error>
 
-#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/shard_state.hpp"
 
 namespace asyncps::detail {

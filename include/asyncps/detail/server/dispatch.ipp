@@ -3,9 +3,9 @@
 // dispatch, the reader's and the worker's message switches, error frames in, and refusing a session
 // with an error frame (`reject`).
 //
-// Out-of-line definitions of members declared in asyncps/detail/server_protocol.hpp. Not a header
-// to include on its own: server_protocol.hpp includes it at its end, after the class it defines
-// members of (so this file does not include server_protocol.hpp back).
+// Out-of-line definitions of members declared in asyncps/detail/server/protocol.hpp. Not a header
+// to include on its own: protocol.hpp includes it at its end, after the class it defines
+// members of (so this file does not include protocol.hpp back).
 #pragma once
 
 #include <algorithm>
@@ -17,7 +17,7 @@
 #include <system_error>
 
 #include "asyncps/consistency.hpp"
-#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"

@@ -3,9 +3,9 @@
 // sender, the certificate's identity, clock, layout), registering the worker and its welcome, and
 // taking a worker id over from an older connection.
 //
-// Out-of-line definitions of members declared in asyncps/detail/server_protocol.hpp. Not a header
-// to include on its own: server_protocol.hpp includes it at its end, after the class it defines
-// members of (so this file does not include server_protocol.hpp back).
+// Out-of-line definitions of members declared in asyncps/detail/server/protocol.hpp. Not a header
+// to include on its own: protocol.hpp includes it at its end, after the class it defines
+// members of (so this file does not include protocol.hpp back).
 #pragma once
 
 #include <algorithm>
@@ -16,9 +16,9 @@
 #include <system_error>
 
 #include "asyncps/consistency.hpp"
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/server_session.hpp"
-#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/server/hooks.hpp"
+#include "asyncps/detail/server/session.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/peer_identity.hpp"
 #include "asyncps/protocol.hpp"

@@ -1,9 +1,9 @@
 // asyncps — detail::server_protocol, the server's log lines: the line prefix, the per-host rate
 // limit of refusals, the accept loop's failures, and how a session is named.
 //
-// Out-of-line definitions of members declared in asyncps/detail/server_protocol.hpp. Not a header
-// to include on its own: server_protocol.hpp includes it at its end, after the class it defines
-// members of (so this file does not include server_protocol.hpp back).
+// Out-of-line definitions of members declared in asyncps/detail/server/protocol.hpp. Not a header
+// to include on its own: protocol.hpp includes it at its end, after the class it defines
+// members of (so this file does not include protocol.hpp back).
 #pragma once
 
 #include <chrono>
@@ -13,7 +13,7 @@
 
 #include "asyncps/detail/accept_retry.hpp"
 #include "asyncps/detail/log_limiter.hpp"
-#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/log.hpp"
 
 namespace asyncps::detail {

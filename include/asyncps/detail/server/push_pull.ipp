@@ -3,9 +3,9 @@
 // acknowledgements; a pull answered at once or deferred; the rows messages, and the eager rows
 // pushed to subscribed readers.
 //
-// Out-of-line definitions of members declared in asyncps/detail/server_protocol.hpp. Not a header
-// to include on its own: server_protocol.hpp includes it at its end, after the class it defines
-// members of (so this file does not include server_protocol.hpp back).
+// Out-of-line definitions of members declared in asyncps/detail/server/protocol.hpp. Not a header
+// to include on its own: protocol.hpp includes it at its end, after the class it defines
+// members of (so this file does not include protocol.hpp back).
 #pragma once
 
 #include <cmath>
@@ -19,8 +19,8 @@
 #include <Eigen/Core>
 
 #include "asyncps/consistency.hpp"
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/server/hooks.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/wire.hpp"

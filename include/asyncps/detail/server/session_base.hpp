@@ -1,6 +1,6 @@
 // asyncps — detail::session_base: one server connection as the recovery policy's server part
 // sees it (what the peer is, its ids, whether it is open). The server's sessions derive from it
-// (detail/server_session.hpp); the server hooks (asyncps/recovery.hpp) receive it.
+// (detail/server/session.hpp); the server hooks (asyncps/recovery.hpp) receive it.
 #pragma once
 
 #include <cstdint>

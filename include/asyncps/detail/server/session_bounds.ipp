@@ -3,9 +3,9 @@
 // largest queues to make room), closing a session, and the hello, send and membership deadlines
 // that the sweeper enforces.
 //
-// Out-of-line definitions of members declared in asyncps/detail/server_protocol.hpp. Not a header
-// to include on its own: server_protocol.hpp includes it at its end, after the class it defines
-// members of (so this file does not include server_protocol.hpp back).
+// Out-of-line definitions of members declared in asyncps/detail/server/protocol.hpp. Not a header
+// to include on its own: protocol.hpp includes it at its end, after the class it defines
+// members of (so this file does not include protocol.hpp back).
 #pragma once
 
 #include <algorithm>
@@ -17,9 +17,9 @@
 #include <utility>
 
 #include "asyncps/consistency.hpp"
-#include "asyncps/detail/server_bounds.hpp"
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/server_session.hpp"
+#include "asyncps/detail/server/bounds.hpp"
+#include "asyncps/detail/server/hooks.hpp"
+#include "asyncps/detail/server/session.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/wire.hpp"

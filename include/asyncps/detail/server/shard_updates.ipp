@@ -2,8 +2,8 @@
 // update) and applied through the optimizer, in one pass over its bytes (`check_and_apply`),
 // or checked without applying (`check_update`) and applied unchecked (`apply`).
 //
-// Out-of-line definitions of members declared in asyncps/detail/shard_core.hpp. Not a header to
-// include on its own: shard_core.hpp includes it at its end, after the class it defines members
+// Out-of-line definitions of members declared in asyncps/detail/server/shard_core.hpp. Not a header
+// to include on its own: shard_core.hpp includes it at its end, after the class it defines members
 // of (so this file does not include shard_core.hpp back).
 #pragma once
 

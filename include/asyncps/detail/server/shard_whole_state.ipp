@@ -1,8 +1,8 @@
 // asyncps — detail::shard_core, the whole state: saved into a `shard_state`, restored from one,
 // and checked (a state a run can reach) before it is installed.
 //
-// Out-of-line definitions of members declared in asyncps/detail/shard_core.hpp. Not a header to
-// include on its own: shard_core.hpp includes it at its end, after the class it defines members
+// Out-of-line definitions of members declared in asyncps/detail/server/shard_core.hpp. Not a header
+// to include on its own: shard_core.hpp includes it at its end, after the class it defines members
 // of (so this file does not include shard_core.hpp back).
 #pragma once
 

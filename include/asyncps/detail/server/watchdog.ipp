@@ -2,9 +2,9 @@
 // counts of workers connected, seen and trained, the workers not connected yet, and the worker
 // holding the server clock back while a pull waits.
 //
-// Out-of-line definitions of members declared in asyncps/detail/server_protocol.hpp. Not a header
-// to include on its own: server_protocol.hpp includes it at its end, after the class it defines
-// members of (so this file does not include server_protocol.hpp back).
+// Out-of-line definitions of members declared in asyncps/detail/server/protocol.hpp. Not a header
+// to include on its own: protocol.hpp includes it at its end, after the class it defines
+// members of (so this file does not include protocol.hpp back).
 #pragma once
 
 #include <algorithm>
@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/protocol.hpp"
 
 namespace asyncps::detail {

@@ -27,9 +27,9 @@
 #include <utility>
 #include <vector>
 
+#include "asyncps/detail/codec/shard_state.hpp"
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/detail/text.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"

@@ -18,7 +18,7 @@
 #include <system_error>
 #include <utility>
 
-#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/peer_identity.hpp"
 #include "asyncps/protocol.hpp"

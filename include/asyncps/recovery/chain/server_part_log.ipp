@@ -17,8 +17,8 @@
 #include <system_error>
 #include <utility>
 
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/codec/shard_state.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/chain/server_state.hpp"

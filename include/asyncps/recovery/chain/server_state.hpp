@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/recovery/chain/server_stats.hpp"
 #include "asyncps/shard_state.hpp"
 #include "asyncps/wire.hpp"

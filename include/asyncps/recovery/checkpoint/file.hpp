@@ -1,7 +1,7 @@
 // asyncps — the checkpoint file format of recovery::checkpoint (internal, namespace detail): one
 // `shard_state` per file, written atomically.
 //
-// A file is a framing around the one encoding of `shard_state` (detail/shard_state_codec.hpp,
+// A file is a framing around the one encoding of `shard_state` (detail/codec/shard_state.hpp,
 // the same record a chain `state` message carries). Little-endian. Format version 2:
 //
 //   offset size  field         meaning
@@ -44,10 +44,10 @@
 #include <xxhash.h>
 #undef XXH_INLINE_ALL
 
+#include "asyncps/detail/codec/shard_state.hpp"
 #include "asyncps/detail/endian.hpp"
-#include "asyncps/detail/posix_file.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/recovery/checkpoint/posix_file.hpp"
 #include "asyncps/result.hpp"
 #include "asyncps/shard_state.hpp"
 

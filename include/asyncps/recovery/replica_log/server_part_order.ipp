@@ -18,10 +18,10 @@
 #include <system_error>
 #include <utility>
 
+#include "asyncps/detail/codec/shard_state.hpp"
 #include "asyncps/detail/log_limiter.hpp"
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/replica_log/messages.hpp"
 #include "asyncps/recovery/replica_log/options.hpp"

@@ -19,9 +19,9 @@
 #include <utility>
 #include <vector>
 
+#include "asyncps/detail/codec/shard_state.hpp"
 #include "asyncps/detail/ring.hpp"
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/shard_state_codec.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/recovery/replica_log/options.hpp"
 #include "asyncps/wire.hpp"

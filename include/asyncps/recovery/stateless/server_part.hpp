@@ -17,7 +17,7 @@
 
 #include <Eigen/Core>
 
-#include "asyncps/detail/server_hooks.hpp"
+#include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery/stateless/messages.hpp"

@@ -1,6 +1,6 @@
 // asyncps — detail::server_protocol: what a server does with each message, sans-io.
 //
-// It owns the shard core (detail/shard_core.hpp), the recovery policy's server part, the
+// It owns the shard core (detail/server/shard_core.hpp), the recovery policy's server part, the
 // sessions (their sans-io state: outbox, subscriptions, waiting pulls), the worker registry
 // and the counters. A message in (`receive`) greets a hello, validates and dispatches a
 // worker's push, clock, pull, bye or error, or hands a peer's message to the recovery part;
@@ -8,7 +8,7 @@
 // closing) plus a few calls on the shell `Io`, which owns every socket, timer and executor.
 // It also keeps the server's resource bounds: the per-connection queue limits, the server-wide
 // queue budget (`enqueue`), and the hello and send deadlines (`sweep`, run by one timer of the
-// shell: the sweeper), deciding them with detail::server_bounds (detail/server_bounds.hpp).
+// shell: the sweeper), deciding them with detail::server_bounds (detail/server/bounds.hpp).
 //
 //   io.ctx()             the recovery hooks' context (basic_server::context)
 //   io.wake(s)           session `s` has a message to send or is closing: wake its write loop
@@ -57,13 +57,13 @@
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/accept_retry.hpp"
 #include "asyncps/detail/log_limiter.hpp"
-#include "asyncps/detail/membership.hpp"
-#include "asyncps/detail/server_bounds.hpp"
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/server_session.hpp"
-#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/server/bounds.hpp"
+#include "asyncps/detail/server/hooks.hpp"
+#include "asyncps/detail/server/membership.hpp"
+#include "asyncps/detail/server/session.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
+#include "asyncps/detail/server/vap_visibility.hpp"
 #include "asyncps/detail/text.hpp"
-#include "asyncps/detail/vap_visibility.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/log.hpp"
 #include "asyncps/protocol.hpp"

@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "asyncps/detail/server_hooks.hpp"
-#include "asyncps/detail/shard_core.hpp"
+#include "asyncps/detail/server/hooks.hpp"
+#include "asyncps/detail/server/shard_core.hpp"
 #include "asyncps/wire.hpp"
 
 namespace asyncps::detail {
