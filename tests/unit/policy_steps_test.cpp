@@ -594,6 +594,16 @@ message chain_config_message(std::uint32_t member, std::uint32_t pred, std::uint
                           [](std::size_t n) { return pool.allocate(n); });
 }
 
+// A predecessor's chain_hello: member `member` of shard 0, at configuration `epoch`.
+message chain_hello_from(std::uint32_t member, std::int64_t epoch) {
+  return protocol::encode(
+      protocol::chain_hello{.shard = 0,
+                            .member = member,
+                            .fingerprint = policy_fingerprint<consistency::ssp<0>, strict_chain>(),
+                            .epoch = epoch},
+      [](std::size_t n) { return pool.allocate(n); });
+}
+
 message chain_ack(std::uint64_t position, std::uint8_t flags = 0) {
   message m;
   m.header.type = message_type::ack;
@@ -704,12 +714,7 @@ TEST_CASE("chain (strict), stepped as middle and tail: a worker is refused with 
 
   // The predecessor links in with a chain_hello; the tail answers with its log position.
   auto& pred = t.proto.add_session(200);
-  auto hello = protocol::encode(
-      protocol::chain_hello{.shard = 0,
-                            .member = 0,
-                            .fingerprint = policy_fingerprint<consistency::ssp<0>, strict_chain>(),
-                            .epoch = 1},
-      [](std::size_t n) { return pool.allocate(n); });
+  auto hello = chain_hello_from(0, 1);
   REQUIRE(t.proto.receive(pred, hello));
   REQUIRE(!pred.outbox.empty());
   CHECK(pred.outbox.back().header.type == message_type::ack);
@@ -836,12 +841,7 @@ TEST_CASE("chain (strict), stepped: a member joining a running chain links to it
 
   // The predecessor links in and sends the state: installed, and the successor link starts.
   auto& pred = t.proto.add_session(200);
-  auto hello = protocol::encode(
-      protocol::chain_hello{.shard = 0,
-                            .member = 0,
-                            .fingerprint = policy_fingerprint<consistency::ssp<0>, strict_chain>(),
-                            .epoch = 2},
-      [](std::size_t n) { return pool.allocate(n); });
+  auto hello = chain_hello_from(0, 2);
   REQUIRE(t.proto.receive(pred, hello));
   message copy{transfer.header, transfer.payload.share()};
   REQUIRE(t.proto.receive(pred, copy));
