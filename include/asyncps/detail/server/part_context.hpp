@@ -1,9 +1,10 @@
 // asyncps — the sans-io half of what a recovery part's hooks may do with a server shard
-// (recovery.hpp, server hooks): read and change the shard, talk to sessions, log. Everything
-// here goes through `detail::server_protocol` alone, with no transport, executor or timer, so
-// a test can step a policy's server part message by message with its own shell
-// (tests/unit/policy_steps_test.cpp). `basic_server::context` adds the I/O half (executor,
-// connect, spawn, timers) on top of it.
+// (recovery.hpp, server hooks): read and change the shard, talk to sessions, log, arm the
+// part's timers (deadlines the server's sweeper fires). Everything here goes through
+// `detail::server_protocol` alone, with no transport, executor or timer object, so a test can
+// step a policy's server part message by message and tick by tick with its own shell
+// (tests/unit/policy_steps_test.cpp). `basic_server::context` adds `connect` (the one action
+// that needs the transport's address type) and the transport's limits on top of it.
 #pragma once
 
 #include <chrono>
