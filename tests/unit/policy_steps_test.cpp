@@ -125,9 +125,6 @@ using proto_of = detail::server_protocol<consistency::ssp<0>, Recovery, optimize
 template <class Recovery>
 struct policy_io {
   using proto_type = proto_of<Recovery>;
-  struct server_view {
-    proto_type* p;
-  };
 
   // The hooks' context: the sans-io `part_context` plus the one I/O action a part may ask
   // for, `connect`, recorded here (the test completes it by hand with `part_connected`).
@@ -144,7 +141,7 @@ struct policy_io {
     std::uint8_t role;
     std::string endpoint;
   };
-  context ctx() { return context(*view.p, this); }
+  context ctx() { return context(*proto, this); }
   void wake(step_session&) {}
   void close(step_session& s) { closed.push_back(s.tag); }
   buffer allocate(std::size_t n) { return pool.allocate(n); }
@@ -152,7 +149,7 @@ struct policy_io {
   void wake_watchdog() {}
   void wake_sweeper() {}
 
-  server_view view{nullptr};  // set once the protocol is built
+  proto_type* proto = nullptr;  // set once the protocol is built
   std::vector<int> closed;
   std::vector<connect_request> connects;  // the part's connects, in order
   test_time time{};
@@ -176,7 +173,7 @@ struct stepped {
   using proto_type = proto_of<Recovery>;
   explicit stepped(typename Recovery::server_part part = {})
       : proto{io, step_options(), optimizer::sgd{1.0f}, std::move(part)} {
-    io.view.p = &proto;
+    io.proto = &proto;
     log_lines.clear();
   }
   policy_io<Recovery> io;
