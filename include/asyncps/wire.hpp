@@ -38,6 +38,8 @@
 #include <span>
 #include <system_error>
 
+// xxHash is used header-only. With g++ 12 at -Og, xxHash 0.8.1 stops with "inlining failed in
+// call to 'always_inline'": compile with -DXXH_NO_INLINE_HINTS=1 there (docs/build_time.md).
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 #undef XXH_INLINE_ALL
