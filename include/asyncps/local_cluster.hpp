@@ -36,6 +36,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/address_v4.hpp>
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 #include <asio/this_coro.hpp>
@@ -315,6 +316,13 @@ class local_cluster {
               if (e) state.fail("local_cluster", errc::stopped, e);
             });
     };
+    // After a failure: every worker ends its run now (one still connecting would otherwise
+    // retry the stopped servers for its whole connect_timeout), on its own executor.
+    auto stop_workers = [&] {
+      if (state.workers_stopping.exchange(true)) return;
+      for (std::uint32_t w = 0; w < num_workers; ++w)
+        asio::post(worker_nets[w]->get_executor(), [&workers, w] { workers[w]->stop(); });
+    };
     if (!state.failed()) {
       for (std::uint32_t s = 0; s < num_servers; ++s) {
         asio::co_spawn(server_nets[s]->get_executor(),
@@ -324,6 +332,7 @@ class local_cluster {
                          if (e || ec) {
                            state.fail("server " + std::to_string(s),
                                       ec ? ec : make_error_code(errc::stopped), e);
+                           stop_workers();
                            stop_servers(false);
                          }
                        });
@@ -335,6 +344,7 @@ class local_cluster {
                          if (e || ec) {
                            state.fail("worker " + std::to_string(w),
                                       ec ? ec : make_error_code(errc::stopped), e);
+                           stop_workers();
                            stop_servers(false);
                          }
                          if (++state.finished == num_workers) stop_servers(true);
@@ -390,6 +400,7 @@ class local_cluster {
     std::exception_ptr exception;
     std::atomic<std::uint32_t> finished{0};
     std::atomic<bool> servers_stopping{false};
+    std::atomic<bool> workers_stopping{false};
     std::atomic<bool> any_failure{false};
 
     bool failed() const noexcept { return any_failure.load(); }

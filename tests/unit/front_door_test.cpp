@@ -21,6 +21,7 @@
 #include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 #include <asio/ip/tcp.hpp>
+#include <asio/post.hpp>
 #include <asio/steady_timer.hpp>
 #include <doctest/doctest.h>
 
@@ -284,6 +285,78 @@ TEST_CASE("front door: a connect failure names the endpoint and is logged at onc
   CHECK(log.front().find("cannot connect to server 0 at nowhere") != std::string::npos);
   CHECK(log.front().find("retrying for 200 ms") != std::string::npos);
   CHECK(log.back().find("cannot connect to server 0 at nowhere: ") != std::string::npos);
+}
+
+TEST_CASE("front door: stop() ends a worker still connecting, with errc::stopped") {
+  asio::io_context io(1);
+  in_process_network net;
+  in_process_transport t(io.get_executor(), net);
+  lines log;
+  test::counter_model m(0, 1, 0);
+  worker_options<std::string> o;
+  o.servers = {"nowhere"};
+  o.connect_timeout = std::chrono::hours(1);  // without stop(), the run ends only then
+  using worker_t = basic_worker<test::counter_model, in_process_transport, consistency::bsp>;
+  worker_t* wp = nullptr;
+  o.log = [&](std::string_view l) {
+    log.emplace_back(l);
+    // The first refusal is logged at once; stop the worker from its executor.
+    if (log.size() == 1) asio::post(io, [&] { wp->stop(); });
+  };
+  worker_t w(t, m, o);
+  wp = &w;
+  std::optional<std::error_code> ec;
+  asio::co_spawn(
+      io, [&]() -> asio::awaitable<void> { ec = co_await w.async_run(1); }, asio::detached);
+  io.run_for(std::chrono::seconds(60));  // a bound for a broken stop(), not a timing check
+  INFO(joined(log));
+  REQUIRE(ec.has_value());
+  CHECK(*ec == errc::stopped);
+  CHECK(w.stats().clocks == 0);
+  // It ended because it was told to, not at connect_timeout (that ending logs this line).
+  CHECK(!any_line_has(log, "cannot connect to server 0 at nowhere: "));
+  CHECK(log.size() == 1);
+}
+
+TEST_CASE("front door: stop() ends a worker waiting in its clock loop; it says bye") {
+  asio::io_context io(1);
+  in_process_network net;
+  in_process_transport st(io.get_executor(), net), wt(io.get_executor(), net);
+  // BSP, elastic membership (so a bye is seen), the clock waiting for 2 members: worker 1
+  // never comes.
+  server_options so = one_table(2);
+  so.elastic = membership_options{.start_members = 2};
+  lines server_log;
+  so.log = [&](std::string_view l) { server_log.emplace_back(l); };
+  basic_server<in_process_transport, consistency::bsp> server(st, so);
+  asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
+  auto sp = spec(0, 2);
+  sp.opts.servers = {"shard0"};
+  sp.opts.wait_timeout = std::chrono::hours(1);  // without stop(), the wait ends only then
+  using worker_t = basic_worker<test::counter_model, in_process_transport, consistency::bsp>;
+  worker_t* wp = nullptr;
+  sp.opts.on_clock = [&](const clock_report& r) {
+    // Clock 0 is done; clock 1 waits for a second member, which never comes.
+    if (r.clock == 0) asio::post(io, [&] { wp->stop(); });
+  };
+  worker_t w(wt, sp.model, sp.opts);
+  wp = &w;
+  std::optional<std::error_code> ec;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        ec = co_await w.async_run(10);
+        server.stop();
+      },
+      asio::detached);
+  io.run_for(std::chrono::seconds(60));  // a bound for a broken stop(), not a timing check
+  INFO(joined(server_log));
+  REQUIRE(ec.has_value());
+  CHECK(*ec == errc::stopped);
+  CHECK(w.stats().clocks == 1);
+  // The server saw an orderly leave (bye), not a lost connection.
+  CHECK(server.stats().departures == 1);
+  CHECK(any_line_has(server_log, "worker 0 leaves at clock 1: it said bye"));
 }
 
 TEST_CASE("front door: a TCP connect failure names address and port") {

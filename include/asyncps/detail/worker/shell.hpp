@@ -84,6 +84,16 @@ class worker_shell {
     opts_.end_clock = opts_.end_clock ? std::min(*opts_.end_clock, clock) : clock;
   }
 
+  // basic_worker::stop: the loops check stop_requested_ before each step, connect attempt
+  // and reconnect attempt; the wake-up timer's wait ends now, and a handshake in progress
+  // ends with its connection (an established link is left to shutdown's bye).
+  void stop() noexcept {
+    stop_requested_ = true;
+    wake_.cancel();
+    for (auto& l : core_.links())
+      if (!l.up && conns_[l.shard].is_open()) conns_[l.shard].close();
+  }
+
  private:
   using step = loop_step;
 
@@ -201,6 +211,7 @@ class worker_shell {
   std::vector<char> sending_;
   std::vector<ring<message>> send_queue_;
   bool stopping_ = false;
+  bool stop_requested_ = false;  // stop(): end the run with errc::stopped
 };
 
 }  // namespace asyncps::detail

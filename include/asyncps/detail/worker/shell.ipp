@@ -45,6 +45,10 @@ worker_shell<Model, Transport, Consistency, Recovery>::async_run(std::uint64_t c
   // coroutine call per clock would allocate a frame per clock (too large for Asio's frame
   // recycling).
   for (;;) {
+    if (stop_requested_) {  // stop(): no further step; shutdown() says bye
+      ec = make_error_code(errc::stopped);
+      break;
+    }
     const char* doing = "building the next message";
     try {
       auto a = core_.resume(clock_type::now());
@@ -132,6 +136,7 @@ worker_shell<Model, Transport, Consistency, Recovery>::connect_all() {
     std::chrono::milliseconds backoff{20};
     bool logged = false;
     for (;;) {
+      if (stop_requested_) co_return make_error_code(errc::stopped);
       auto [ec, conn] = co_await transport_.async_connect(core_.endpoint_of(l));
       bool routine = false;  // a refusal the recovery policy answers `next_server`
       if (!ec) {
@@ -159,6 +164,7 @@ worker_shell<Model, Transport, Consistency, Recovery>::connect_all() {
       }
       core_.next_endpoint(l);
       if (l.endpoint != 0) continue;  // try the shard's other servers before backing off
+      if (stop_requested_) co_return make_error_code(errc::stopped);
       // The last wait is cut to the deadline, so the worker tries until the timeout ends.
       wake_.expires_after(std::min<typename clock_type::duration>(backoff, deadline - now));
       co_await wake_.async_wait(use_tuple);
@@ -280,7 +286,7 @@ worker_shell<Model, Transport, Consistency, Recovery>::reconnect_attempts(std::u
   const auto timeout = std::chrono::milliseconds(core_.recovery().reconnect_timeout());
   const auto deadline = clock_type::now() + timeout;
   std::chrono::milliseconds backoff{20};
-  while (!stopping_) {
+  while (!stopping_ && !stop_requested_) {
     if (!l.reading) {  // the old read loop is done with the old connection
       auto [ec, conn] = co_await transport_.async_connect(core_.endpoint_of(l));
       if (ec && is_final_connect_error(ec)) {  // e.g. a wrong secret: no retry helps
