@@ -264,58 +264,61 @@ TEST_CASE("front door: a refusal code outside the errc range is not trusted") {
   CHECK(errc_from_wire(static_cast<std::uint64_t>(last_errc)) == last_errc);
 }
 
-TEST_CASE("front door: a connect failure names the endpoint and is logged at once") {
-  asio::io_context io(1);
+// A BSP worker over the in-process transport whose only server, "nowhere", never listens.
+struct unreachable_worker {
+  using worker_t = basic_worker<test::counter_model, in_process_transport, consistency::bsp>;
+  asio::io_context io{1};
   in_process_network net;
-  in_process_transport t(io.get_executor(), net);
+  in_process_transport t{io.get_executor(), net};
+  test::counter_model m{0, 1, 0};
   lines log;
-  test::counter_model m(0, 1, 0);
-  worker_options<std::string> o;
-  o.servers = {"nowhere"};
-  o.connect_timeout = std::chrono::milliseconds(200);
-  o.log = [&](std::string_view l) { log.emplace_back(l); };
-  basic_worker<test::counter_model, in_process_transport, consistency::bsp> w(t, m, o);
-  std::error_code ec;
-  asio::co_spawn(
-      io, [&]() -> asio::awaitable<void> { ec = co_await w.async_run(1); }, asio::detached);
-  io.run();
-  CHECK(ec);
-  INFO(joined(log));
-  REQUIRE(log.size() >= 2);
-  CHECK(log.front().find("cannot connect to server 0 at nowhere") != std::string::npos);
-  CHECK(log.front().find("retrying for 200 ms") != std::string::npos);
-  CHECK(log.back().find("cannot connect to server 0 at nowhere: ") != std::string::npos);
+  std::function<void()> on_log;  // called after each line is logged
+  worker_t w;
+  std::optional<std::error_code> ec;  // async_run's, once it completed
+
+  explicit unreachable_worker(std::chrono::milliseconds connect_timeout)
+      : w(t, m, options(connect_timeout)) {
+    asio::co_spawn(
+        io, [this]() -> asio::awaitable<void> { ec = co_await w.async_run(1); }, asio::detached);
+  }
+  worker_options<std::string> options(std::chrono::milliseconds connect_timeout) {
+    worker_options<std::string> o;
+    o.servers = {"nowhere"};
+    o.connect_timeout = connect_timeout;
+    o.log = [this](std::string_view l) {
+      log.emplace_back(l);
+      if (on_log) on_log();
+    };
+    return o;
+  }
+};
+
+TEST_CASE("front door: a connect failure names the endpoint and is logged at once") {
+  unreachable_worker u(std::chrono::milliseconds(200));
+  u.io.run();
+  REQUIRE(u.ec.has_value());
+  CHECK(*u.ec);
+  INFO(joined(u.log));
+  REQUIRE(u.log.size() >= 2);
+  CHECK(u.log.front().find("cannot connect to server 0 at nowhere") != std::string::npos);
+  CHECK(u.log.front().find("retrying for 200 ms") != std::string::npos);
+  CHECK(u.log.back().find("cannot connect to server 0 at nowhere: ") != std::string::npos);
 }
 
 TEST_CASE("front door: stop() ends a worker still connecting, with errc::stopped") {
-  asio::io_context io(1);
-  in_process_network net;
-  in_process_transport t(io.get_executor(), net);
-  lines log;
-  test::counter_model m(0, 1, 0);
-  worker_options<std::string> o;
-  o.servers = {"nowhere"};
-  o.connect_timeout = std::chrono::hours(1);  // without stop(), the run ends only then
-  using worker_t = basic_worker<test::counter_model, in_process_transport, consistency::bsp>;
-  worker_t* wp = nullptr;
-  o.log = [&](std::string_view l) {
-    log.emplace_back(l);
-    // The first refusal is logged at once; stop the worker from its executor.
-    if (log.size() == 1) asio::post(io, [&] { wp->stop(); });
+  unreachable_worker u(std::chrono::hours(1));  // without stop(), the run ends only then
+  // The first refusal is logged at once; stop the worker from its executor.
+  u.on_log = [&] {
+    if (u.log.size() == 1) asio::post(u.io, [&] { u.w.stop(); });
   };
-  worker_t w(t, m, o);
-  wp = &w;
-  std::optional<std::error_code> ec;
-  asio::co_spawn(
-      io, [&]() -> asio::awaitable<void> { ec = co_await w.async_run(1); }, asio::detached);
-  io.run_for(std::chrono::seconds(60));  // a bound for a broken stop(), not a timing check
-  INFO(joined(log));
-  REQUIRE(ec.has_value());
-  CHECK(*ec == errc::stopped);
-  CHECK(w.stats().clocks == 0);
+  u.io.run_for(std::chrono::seconds(60));  // a bound for a broken stop(), not a timing check
+  INFO(joined(u.log));
+  REQUIRE(u.ec.has_value());
+  CHECK(*u.ec == errc::stopped);
+  CHECK(u.w.stats().clocks == 0);
   // It ended because it was told to, not at connect_timeout (that ending logs this line).
-  CHECK(!any_line_has(log, "cannot connect to server 0 at nowhere: "));
-  CHECK(log.size() == 1);
+  CHECK(!any_line_has(u.log, "cannot connect to server 0 at nowhere: "));
+  CHECK(u.log.size() == 1);
 }
 
 TEST_CASE("front door: stop() ends a worker waiting in its clock loop; it says bye") {
