@@ -164,6 +164,7 @@ worker_shell<Model, Transport, Consistency, Recovery>::connect_all() {
       }
       core_.next_endpoint(l);
       if (l.endpoint != 0) continue;  // try the shard's other servers before backing off
+      // Checked again here: a stop() that came during the connect above found no wait to cancel.
       if (stop_requested_) co_return make_error_code(errc::stopped);
       // The last wait is cut to the deadline, so the worker tries until the timeout ends.
       wake_.expires_after(std::min<typename clock_type::duration>(backoff, deadline - now));
