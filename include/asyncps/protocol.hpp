@@ -7,12 +7,11 @@
 // control message says beyond that travels in its payload, encoded and decoded in namespace
 // `asyncps::protocol` only: here, the messages between workers and servers (hello, welcome,
 // error, report); in detail/codec/rendezvous_messages.hpp, the rendezvous's (announce, assigned,
-// lookup, directory); each recovery policy's own in its folder (recovery/chain/messages.hpp:
-// chain_hello, chain_config; recovery/replica_log/messages.hpp: order;
-// recovery/stateless/messages.hpp: the backlog prefix), which the policy's parts include; this
-// header includes neither the rendezvous's nor any policy's. Push, pull, rows, clock, ack,
-// heartbeat, bye, commit, replay and state are header-only or carry rows/state (wire.hpp,
-// shard_state codec).
+// lookup, directory); each recovery policy's own in its folder, under its own message types
+// (wire.hpp, `policy_message`) and its meaning of flag `policy` (recovery/chain/messages.hpp,
+// recovery/replica_log/messages.hpp, recovery/stateless/messages.hpp), which the policy's parts
+// include; this header includes neither the rendezvous's nor any policy's. Push, pull, rows,
+// clock, ack, heartbeat and bye are header-only or carry rows (wire.hpp).
 #pragma once
 
 #include <cstdint>
@@ -118,7 +117,7 @@ struct welcome {
   /// worker's messages never look like the ones its earlier incarnation sent.
   std::uint64_t last_seq = 0;
   clock_value worker_clock = 0;  ///< the worker's clock as this server records it
-  bool wants_state = false;      ///< flag `state`: a server without state asks for replicas
+  bool policy_bit = false;       ///< flag `policy`: the recovery policy's (its messages.hpp)
   std::vector<welcome_table> tables{};
   float local_step = 0;  ///< the worker's read-my-writes step (0: off)
 };
@@ -207,7 +206,7 @@ message encode(const welcome& w, Alloc&& alloc) {
   std::memcpy(p, &w.local_step, sizeof(float));  // little-endian IEEE-754 (wire.hpp)
   std::memset(p + 4, 0, 4);
   message m = detail_::frame(message_type::welcome, w.shard, w.server_clock, std::move(b));
-  m.header.flags = w.wants_state ? frame_flags::state : std::uint8_t{0};
+  m.header.flags = w.policy_bit ? frame_flags::policy : std::uint8_t{0};
   m.header.seq = w.last_seq;
   return m;
 }
@@ -224,7 +223,7 @@ inline std::error_code decode(const message& m, welcome& out, std::string& detai
   out.shard = m.header.sender;
   out.server_clock = m.header.clock;
   out.last_seq = m.header.seq;
-  out.wants_state = m.header.has(frame_flags::state);
+  out.policy_bit = m.header.has(frame_flags::policy);
   out.num_shards = load_le<std::uint32_t>(bytes.data());
   out.worker_clock = load_le<std::int64_t>(bytes.data() + 8);
   out.tables.resize(n);

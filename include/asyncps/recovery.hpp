@@ -94,12 +94,12 @@ inline constexpr bool allows_elastic_membership_v<R> = static_cast<bool>(R::elas
 // | on_start | `void on_start(Ctx&)` | once, when `async_serve` starts, before the first accept (e.g. restore a checkpoint) | nothing |
 // | on_serve | `std::error_code on_serve(Ctx)` | once, after `on_start`, before the first accept; an error ends `async_serve` with it | nothing |
 // | on_hello | `std::error_code on_hello(Ctx, const frame_header& hello, std::string& detail)` | a worker's valid hello, before it is registered; an error refuses it | accept |
-// | welcome_flags | `std::uint8_t welcome_flags(Ctx, const frame_header& hello)` | the worker is registered: flags of its welcome (e.g. `frame_flags::state`) | 0 |
+// | welcome_flags | `std::uint8_t welcome_flags(Ctx, const frame_header& hello)` | the worker is registered: flags of its welcome (`frame_flags::policy` or 0) | 0 |
 // | on_rejoin | `void on_rejoin(Ctx, std::uint32_t worker, clock_value from, clock_value to)` | a hello's clock `to` is ahead of `from` here, before the worker's clock moves | nothing |
 // | on_unknown_peer | `std::optional<std::error_code> on_unknown_peer(Ctx, detail::session_base&, const message&, std::string& detail)` | a session's first message is not a hello; a value claims the session (`ctx.claim`) with that result | refuse (`unexpected_message`) |
 // | on_peer_message | `std::error_code on_peer_message(Ctx, detail::session_base&, message&, std::string& detail)` | every message of a claimed (peer) session; an error closes it | ignore |
 // | on_session_closed | `void on_session_closed(Ctx, detail::session_base&)` | a session ended (both of its loops finished) | nothing |
-// | on_recovery_push | `std::error_code on_recovery_push(Ctx, detail::session_base&, message&, std::string& detail)` | a worker's push with flag `state` or `backlog`, rows and values checked | refuse (`unexpected_message`) |
+// | on_recovery_push | `std::error_code on_recovery_push(Ctx, detail::session_base&, message&, std::string& detail)` | a worker's push with flag `policy` or `prefixed` (the policy's own push), rows and values checked | refuse (`unexpected_message`) |
 // | on_worker_message | `std::optional<std::error_code> on_worker_message(Ctx, detail::session_base&, message&, std::string& detail)` | every message of a registered worker, before dispatch; a value: the part took it (hands it back with `ctx.dispatch`) | dispatch now |
 // | on_push | `bool on_push(Ctx, detail::session_base&, const frame_header&)` | a worker's push or clock, checked, before its clock is checked; `true` drops it | apply |
 // | on_update | `void on_update(table_id table, std::uint64_t first_row, std::uint32_t rows, std::span<const float> grad)` | after every applied update (`grad`: `rows * width` floats, valid during the call) | nothing |

@@ -6,15 +6,15 @@
 //   4      2    version        wire_version
 //   6      1    type           message_type
 //   7      1    flags          frame_flags bits
-//   8      4    sender         the sending node: worker id, or shard id (servers, chain members)
+//   8      4    sender         the sending node: worker id, or shard id (servers)
 //   12     4    table          table id (push, pull, rows; 0 otherwise)
 //   16     8    clock          a clock: the sender's (hello, push, clock), the minimum server
-//                               clock wanted (pull), the server clock (welcome, rows, report,
-//                               state), the clock replica/backlog rows date from
+//                               clock wanted (pull), the server clock (welcome, rows, report),
+//                               the clock a policy's push's rows date from
 //   24     8    seq            a position in a sequence: a message's sequence number (push,
 //                               clock, pull), or the position acknowledged (ack: a push's seq
-//                               or a chain log position; rows: the receiver's pushes to this
-//                               table applied; state: the log position it reflects)
+//                               or a policy's log position; rows: the receiver's pushes to
+//                               this table applied)
 //   32     4    row_count      rows in this frame
 //   36     4    width          floats per row
 //   40     8    first_row      first row when flags has `range` (else 0)
@@ -23,11 +23,11 @@
 //                               header only when flags has `payload_unchecked`)
 //
 // Payloads: push/rows = [keys: row_count x u32, padded to 16 bytes, only without `range`]
-// followed by row_count x width float32 (little-endian IEEE-754); a backlog push has a 16-byte
-// prefix before the floats (clocks u64, 8 zero bytes); pull = keys (sparse) or nothing
-// (range); state = an encoded shard state (detail/codec/shard_state.hpp); hello, welcome, error,
-// report, chain_hello, chain_config, order, announce, assigned, directory = the typed messages
-// of protocol.hpp; clock, ack, heartbeat, bye, commit, replay, lookup = nothing.
+// followed by row_count x width float32 (little-endian IEEE-754); a prefixed push has 16 bytes of
+// the recovery policy's before the floats; pull = keys (sparse) or nothing (range); hello,
+// welcome, error, report, announce, assigned, directory = the typed messages of protocol.hpp and
+// detail/codec/rendezvous_messages.hpp; clock, ack, heartbeat, bye, lookup = nothing. Types
+// 128-255 are the recovery policy's own messages (`policy_message`), encoded by its folder.
 #pragma once
 
 #include <array>
@@ -56,11 +56,11 @@ static_assert(std::endian::native == std::endian::little,
               "are not supported");
 
 inline constexpr std::uint32_t wire_magic = 0x31535041;  // bytes 'A' 'P' 'S' '1'
-inline constexpr std::uint16_t wire_version = 3;
+inline constexpr std::uint16_t wire_version = 4;
 inline constexpr std::size_t header_size = 64;
 
-/// Message types (header field `type`). The payloads of hello, welcome, error, report and the
-/// chain messages are encoded by protocol.hpp.
+/// Message types (header field `type`). The payloads of hello, welcome, error and report are
+/// encoded by protocol.hpp. Types from `policy_message_base` on are the recovery policy's.
 enum class message_type : std::uint8_t {
   hello = 1,  ///< worker -> server: handshake (`protocol::hello`)
   welcome,    ///< server -> worker: handshake reply (`protocol::welcome`)
@@ -69,30 +69,13 @@ enum class message_type : std::uint8_t {
               ///< server clock the rows must reflect
   rows,       ///< server -> worker: row values as of server clock `clock`
   clock,      ///< worker -> server: sender finished clock `clock` (now at `clock + 1`)
-  ack,        ///< server -> worker (or chain member -> predecessor): positions up to `seq`
+  ack,        ///< server -> worker (or server -> server, for a policy): positions up to `seq`
               ///< are applied
   heartbeat,  ///< either way: liveness
   bye,        ///< either way: orderly close
   error,      ///< either way: the peer is closing, and why (`protocol::error`)
-  // --- chain replication (recovery::chain_replication) ---
-  chain_hello,   ///< chain member -> chain master (register) or -> its successor (link up)
-                 ///< (`protocol::chain_hello`, recovery/chain/messages.hpp); the successor answers
-                 ///< with an `ack` whose seq is its log position (flag `state`: it needs a state
-                 ///< transfer)
-  chain_config,  ///< chain master -> member: its predecessor and successor
-                 ///< (`protocol::chain_config`, recovery/chain/messages.hpp)
-  state,         ///< member -> successor: the whole shard state (detail/codec/shard_state.hpp) as
-                 ///< of log position `seq`; clock = server clock
-  report,        ///< server -> worker with a pull waiting for the server clock: what holds it
-                 ///< back (`protocol::report`)
-  // --- replica log (recovery::replica_log, SWIFT) ---
-  order,   ///< server -> worker: the apply position of its push/clock message `seq`, and the
-           ///< stable position (`protocol::order`, recovery/replica_log/messages.hpp)
-  commit,  ///< worker -> server: position `seq` is logged (flag `state`: the state replica of
-           ///< position `seq` is stored)
-  replay,  ///< worker -> server: the next message is its logged entry of position `seq` (flag
-           ///< `state`: no entry follows, its replay is complete; `seq` = the newest stable
-           ///< position it knows, `clock` = how many entries it resends next without one)
+  report,     ///< server -> worker with a pull waiting for the server clock: what holds it back
+              ///< (`protocol::report`)
   // --- rendezvous (asyncps/rendezvous.hpp): only a rendezvous and its clients send these ---
   announce,   ///< server -> rendezvous: the shard it serves (header `sender`,
               ///< `protocol::any_id`: assign one) and where it listens (`protocol::announce`)
@@ -103,6 +86,23 @@ enum class message_type : std::uint8_t {
               ///< (`protocol::directory`)
 };
 inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(message_type::directory);
+
+/// The first of the message types that belong to the recovery policy (128-255). A policy numbers
+/// its own messages from here (`policy_message`) in its folder (recovery/<policy>/messages.hpp);
+/// the frame layer bounds them like any frame (`wire_limits::max_frame_bytes`), always checksums
+/// their payload, and leaves their shape to the policy's decoder. Both ends run the same policy
+/// (the hello's fingerprint), so two policies may use the same numbers.
+inline constexpr std::uint8_t policy_message_base = 128;
+
+/// The message type of a recovery policy's message `kind` (0-127): `policy_message_base + kind`.
+constexpr message_type policy_message(std::uint8_t kind) noexcept {
+  return static_cast<message_type>(policy_message_base + (kind & 0x7f));
+}
+
+/// Whether `t` is a recovery policy's own message type (`policy_message`).
+constexpr bool is_policy_message(message_type t) noexcept {
+  return static_cast<std::uint8_t>(t) >= policy_message_base;
+}
 
 /// Rendezvous limits (docs/wire-format.md, "Rendezvous"): an announced host is at most 255
 /// bytes, and a directory lists at most 4096 shards.
@@ -117,10 +117,10 @@ inline constexpr std::uint64_t directory_min_bytes = 12;
 inline constexpr std::uint64_t directory_max_bytes =
     directory_min_bytes + std::uint64_t{max_directory_servers} * (3 + max_host_bytes);
 
-/// Bytes before the floats of a backlog push (flag `backlog`), 16 so the floats stay 16-byte
-/// aligned. What they hold is the recovery policy's (recovery/stateless/messages.hpp: the
-/// number of clocks the backlog sums, u64, then 8 zero bytes).
-inline constexpr std::uint64_t backlog_prefix_bytes = 16;
+/// Bytes before the floats of a prefixed push (flag `prefixed`), 16 so the floats stay 16-byte
+/// aligned. What they hold is the recovery policy's (recovery/stateless/messages.hpp: a backlog
+/// push's number of clocks, u64, then 8 zero bytes).
+inline constexpr std::uint64_t push_prefix_bytes = 16;
 
 /// Bits of header field `flags`.
 struct frame_flags {
@@ -131,13 +131,14 @@ struct frame_flags {
   /// changed since the rows last sent to it in this table (any number, even none); every other
   /// subscribed row is unchanged as of the message's `clock`.
   static constexpr std::uint8_t eager = 8;
-  /// push: the payload is row *values* (a worker's replica), to be installed by a server that
-  /// restarted without state; welcome: this server has no state and asks for replicas.
-  static constexpr std::uint8_t state = 16;
-  /// push: deltas a worker accumulated while the server was unreachable, starting from rows
-  /// of server clock `clock`; the payload starts with the number of clocks it sums
-  /// (`backlog_prefix_bytes`); merged by the recovery policy's rule.
-  static constexpr std::uint8_t backlog = 32;
+  /// The recovery policy's bit: what it means on a hello, welcome, push or ack is the policy's
+  /// (recovery/<policy>/messages.hpp names it, e.g. recovery::stateless's replica push). A
+  /// push with it (or with `prefixed`) is the policy's: the server gives it to the policy's
+  /// part, and refuses it under a policy that takes none.
+  static constexpr std::uint8_t policy = 16;
+  /// push: the payload has `push_prefix_bytes` bytes of the recovery policy's before the floats
+  /// (after the keys); a policy's push, as with `policy`.
+  static constexpr std::uint8_t prefixed = 32;
   /// any type: `checksum` covers the header only, not the payload (the sender's transport
   /// leaves payloads to TCP's and the link's own checks, or to TLS's integrity:
   /// `tcp_options::checksum_payloads` false). Set and read by the TCP transport.
@@ -176,7 +177,8 @@ constexpr std::uint64_t key_bytes(std::uint32_t row_count) noexcept {
 }
 
 /// The payload size a header implies for fixed-shape messages, or -1 when it is variable
-/// (hello/welcome/error/state/announce/directory, bounded by `validate_header`). Used to reject
+/// (hello/welcome/error/announce/directory and the policy's messages, bounded by
+/// `validate_header`; a policy message's decoder checks its exact shape). Used to reject
 /// `payload_bytes` that disagree with the shape.
 constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
   const std::uint64_t keys = h.has(frame_flags::range) ? 0 : key_bytes(h.row_count);
@@ -184,21 +186,17 @@ constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
   switch (h.type) {
     case message_type::push:
       return static_cast<std::int64_t>(keys + floats +
-                                       (h.has(frame_flags::backlog) ? backlog_prefix_bytes : 0));
+                                       (h.has(frame_flags::prefixed) ? push_prefix_bytes : 0));
     case message_type::rows: return static_cast<std::int64_t>(keys + floats);
     case message_type::pull: return static_cast<std::int64_t>(keys);
-    case message_type::report:
-    case message_type::order:
-    case message_type::chain_hello: return 16;
-    case message_type::chain_config: return 24;
+    case message_type::report: return 16;
     case message_type::assigned: return static_cast<std::int64_t>(assigned_bytes);
     case message_type::announce:
     case message_type::directory:
     case message_type::hello:
     case message_type::welcome:
-    case message_type::error:
-    case message_type::state: return -1;
-    default: return 0;
+    case message_type::error: return -1;
+    default: return is_policy_message(h.type) ? -1 : 0;
   }
 }
 
@@ -253,7 +251,8 @@ inline frame_header decode_header(std::span<const std::byte, header_size> in) no
 }
 
 /// Validates every header field that can be checked without knowing the receiver's tables:
-/// magic, version, type, flags (`payload_unchecked` never on a `state`), limits, and that
+/// magic, version, type (a generic type or a policy's, `policy_message`), flags
+/// (`payload_unchecked` never on a policy's message), limits, and that
 /// `payload_bytes` matches the shape. An `announce` or `directory` larger than its bound
 /// (`max_host_bytes`, `max_directory_servers`) is `frame_too_large`, so a receiver reads at most
 /// that much of it.
@@ -264,11 +263,11 @@ inline std::error_code validate_header(const frame_header& h, const wire_limits&
   if (h.magic != wire_magic) return errc::bad_magic;
   if (h.version != wire_version) return errc::unsupported_version;
   const auto t = static_cast<std::uint8_t>(h.type);
-  if (t == 0 || t > max_message_type) return errc::bad_message_type;
+  if (t == 0 || (t > max_message_type && t < policy_message_base)) return errc::bad_message_type;
   if ((h.flags & ~frame_flags::all) != 0) return errc::bad_flags;
-  // A state transfer replaces a shard's parameters: its payload is always checksummed.
-  if (h.type == message_type::state && h.has(frame_flags::payload_unchecked))
-    return errc::bad_flags;
+  // A policy's message may replace a shard's parameters (a state transfer): its payload is
+  // always checksummed.
+  if (is_policy_message(h.type) && h.has(frame_flags::payload_unchecked)) return errc::bad_flags;
   if (h.payload_bytes > lim.max_frame_bytes) return errc::frame_too_large;
   if (h.row_count > lim.max_rows) return errc::too_many_rows;
   // A handshake's layout: at most max_tables tables (8 bytes each in a hello, 16 in a welcome).
@@ -292,12 +291,12 @@ inline std::error_code validate_header(const frame_header& h, const wire_limits&
 }
 
 /// The float rows of a push/rows message's payload (after the keys, if any).
-/// (Backlog pushes: after their prefix.)
+/// (Prefixed pushes: after their prefix.)
 inline std::span<const float> payload_floats(const message& m) noexcept {
   const std::uint64_t off =
       (m.header.has(frame_flags::range) ? 0 : key_bytes(m.header.row_count)) +
-      (m.header.type == message_type::push && m.header.has(frame_flags::backlog)
-           ? backlog_prefix_bytes
+      (m.header.type == message_type::push && m.header.has(frame_flags::prefixed)
+           ? push_prefix_bytes
            : 0);
   const auto bytes = m.payload.bytes().subspan(off);
   return {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)};

@@ -11,9 +11,9 @@
 // Invariants checked after every operation (abort on violation):
 //   - the parameters are bitwise unchanged, except after an accepted push, when they are
 //     exactly the previous values minus the push's gradient (sgd, rate 1) at its rows;
-//     stateless: or after a replica push (flag `state`) the part installed, when its table
+//     stateless: or after a replica push (flag `policy`) the part installed, when its table
 //     holds exactly the replica, whose clock lies in [0, its sender's clock] and whose values
-//     are within `max_replica_value`; or after a backlog push (flag `backlog`) it merged, when
+//     are within `max_replica_value`; or after a backlog push (flag `prefixed`) it merged, when
 //     they are the previous values minus the backlog as the part scaled it;
 //   - every parameter is finite; the server clock is the minimum of the worker clocks and
 //     never moves back; no session has more pulls waiting than `max_pending_pulls`, and their
@@ -283,9 +283,9 @@ void run(fuzz::byte_reader& in, typename Recovery::server_part part = {}) {
                   int{applied} + int{installed} + int{merged} <= 1,
               "one message, one change");
       const auto& h = m.header;
-      require(!installed || (kept && h.type == message_type::push && h.has(frame_flags::state)),
+      require(!installed || (kept && h.type == message_type::push && h.has(frame_flags::policy)),
               "only an accepted replica push is installed");
-      require(!merged || (kept && h.type == message_type::push && h.has(frame_flags::backlog)),
+      require(!merged || (kept && h.type == message_type::push && h.has(frame_flags::prefixed)),
               "only an accepted backlog push is merged");
       // A merged backlog: its floats as the part scaled them, in place.
       values_t expected = applied || merged ? apply_model(proto, before, m) : before;

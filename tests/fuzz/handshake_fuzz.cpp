@@ -4,7 +4,7 @@
 // chain_config, order, and the rendezvous's announce, assigned, lookup, directory), then to one
 // `recovery::replica_log_worker_part` (2 shards, `max_unacked` 4; shard = header `sender` mod 2)
 // as the event its type names: push and clock are the worker's own messages (`on_push`, when
-// their seq exceeds the shard's last), ack `on_ack`, welcome `on_welcome` (flag `state`: the
+// their seq exceeds the shard's last), ack `on_ack`, welcome `on_welcome` (flag `policy`: the
 // shard rebuilds), hello asks `hello_flags`/`hello_clock`, replay runs `on_rejoin`, and every
 // other type (order, state, commit, ...) is a server message (`on_server_message`).
 //
@@ -14,7 +14,7 @@
 // documented ranges; refusals say what is wrong. The replica-log worker part agrees with a
 // model of its documented behaviour: it takes exactly the orders `decode` accepts (committing
 // the position of a logged, unapplied push of that seq, else nothing) and every state replica
-// (committing it with flag `state`), refuses other server messages as unexpected, frees
+// (committing it with flag `policy`), refuses other server messages as unexpected, frees
 // entries only when applied and covered by a stable position, replays a rebuilding shard's
 // replica and ordered entries, and its counters (entries, bytes, replicas, orders, replayed)
 // and flow control match the model after every event.
@@ -65,8 +65,8 @@ void round_trip(const message& m, message_type type, bool carries_clock, bool ca
   if (carries_sender) require(back.header.sender == m.header.sender, "sender round-trips");
   if (carries_clock) require(back.header.clock == m.header.clock, "clock round-trips");
   if (carries_state)
-    require(back.header.has(frame_flags::state) == m.header.has(frame_flags::state),
-            "flag state round-trips");
+    require(back.header.has(frame_flags::policy) == m.header.has(frame_flags::policy),
+            "flag policy round-trips");
   if constexpr (std::is_same_v<T, protocol::order>) {
     require(back.header.seq == m.header.seq, "an order's seq round-trips");
     require(out.position != 0 && out.stable < out.position, "order positions are ordered");
@@ -200,12 +200,12 @@ struct log_model {
         break;
       }
       case message_type::welcome: {
-        const bool lost = m.header.has(frame_flags::state);
+        const bool lost = m.header.has(frame_flags::policy);
         // The other fields keep their defaults (g++ -Wextra warns on a designated initializer
         // that leaves fields out).
         welcome_part welcome;
         welcome.shard = s;
-        welcome.server_lost_state = lost;
+        welcome.welcome_policy_bit = lost;
         require(part.on_welcome(welcome) == welcome_action::resend,
                 "replica log: a welcome resends");
         sh.met = true;
@@ -213,7 +213,7 @@ struct log_model {
         break;
       }
       case message_type::hello: {
-        require(part.hello_flags(s) == (sh.met ? frame_flags::state : std::uint8_t{0}),
+        require(part.hello_flags(s) == (sh.met ? frame_flags::policy : std::uint8_t{0}),
                 "replica log: a hello says whether the worker holds a log");
         const clock_value now = 1000;
         const clock_value want =
@@ -221,8 +221,11 @@ struct log_model {
         require(part.hello_clock(s, now) == want, "replica log: hello clock");
         break;
       }
-      case message_type::replay: rejoin(s); break;
-      default: server_message(s, m);
+      default:
+        if (m.header.type == protocol::replay_type)  // a policy type: no `case` of the enum
+          rejoin(s);
+        else
+          server_message(s, m);
     }
     check(s);
   }
@@ -233,13 +236,13 @@ struct log_model {
     const frame_header h = m.header;
     const std::size_t bytes = m.payload.size();
     std::optional<protocol::order> o;
-    if (h.type == message_type::order) {
+    if (h.type == protocol::order_type) {
       protocol::order d;
       std::string why;
       if (!protocol::decode(m, d, why)) o = d;
     }
     const std::error_code ec = part.on_server_message(s, m, replies);
-    if (h.type == message_type::order) {
+    if (h.type == protocol::order_type) {
       require(!ec == o.has_value(), "replica log: an order is taken exactly when it decodes");
       if (ec) {
         require(replies.empty(), "replica log: a refused order commits nothing");
@@ -255,7 +258,7 @@ struct log_model {
       }
       require(replies.size() == (found ? 1u : 0u), "replica log: one commit per logged order");
       if (found)
-        require(replies[0].header.type == message_type::commit && replies[0].header.flags == 0 &&
+        require(replies[0].header.type == protocol::commit_type && replies[0].header.flags == 0 &&
                     replies[0].header.seq == o->position && replies[0].payload.empty(),
                 "replica log: the commit names the order's position");
       if (o->stable > sh.stable) {
@@ -268,11 +271,11 @@ struct log_model {
       }
       return;
     }
-    if (h.type == message_type::state) {
+    if (h.type == protocol::replica_type) {
       require(!ec, "replica log: a state replica is stored");
-      require(replies.size() == 1 && replies[0].header.type == message_type::commit &&
-                  replies[0].header.flags == frame_flags::state && replies[0].header.seq == h.seq,
-              "replica log: a stored replica is committed with flag state");
+      require(replies.size() == 1 && replies[0].header.type == protocol::commit_type &&
+                  replies[0].header.flags == frame_flags::policy && replies[0].header.seq == h.seq,
+              "replica log: a stored replica is committed with flag policy");
       if (sh.replica) stats.replica_bytes -= sh.replica_bytes;
       sh.replica = h;
       sh.replica_bytes = bytes;
@@ -304,14 +307,14 @@ struct log_model {
     if (sh.rebuilding) {
       if (sh.replica) {
         const message& m = next();
-        require(m.header.type == message_type::state && m.header.seq == sh.replica->seq &&
+        require(m.header.type == protocol::replica_type && m.header.seq == sh.replica->seq &&
                     m.payload.size() == sh.replica_bytes,
                 "replica log: a rebuilding shard gets the replica first");
       }
       for (const auto& e : sh.log) {
         if (e.position == 0) continue;
         const message& a = next();
-        require(a.header.type == message_type::replay && a.header.flags == 0 &&
+        require(a.header.type == protocol::replay_type && a.header.flags == 0 &&
                     a.header.seq == e.position,
                 "replica log: each ordered entry is announced by a replay of its position");
         require(is_entry(next(), e), "replica log: the announced entry follows");
@@ -321,13 +324,13 @@ struct log_model {
       for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i) {
         if (sh.log[i].position == 0) continue;
         const message& c = next();
-        require(c.header.type == message_type::commit && c.header.flags == 0 &&
+        require(c.header.type == protocol::commit_type && c.header.flags == 0 &&
                     c.header.seq == sh.log[i].position,
                 "replica log: a rejoin repeats the commits of unapplied ordered entries");
       }
     }
     const message& end = next();
-    require(end.header.type == message_type::replay && end.header.flags == frame_flags::state &&
+    require(end.header.type == protocol::replay_type && end.header.flags == frame_flags::policy &&
                 end.header.seq == sh.stable,
             "replica log: the replay ends with the stable position");
     for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i)
@@ -352,9 +355,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     round_trip<protocol::welcome>(m, message_type::welcome, true, true);
     round_trip<protocol::error>(m, message_type::error, false, false);
     round_trip<protocol::report>(m, message_type::report, true, false);
-    round_trip<protocol::chain_hello>(m, message_type::chain_hello, false, false);
-    round_trip<protocol::chain_config>(m, message_type::chain_config, false, true);
-    round_trip<protocol::order>(m, message_type::order, false, false);
+    round_trip<protocol::chain_hello>(m, protocol::chain_hello_type, false, false);
+    round_trip<protocol::chain_config>(m, protocol::chain_config_type, false, true);
+    round_trip<protocol::order>(m, protocol::order_type, false, false);
     round_trip<protocol::announce>(m, message_type::announce, false, false);
     round_trip<protocol::assigned>(m, message_type::assigned, false, false, false);
     round_trip<protocol::lookup>(m, message_type::lookup, false, false);

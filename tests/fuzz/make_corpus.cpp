@@ -95,14 +95,14 @@ message range_push(std::uint32_t w, table_id t, clock_value c, std::uint32_t wid
   return m;
 }
 
-// A backlog push (flag `backlog`) of the rows [first, first + rows) summing `clocks` clocks:
+// A backlog push (flag `prefixed`) of the rows [first, first + rows) summing `clocks` clocks:
 // the prefix, then the floats.
 message backlog_push(std::uint32_t w, table_id t, clock_value c, std::uint32_t width, row_id first,
                      std::uint32_t rows, std::uint64_t clocks) {
-  message m = range_push(w, t, c, width, first, rows, frame_flags::backlog);
-  buffer b = fuzz::allocate(backlog_prefix_bytes + m.payload.size());
+  message m = range_push(w, t, c, width, first, rows, frame_flags::prefixed);
+  buffer b = fuzz::allocate(push_prefix_bytes + m.payload.size());
   protocol::set_backlog_clocks(b, clocks);
-  std::memcpy(b.data() + backlog_prefix_bytes, m.payload.data(), m.payload.size());
+  std::memcpy(b.data() + push_prefix_bytes, m.payload.data(), m.payload.size());
   m.payload = std::move(b);
   return m;
 }
@@ -193,17 +193,17 @@ void stateless_seeds(std::uint8_t policy, const std::string& name) {
   op(b, 0), add(b, hello(0, fp, 3));
   op(b, 1), add(b, hello(1, fp, 2));
   op(b, 2), add(b, hello(2, fp, 2));
-  op(b, 2), add(b, range_push(2, 0, 5, 2, 4, 4, frame_flags::state));  // from the future
+  op(b, 2), add(b, range_push(2, 0, 5, 2, 4, 4, frame_flags::policy));  // from the future
   op(b, 3), add(b, hello(2, fp, 2));
   {
-    message big = range_push(2, 0, 2, 2, 4, 4, frame_flags::state);
+    message big = range_push(2, 0, 2, 2, 4, 4, frame_flags::policy);
     reinterpret_cast<float*>(big.payload.data())[3] = 1000.0f;  // above max_replica_value 100
     op(b, 3), add(b, std::move(big));
   }
-  op(b, 0), add(b, range_push(0, 0, 3, 2, 4, 4, frame_flags::state));  // installed
-  op(b, 1), add(b, range_push(1, 0, 2, 2, 4, 4, frame_flags::state));  // dropped: a later one
-  op(b, 1), add(b, range_push(1, 1, 2, 1, 8, 8, frame_flags::state));  // installs table 1
-  op(b, 0), add(b, backlog_push(0, 0, 1, 2, 4, 4, 2));                 // its own: skipped
+  op(b, 0), add(b, range_push(0, 0, 3, 2, 4, 4, frame_flags::policy));  // installed
+  op(b, 1), add(b, range_push(1, 0, 2, 2, 4, 4, frame_flags::policy));  // dropped: a later one
+  op(b, 1), add(b, range_push(1, 1, 2, 1, 8, 8, frame_flags::policy));  // installs table 1
+  op(b, 0), add(b, backlog_push(0, 0, 1, 2, 4, 4, 2));                  // its own: skipped
   op(b, 1), add(b, backlog_push(1, 0, 1, 2, 4, 4, 12));
   op(b, 0), add(b, backlog_push(0, 1, 0, 1, 8, 8, 3));
   op(b, 0), add(b, range_pull(0, 0, 3, 4, 4));
@@ -277,7 +277,7 @@ void handshake_corpus() {
                                                     .num_shards = 2,
                                                     .server_clock = 4,
                                                     .worker_clock = 5,
-                                                    .wants_state = true,
+                                                    .policy_bit = true,
                                                     .tables = {{8, 2, 3}, {100, 16, 0}},
                                                     .local_step = 0.125f},
                                   fuzz::allocate));
@@ -320,13 +320,13 @@ void handshake_corpus() {
 
   // The replica log's worker part (handshake_fuzz.cpp): the worker's pushes and clock
   // message on shard 0 (sender 0), their orders, a state replica, acks, then a rejoin: to a
-  // rebuilding shard (welcome flag state) and to one that kept its state.
+  // rebuilding shard (welcome flag policy) and to one that kept its state.
   auto welcome = [](bool rebuilding) {
     return protocol::encode(protocol::welcome{.shard = 0,
                                               .num_shards = 2,
                                               .server_clock = 1,
                                               .worker_clock = 1,
-                                              .wants_state = rebuilding,
+                                              .policy_bit = rebuilding,
                                               .tables = {{8, 2, 3}}},
                             fuzz::allocate);
   };
@@ -342,7 +342,7 @@ void handshake_corpus() {
   };
   auto replica = [](std::uint64_t position) {
     message m = range_push(0, 0, 1, 2, 0, 4);  // a few bytes standing for the state
-    m.header.type = message_type::state;
+    m.header.type = protocol::replica_type;
     m.header.flags = 0;
     m.header.seq = position;
     return m;
@@ -361,7 +361,7 @@ void handshake_corpus() {
     add(b, seq(push(0, 0, 1, 2, {5}), 4));
     add(b, bare(message_type::hello, 0));
     add(b, welcome(rebuilding));
-    add(b, bare(message_type::replay, 0));
+    add(b, bare(protocol::replay_type, 0));
     write("handshake", rebuilding ? "replica_log_rebuild" : "replica_log_rejoin", b);
   }
 }

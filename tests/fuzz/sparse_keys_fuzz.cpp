@@ -87,7 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (r.ec) continue;
     const auto& h = m.header;
     if (h.type != message_type::push && h.type != message_type::pull) continue;
-    if (h.type == message_type::push && h.has(frame_flags::backlog)) continue;  // a policy's
+    if (h.type == message_type::push && h.has(frame_flags::prefixed)) continue;  // a policy's
     std::string detail;
     const bool ok = !core.check_rows(m, detail);
     require(ok || !detail.empty(), "a refusal names what is wrong");

@@ -892,7 +892,7 @@ TEST_CASE("front door: a server that goes silent while the worker waits is taken
                               .server_clock = 0,
                               .last_seq = 0,
                               .worker_clock = 0,
-                              .wants_state = false,
+                              .policy_bit = false,
                               .tables = {{1, 4, 0}},
                               .local_step = 0};
           REQUIRE(!(co_await c.async_send(

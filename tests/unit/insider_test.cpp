@@ -89,7 +89,7 @@ message header_only(message_type t, std::uint8_t flags, std::uint64_t seq, std::
 }
 
 // A hello of worker `w` at clock `c` for `layout`, policies `Consistency` and `Recovery`,
-// header flags `flags` (e.g. `frame_flags::state`: it holds a replica log for the shard).
+// header flags `flags` (e.g. `frame_flags::policy`: it holds a replica log for the shard).
 template <class Consistency, class Recovery>
 message hello_of(std::uint32_t w, clock_value c, std::vector<protocol::layout_entry> layout,
                  std::uint8_t flags, in_process_transport& t, std::uint64_t incarnation = 99) {
@@ -174,9 +174,9 @@ TEST_CASE("insider: restore_state refuses a state no run can reach, naming the f
 
 TEST_CASE("insider: a replica-log replica claiming positions no worker logged is not installed "
           "and the rebuild is not exact on its word") {
-  // A fresh replica-log shard meets a hello with the state flag (as after a restart) and
-  // rebuilds. The only peer is an insider with worker 0's id: it sends a finite replica of
-  // position 2^62 whose values are all 1000, an empty log, and the end of its replay at
+  // A fresh replica-log shard meets a hello with flag `policy` (`holds_log_flag`, as after a
+  // restart) and rebuilds. The only peer is an insider with worker 0's id: it sends a finite
+  // replica of position 2^62 whose values are all 1000, an empty log, and the end of its replay at
   // stable position 0. Its replica claims 2^62 updates no log holds: the shard rebuilds from
   // its initial state (exactly right: no update was ever logged) and never installs it.
   asio::io_context io(1);
@@ -195,21 +195,21 @@ TEST_CASE("insider: a replica-log replica claiming positions no worker logged is
         REQUIRE(!ec);
         const std::vector<protocol::layout_entry> layout{{4, 2}};
         (void)co_await c.async_send(hello_of<consistency::bsp, recovery::replica_log>(
-            0, 5, layout, frame_flags::state, evil));
+            0, 5, layout, frame_flags::policy, evil));
         auto [wec, welcome] = co_await c.async_receive();
         REQUIRE(!wec);
         REQUIRE(welcome.header.type == message_type::welcome);
-        CHECK(welcome.header.has(frame_flags::state));  // rebuilding: send replicas and logs
+        CHECK(welcome.header.has(frame_flags::policy));  // rebuilding: send replicas and logs
         shard_state forged;
         server.save_state(forged);
         for (auto& v : forged.tables[0].values) v = 1000.0f;
         message rep;
-        rep.header.type = message_type::state;
+        rep.header.type = protocol::replica_type;
         rep.header.seq = std::uint64_t{1} << 62;
         rep.payload = evil.allocate(detail::encoded_state_size(forged));
         detail::encode_state(forged, std::span<std::byte>(rep.payload.data(), rep.payload.size()));
         (void)co_await c.async_send(std::move(rep));
-        (void)co_await c.async_send(header_only(message_type::replay, frame_flags::state, 0));
+        (void)co_await c.async_send(header_only(protocol::replay_type, frame_flags::policy, 0));
         asio::steady_timer t(io);
         for (int i = 0; i < 200 && server.recovery().recovering(); ++i) {
           t.expires_after(5ms);
@@ -229,11 +229,11 @@ TEST_CASE("insider: a replica-log replica claiming positions no worker logged is
 
 TEST_CASE("insider: a replay naming a position near 2^64 is refused (bad_position); the "
           "position counter cannot wrap") {
-  // A fresh replica-log shard rebuilds on an insider's hello with the state flag; the insider
+  // A fresh replica-log shard rebuilds on an insider's hello with flag `policy`; the insider
   // then ends its replay at stable position 2^64 - 2 (or announces an entry there). Accepted,
   // it made the shard's next position 2^64 - 1, then 0: every worker refused the orders. It is
   // refused with bad_position, and the rebuild goes on without it.
-  for (const std::uint8_t flags : {frame_flags::state, std::uint8_t{0}}) {
+  for (const std::uint8_t flags : {frame_flags::policy, std::uint8_t{0}}) {
     CAPTURE(flags);
     asio::io_context io(1);
     in_process_network net;
@@ -252,11 +252,11 @@ TEST_CASE("insider: a replay naming a position near 2^64 is refused (bad_positio
           REQUIRE(!ec);
           const std::vector<protocol::layout_entry> layout{{4, 2}};
           (void)co_await c.async_send(hello_of<consistency::bsp, recovery::replica_log>(
-              0, 5, layout, frame_flags::state, evil));
+              0, 5, layout, frame_flags::policy, evil));
           auto [wec, welcome] = co_await c.async_receive();
           REQUIRE(!wec);
           REQUIRE(welcome.header.type == message_type::welcome);
-          (void)co_await c.async_send(header_only(message_type::replay, flags,
+          (void)co_await c.async_send(header_only(protocol::replay_type, flags,
                                                   std::numeric_limits<std::uint64_t>::max() - 1));
           auto [eec, err] = co_await c.async_receive();
           REQUIRE(!eec);
@@ -714,7 +714,7 @@ TEST_CASE("insider: a chain_hello for a live predecessor's id is refused (member
         shard_state st_forged;
         member1.save_state(st_forged);
         message state;
-        state.header.type = message_type::state;
+        state.header.type = protocol::chain_state_type;
         state.header.seq = std::numeric_limits<std::uint64_t>::max();
         state.payload = evil.allocate(detail::encoded_state_size(st_forged));
         detail::encode_state(st_forged,
@@ -766,7 +766,7 @@ TEST_CASE("insider: a stateless shard installs no implausible replica; the table
   const auto replica = [&](std::uint32_t w, clock_value c, float value) {
     message m;
     m.header.type = message_type::push;
-    m.header.flags = static_cast<std::uint8_t>(frame_flags::range | frame_flags::state);
+    m.header.flags = static_cast<std::uint8_t>(frame_flags::range | frame_flags::policy);
     m.header.sender = w;
     m.header.table = 0;
     m.header.clock = c;
@@ -791,7 +791,7 @@ TEST_CASE("insider: a stateless shard installs no implausible replica; the table
           auto [wec, welcome] = co_await c.async_receive();
           REQUIRE(!wec);
           REQUIRE(welcome.header.type == message_type::welcome);
-          asked.push_back(welcome.header.has(frame_flags::state));
+          asked.push_back(welcome.header.has(frame_flags::policy));
           (void)co_await c.async_send(replica(w, tries[w].first, tries[w].second));
           // The refusal, or (when the replica was installed) none: the table stops waiting.
           outcomes.emplace_back();
@@ -865,12 +865,12 @@ TEST_CASE("insider: a held replica-log push refused when its turn comes is count
         (void)co_await c.async_send(std::move(push));
         auto [oec, om] = co_await c.async_receive();
         REQUIRE(!oec);
-        REQUIRE(om.header.type == message_type::order);
+        REQUIRE(om.header.type == protocol::order_type);
         protocol::order o;
         std::string why;
         REQUIRE(!protocol::decode(om, o, why));
         position = o.position;
-        (void)co_await c.async_send(header_only(message_type::commit, 0, o.position));
+        (void)co_await c.async_send(header_only(protocol::commit_type, 0, o.position));
         refusal = co_await refusal_on(c);
         server.stop();
       },
@@ -1053,7 +1053,7 @@ TEST_CASE("memory: a std::bad_alloc while the chain master receives a frame clos
   const auto registered = [&](auto& c) -> asio::awaitable<bool> {
     (void)co_await c.async_send(chain_hello_of(0, client));
     auto [ec, m] = co_await c.async_receive();
-    co_return !ec && m.header.type == message_type::chain_config;
+    co_return !ec && m.header.type == protocol::chain_config_type;
   };
   bool first_registered = false, first_closed = false, removed = false;
   bool second_registered = false, dropped = false, third_registered = false;

@@ -9,6 +9,7 @@
 // this file: it plugs into the unchanged library through the hooks of recovery.hpp, is stepped like
 // the others, then trains end to end in a local_cluster.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +29,7 @@
 
 #include "asyncps/buffer.hpp"
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/endian.hpp"
 #include "asyncps/detail/server/part_context.hpp"
 #include "asyncps/detail/server/protocol.hpp"
 #include "asyncps/detail/server/session.hpp"
@@ -62,15 +64,44 @@ struct fence_audit {
 };
 
 /// recovery policy `fenced`: the operator fences worker ids (a process declared dead, whose
-/// zombie must not train again), and each shard keeps an audit of what it applied. No failure
-/// recovery: a worker that loses a shard reconnects for up to a second. It uses only hooks
-/// of recovery.hpp and the sans-io context, so it runs unchanged in `basic_server`.
+/// zombie must not train again), and each shard keeps an audit of what it applied, which a
+/// worker may ask for with the policy's own message. No failure recovery: a worker that loses
+/// a shard reconnects for up to a second. It uses only hooks of recovery.hpp, the sans-io
+/// context and the policy message types of wire.hpp, so it runs unchanged in `basic_server`.
 struct fenced {
   static constexpr std::string_view name = "fenced";
+
+  /// The policy's own messages (wire.hpp, `policy_message`): a worker asks a shard for its
+  /// audit (no payload; header `seq` = the query's number), the shard answers with the updates
+  /// and rows it applied (u64 each) under the query's `seq`.
+  static constexpr message_type audit_query = policy_message(0);
+  static constexpr message_type audit_report = policy_message(1);
+  static constexpr std::uint64_t audit_report_bytes = 16;
 
   struct server_part {
     fence_audit* audit = nullptr;
     std::set<std::uint32_t> fenced_ids{};
+
+    /// An audit query is answered; every other message goes on to the server. Errors: an
+    /// audit query with a payload (`errc::unexpected_message`).
+    template <class Ctx>
+    std::optional<std::error_code> on_worker_message(Ctx ctx, detail::session_base& s, message& m,
+                                                     std::string& why) {
+      if (m.header.type != audit_query) return std::nullopt;
+      if (!m.payload.empty()) {
+        why = " (an audit query has no payload)";
+        return make_error_code(errc::unexpected_message);
+      }
+      message r;
+      r.header.type = audit_report;
+      r.header.sender = ctx.options().shard;
+      r.header.seq = m.header.seq;
+      r.payload = ctx.allocate(audit_report_bytes);
+      asyncps::detail::store_le(r.payload.data(), audit->updates);
+      asyncps::detail::store_le(r.payload.data() + 8, audit->rows);
+      ctx.send_worker(s.worker, std::move(r));
+      return std::error_code{};
+    }
 
     template <class Ctx>
     std::error_code on_hello(Ctx ctx, const frame_header& hello, std::string& detail) {
@@ -206,7 +237,8 @@ struct stepped {
 };
 
 // A push of worker `w` at clock `c` covering the shard's rows [0, 4), every float `g`;
-// `flags` adds `state` (a replica) or `backlog` (with a prefix summing `backlog_clocks`).
+// `flags` adds `policy` (stateless: a replica) or `prefixed` (stateless: a backlog, with a
+// prefix summing `backlog_clocks`).
 message shard_push(std::uint32_t w, clock_value c, float g, std::uint8_t flags = 0,
                    std::uint64_t backlog_clocks = 0) {
   message m;
@@ -218,8 +250,8 @@ message shard_push(std::uint32_t w, clock_value c, float g, std::uint8_t flags =
   m.header.first_row = 0;
   m.header.row_count = 4;
   m.header.width = 2;
-  const bool backlog = (flags & frame_flags::backlog) != 0;
-  const std::size_t prefix = backlog ? backlog_prefix_bytes : 0;
+  const bool backlog = (flags & frame_flags::prefixed) != 0;
+  const std::size_t prefix = backlog ? push_prefix_bytes : 0;
   m.payload = pool.allocate(prefix + 8 * sizeof(float));
   if (backlog) protocol::set_backlog_clocks(m.payload, backlog_clocks);
   auto* f = reinterpret_cast<float*>(m.payload.data() + prefix);
@@ -280,6 +312,58 @@ TEST_CASE("fenced (a policy defined in a test file), stepped: its hooks see hell
   CHECK(shard_values(t.proto)[0] == -0.25f);
   CHECK(audit.clocks.empty());
   CHECK(t.proto.core().clock() == 0);
+}
+
+TEST_CASE("fenced (a policy defined in a test file), stepped: its own message types travel "
+          "through the unchanged frame layer and server") {
+  fence_audit audit;
+  stepped<fenced> t(fenced::server_part{.audit = &audit});
+  auto& w0 = t.worker(0);
+  auto p = shard_push(0, 0, 0.5f);
+  REQUIRE(t.proto.receive(w0, p));
+
+  // The query passes the frame layer's checks as any frame would (a type of the policy's).
+  message q;
+  q.header.type = fenced::audit_query;
+  q.header.sender = 0;
+  q.header.seq = 7;
+  std::array<std::byte, header_size> bytes{};
+  encode_header(q.header, bytes, {}, true);
+  CHECK(!validate_header(decode_header(bytes), wire_limits{}));
+  q.header.flags = frame_flags::payload_unchecked;  // a policy's message is always checksummed
+  CHECK(validate_header(q.header, wire_limits{}) == errc::bad_flags);
+  q.header.flags = 0;
+
+  w0.outbox.clear();
+  REQUIRE(t.proto.receive(w0, q));
+  REQUIRE(w0.outbox.size() == 1);
+  const message& r = w0.outbox[0];
+  CHECK(r.header.type == fenced::audit_report);
+  CHECK(is_policy_message(r.header.type));
+  CHECK(r.header.seq == 7);
+  REQUIRE(r.payload.size() == fenced::audit_report_bytes);
+  CHECK(detail::load_le<std::uint64_t>(r.payload.data()) == 1);      // updates
+  CHECK(detail::load_le<std::uint64_t>(r.payload.data() + 8) == 4);  // rows
+
+  // A malformed one is refused with the part's code and detail; the model is untouched.
+  auto& w1 = t.worker(1);
+  message bad;
+  bad.header.type = fenced::audit_query;
+  bad.header.sender = 1;
+  bad.payload = pool.allocate(8);
+  CHECK(!t.proto.receive(w1, bad));
+  CHECK(t.error_of(w1) == errc::unexpected_message);
+  CHECK(logged("an audit query has no payload"));
+  CHECK(shard_values(t.proto)[0] == -0.5f);
+
+  // Under a policy that does not know the type (none), the same frame is refused.
+  stepped<recovery::none> plain;
+  auto& v0 = plain.worker(0);
+  message q2;
+  q2.header.type = fenced::audit_query;
+  q2.header.sender = 0;
+  CHECK(!plain.proto.receive(v0, q2));
+  CHECK(plain.error_of(v0) == errc::unexpected_message);
 }
 
 TEST_CASE("fenced (a policy defined in a test file), stepped: on_clock follows the server "
@@ -355,12 +439,12 @@ TEST_CASE("stateless, stepped: a shard without state asks for replicas, refuses 
   for (auto* s : {&w0, &w1}) {
     REQUIRE(s->outbox.size() == 1);
     CHECK(s->outbox[0].header.type == message_type::welcome);
-    CHECK(s->outbox[0].header.has(frame_flags::state));
+    CHECK(s->outbox[0].header.has(frame_flags::policy));
   }
   CHECK(t.proto.part().recovering());
 
   // A replica from the future (clock 6 > the sender's clock 5) is refused and not installed.
-  auto future = shard_push(0, 6, 3.0f, frame_flags::state);
+  auto future = shard_push(0, 6, 3.0f, frame_flags::policy);
   CHECK(!t.proto.receive(w0, future));
   CHECK(t.error_of(w0) == errc::bad_state);
   CHECK(logged("refused the replica of table 0 from worker 0"));
@@ -368,7 +452,7 @@ TEST_CASE("stateless, stepped: a shard without state asks for replicas, refuses 
   CHECK(shard_values(t.proto) == std::vector<float>(8, 0.0f));
 
   // Worker 1's replica rebuilds the table; a later replica (worker 0 reconnected) is dropped.
-  auto replica = shard_push(1, 5, 2.0f, frame_flags::state);
+  auto replica = shard_push(1, 5, 2.0f, frame_flags::policy);
   CHECK(t.proto.receive(w1, replica));
   CHECK(!t.proto.part().recovering());
   CHECK(t.proto.part().stats().replicas_installed == 1);
@@ -377,16 +461,16 @@ TEST_CASE("stateless, stepped: a shard without state asks for replicas, refuses 
   t.proto.session_finished(w0);
   auto h = t.hello(0, 5);
   REQUIRE(t.proto.receive(w0b, h));
-  auto late = shard_push(0, 5, 7.0f, frame_flags::state);
+  auto late = shard_push(0, 5, 7.0f, frame_flags::policy);
   CHECK(t.proto.receive(w0b, late));
   CHECK(t.proto.part().stats().replicas_installed == 1);
 
   // Backlogs: worker 1's own is already in its replica (skipped); worker 0's sums 4 clocks
   // and is applied scaled by 1/4 (rule mean): sgd at rate 1 subtracts it.
-  auto own = shard_push(1, 5, 1.0f, frame_flags::backlog, 4);
+  auto own = shard_push(1, 5, 1.0f, frame_flags::prefixed, 4);
   CHECK(t.proto.receive(w1, own));
   CHECK(t.proto.part().stats().backlogs_merged == 0);
-  auto other = shard_push(0, 5, 1.0f, frame_flags::backlog, 4);
+  auto other = shard_push(0, 5, 1.0f, frame_flags::prefixed, 4);
   CHECK(t.proto.receive(w0b, other));
   CHECK(t.proto.part().stats().backlogs_merged == 1);
   CHECK(t.proto.part().stats().backlog_clocks == 4);
@@ -397,17 +481,17 @@ TEST_CASE("stateless, stepped: a shard that holds state asks for nothing, and a 
           "backlog that does not cover the shard's range is refused") {
   stepped<recovery::stateless> t;
   auto& w0 = t.worker(0);  // clock 0: nothing trained yet
-  CHECK(!w0.outbox[0].header.has(frame_flags::state));
+  CHECK(!w0.outbox[0].header.has(frame_flags::policy));
   auto p = shard_push(0, 0, 1.0f);
   REQUIRE(t.proto.receive(w0, p));
   CHECK(t.proto.core().has_state());
   auto& w1 = t.worker(1, 3);  // has trained, but the shard has state: no replica wanted
-  CHECK(!w1.outbox[0].header.has(frame_flags::state));
+  CHECK(!w1.outbox[0].header.has(frame_flags::policy));
   CHECK(!t.proto.part().recovering());
 
-  auto part = shard_push(1, 3, 1.0f, frame_flags::backlog, 1);
+  auto part = shard_push(1, 3, 1.0f, frame_flags::prefixed, 1);
   part.header.row_count = 2;  // rows [0, 2) of [0, 4)
-  part.payload = pool.allocate(backlog_prefix_bytes + 4 * sizeof(float));
+  part.payload = pool.allocate(push_prefix_bytes + 4 * sizeof(float));
   std::memset(part.payload.data(), 0, part.payload.size());
   CHECK(!t.proto.receive(w1, part));
   CHECK(t.error_of(w1) == errc::unexpected_message);
@@ -415,7 +499,7 @@ TEST_CASE("stateless, stepped: a shard that holds state asks for nothing, and a 
 
   // A backlog at a clock no run reaches (INT64_MIN: its staleness would overflow) is refused
   // before anything is scaled or merged.
-  auto wild = shard_push(0, 1, 1.0f, frame_flags::backlog, 1);
+  auto wild = shard_push(0, 1, 1.0f, frame_flags::prefixed, 1);
   wild.header.clock = std::numeric_limits<clock_value>::min();
   CHECK(!t.proto.receive(w0, wild));
   CHECK(t.error_of(w0) == errc::bad_clock);
@@ -487,11 +571,11 @@ TEST_CASE("replica_log, stepped: a rebuild whose second log never arrives ends a
   CHECK(!t.proto.part_timer_armed(0));
   CHECK(!t.proto.sweep());  // nothing watched: the sweeper sleeps
 
-  // Worker 0 holds a log for this shard (hello flag `state`) and meets a shard without state:
-  // the shard rebuilds, and the watch arms the part's timer for one tick.
+  // Worker 0 holds a log for this shard (hello flag `policy`, `holds_log_flag`) and meets a shard
+  // without state: the shard rebuilds, and the watch arms the part's timer for one tick.
   auto& w0 = t.proto.add_session(0);
   auto h = t.hello(0, 0);
-  h.header.flags |= frame_flags::state;
+  h.header.flags |= frame_flags::policy;
   REQUIRE(t.proto.receive(w0, h));
   CHECK(t.proto.part().recovering());
   CHECK(t.proto.part_timer_armed(0));
@@ -520,6 +604,52 @@ TEST_CASE("replica_log, stepped: a rebuild whose second log never arrives ends a
   CHECK(t.proto.part().stats().incomplete_recoveries == 1);
   CHECK(!t.proto.part_timer_armed(0));
   static_assert(proto_type::part_timer_count >= 1);
+}
+
+TEST_CASE("replica_log, stepped: its commit, a message type of its own, applies a held push; "
+          "one with a payload is refused and applies nothing") {
+  stepped<recovery::replica_log> t;
+  auto& w0 = t.worker(0);
+  auto& w1 = t.worker(1);
+  REQUIRE(t.proto.part().serving());
+  const auto before = shard_values(t.proto);
+  auto order_of = [&](step_session& s) {
+    protocol::order o;
+    std::string detail;
+    REQUIRE(!protocol::decode(s.outbox.back(), o, detail));
+    return o;
+  };
+  auto commit = [](std::uint32_t w, std::uint64_t position, std::size_t payload) {
+    message c;
+    c.header.type = protocol::commit_type;
+    c.header.sender = w;
+    c.header.seq = position;
+    if (payload > 0) c.payload = pool.allocate(payload);
+    return c;
+  };
+
+  // Worker 0's push is ordered and applied once its commit (header only) comes.
+  auto p0 = shard_push(0, 0, 1.0f);
+  p0.header.seq = 1;
+  REQUIRE(t.proto.receive(w0, p0));
+  const protocol::order o0 = order_of(w0);
+  CHECK(shard_values(t.proto) == before);
+  auto good = commit(0, o0.position, 0);
+  REQUIRE(t.proto.receive(w0, good));
+  const auto applied = shard_values(t.proto);
+  CHECK(applied[0] == -1.0f);
+
+  // Worker 1's push is ordered; a commit of its position with 8 payload bytes is refused, and
+  // the push is not applied.
+  auto p1 = shard_push(1, 0, 2.0f);
+  p1.header.seq = 1;
+  REQUIRE(t.proto.receive(w1, p1));
+  const protocol::order o1 = order_of(w1);
+  auto bad = commit(1, o1.position, 8);
+  CHECK(!t.proto.receive(w1, bad));
+  CHECK(t.error_of(w1) == errc::payload_size_mismatch);
+  CHECK(logged("worker 1's commit carries 8 payload bytes; it has none"));
+  CHECK(shard_values(t.proto) == applied);
 }
 
 TEST_CASE("replica_log, stepped: a push ordered but never confirmed is voided after "
@@ -641,8 +771,8 @@ TEST_CASE("chain (strict), stepped as the head: registers on a connect, links to
   REQUIRE(t.io.connects.size() == 1);
   CHECK(t.io.connects[0].endpoint == "master");
   auto& master = complete_connect(t, 0, 100);
-  CHECK(has_type(master, message_type::chain_hello));  // registered
-  CHECK(t.proto.part_timer_armed(0));                  // its heartbeat
+  CHECK(has_type(master, protocol::chain_hello_type));  // registered
+  CHECK(t.proto.part_timer_armed(0));                   // its heartbeat
 
   // The master makes it head, with member 1 as its successor: the successor link starts on
   // the part's timer and asks for a connect to m1.
@@ -654,7 +784,7 @@ TEST_CASE("chain (strict), stepped as the head: registers on a connect, links to
   REQUIRE(t.io.connects.size() == 2);
   CHECK(t.io.connects[1].endpoint == "m1");
   auto& succ = complete_connect(t, 1, 101);
-  CHECK(has_type(succ, message_type::chain_hello));
+  CHECK(has_type(succ, protocol::chain_hello_type));
   // The successor answers with its log position (0): the link is synced.
   auto ready = chain_ack(0);
   REQUIRE(t.proto.receive(succ, ready));
@@ -802,13 +932,13 @@ TEST_CASE("chain (strict), stepped through a failover: a lost successor link is 
   REQUIRE(t.io.connects.size() == 7);
   CHECK(t.io.connects[6].endpoint == "master");
   master = &complete_connect(t, 6, 103);
-  CHECK(has_type(*master, message_type::chain_hello));
+  CHECK(has_type(*master, protocol::chain_hello_type));
 }
 
 TEST_CASE("chain (strict), stepped: a member joining a running chain links to its successor "
           "only once a state transfer arrived (no timer meanwhile)") {
-  // The head: its successor asks for a state transfer (ack flag `state`), which the head
-  // queues on the link.
+  // The head: its successor asks for a state transfer (ack flag `policy`,
+  // `chain_needs_state_flag`), which the head queues on the link.
   stepped<strict_chain> head(chain_member(0));
   REQUIRE(!head.proto.part().on_serve(head.io.ctx()));
   auto& head_master = complete_connect(head, 0, 100);
@@ -816,11 +946,11 @@ TEST_CASE("chain (strict), stepped: a member joining a running chain links to it
   REQUIRE(head.proto.receive(head_master, head_cfg));
   head.proto.sweep();
   auto& head_succ = complete_connect(head, 1, 101);
-  auto wants_state = chain_ack(0, frame_flags::state);
+  auto wants_state = chain_ack(0, frame_flags::policy);
   REQUIRE(head.proto.receive(head_succ, wants_state));
-  REQUIRE(has_type(head_succ, message_type::state));
+  REQUIRE(has_type(head_succ, protocol::chain_state_type));
   const message& transfer = head_succ.outbox.back();
-  REQUIRE(transfer.header.type == message_type::state);
+  REQUIRE(transfer.header.type == protocol::chain_state_type);
 
   // Member 1 joins as the middle, before member 2, without the shard's state (fresh).
   stepped<strict_chain> t(chain_member(1));

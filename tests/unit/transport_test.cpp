@@ -1018,7 +1018,7 @@ TEST_CASE("chain master: a descriptor flood (EMFILE) is retried with backoff and
           auto [hec, hn] = co_await asio::async_write(c, asio::buffer(hello), detail::use_tuple);
           (void)hn;
           const auto config = co_await read_frame(c);
-          co_return !hec && config && config->type == message_type::chain_config &&
+          co_return !hec && config && config->type == protocol::chain_config_type &&
               master.chain(0) == std::vector<std::uint32_t>{0};
         });
   });
@@ -1611,7 +1611,7 @@ TEST_CASE("auth: an unauthenticated chain_hello never reaches the chain master")
     REQUIRE(!(co_await member.async_send(std::move(real))));
     auto [cec, config] = co_await member.async_receive();
     REQUIRE(!cec);
-    CHECK(config.header.type == message_type::chain_config);
+    CHECK(config.header.type == protocol::chain_config_type);
     CHECK(master.stats().registrations == 1);
     CHECK(master.chain(0) == std::vector<std::uint32_t>{0});
     member.close();
@@ -2392,15 +2392,15 @@ TEST_CASE("tcp: checksum_payloads off checks the header only; state transfers st
     REQUIRE(!r1);
     CHECK(m1.header.has(frame_flags::payload_unchecked));
     CHECK(m1.payload.floats()[999] == 1999.0f);
-    // A state transfer is checksummed whole whatever the option says.
+    // A policy's message (here a state transfer) is checksummed whole whatever the option says.
     message st;
-    st.header.type = message_type::state;
+    st.header.type = policy_message(2);
     st.payload = sender.allocate(64);
     std::memset(st.payload.data(), 7, 64);
     CHECK(!(co_await c.async_send(std::move(st))));
     auto [r2, m2] = co_await s.async_receive();
     REQUIRE(!r2);
-    CHECK(m2.header.type == message_type::state);
+    CHECK(m2.header.type == policy_message(2));
     CHECK_FALSE(m2.header.has(frame_flags::payload_unchecked));
     // The listener's own replies are checksummed whole (its option is on).
     CHECK(!(co_await s.async_send(make_message(listener, 3, 10))));

@@ -83,7 +83,11 @@ TEST_CASE("validate_header names the bad field") {
   check([](frame_header& h) { h.magic = 0xdeadbeef; }, errc::bad_magic);
   check([](frame_header& h) { h.version = 99; }, errc::unsupported_version);
   check([](frame_header& h) { h.type = static_cast<message_type>(0); }, errc::bad_message_type);
-  check([](frame_header& h) { h.type = static_cast<message_type>(200); }, errc::bad_message_type);
+  // Types between the generic ones and the policy's (128-255) are no one's.
+  check([](frame_header& h) { h.type = static_cast<message_type>(max_message_type + 1); },
+        errc::bad_message_type);
+  check([](frame_header& h) { h.type = static_cast<message_type>(policy_message_base - 1); },
+        errc::bad_message_type);
   check([](frame_header& h) { h.flags = 0x80; }, errc::bad_flags);
   check([](frame_header& h) { h.payload_bytes = 4096; }, errc::frame_too_large);
   check([](frame_header& h) { h.row_count = 9; }, errc::too_many_rows);
@@ -384,13 +388,13 @@ TEST_CASE("protocol: typed control messages round-trip through frames") {
                       .server_clock = 5,
                       .last_seq = 41,
                       .worker_clock = 9,
-                      .wants_state = true,
+                      .policy_bit = true,
                       .tables = {{10, 4, 33}},
                       .local_step = 0.25f};
   m = protocol::encode(w, alloc);
   CHECK(m.header.seq == 41);
   CHECK(m.header.first_row == 0);
-  CHECK(m.header.has(frame_flags::state));
+  CHECK(m.header.has(frame_flags::policy));
   protocol::welcome w2;
   REQUIRE(!protocol::decode(m, w2, why));
   CHECK(w2.shard == 1);
@@ -398,7 +402,7 @@ TEST_CASE("protocol: typed control messages round-trip through frames") {
   CHECK(w2.server_clock == 5);
   CHECK(w2.worker_clock == 9);
   CHECK(w2.last_seq == 41);
-  CHECK(w2.wants_state);
+  CHECK(w2.policy_bit);
   REQUIRE(w2.tables.size() == 1);
   CHECK(w2.tables[0].applied == 33);
   CHECK(w2.local_step == 0.25f);
@@ -483,12 +487,12 @@ TEST_CASE("protocol: a backlog push carries its clock count before the floats") 
   buffer_pool pool;
   message m;
   m.header.type = message_type::push;
-  m.header.flags = frame_flags::range | frame_flags::backlog;
+  m.header.flags = frame_flags::range | frame_flags::prefixed;
   m.header.row_count = 2;
   m.header.width = 2;
-  m.payload = pool.allocate(backlog_prefix_bytes + 16);
+  m.payload = pool.allocate(push_prefix_bytes + 16);
   protocol::set_backlog_clocks(m.payload, 12);
-  float* f = reinterpret_cast<float*>(m.payload.data() + backlog_prefix_bytes);
+  float* f = reinterpret_cast<float*>(m.payload.data() + push_prefix_bytes);
   for (int i = 0; i < 4; ++i) f[i] = static_cast<float>(i);
   m.header.payload_bytes = m.payload.size();
   CHECK(!validate_header(m.header, wire_limits{}));
@@ -533,9 +537,27 @@ TEST_CASE("buffer_pool::try_allocate keeps lent plus cached bytes within its bou
   CHECK(pool.lent_bytes() == 4096 + 64);
 }
 
-TEST_CASE("validate_header: a state transfer never goes without its payload checksum") {
+TEST_CASE("policy_message numbers a policy's types from 128; the frame layer takes any shape") {
+  CHECK(static_cast<int>(policy_message(0)) == 128);
+  CHECK(static_cast<int>(policy_message(127)) == 255);
+  CHECK(is_policy_message(policy_message(5)));
+  CHECK_FALSE(is_policy_message(message_type::directory));
+  CHECK_FALSE(is_policy_message(message_type::push));
+  // Any payload size up to max_frame_bytes: its decoder, the policy's, checks the shape.
+  const wire_limits lim{.max_frame_bytes = 1024};
   frame_header h;
-  h.type = message_type::state;
+  h.type = policy_message(127);
+  for (const std::uint64_t n : {0, 1, 16, 1024}) {
+    h.payload_bytes = n;
+    CHECK(!validate_header(h, lim));
+  }
+  h.payload_bytes = 1025;
+  CHECK(validate_header(h, lim) == errc::frame_too_large);
+}
+
+TEST_CASE("validate_header: a policy's message never goes without its payload checksum") {
+  frame_header h;
+  h.type = policy_message(2);  // e.g. recovery::chain_replication's state transfer
   h.payload_bytes = 64;
   CHECK(!validate_header(h, wire_limits{}));
   h.flags = frame_flags::payload_unchecked;

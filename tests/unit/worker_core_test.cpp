@@ -441,16 +441,16 @@ TEST_CASE("recovery worker parts: stateless buffers while away and delivers on r
   CHECK(out[0].msg.header.type == message_type::clock);
   CHECK(out[0].msg.header.clock == 7);
   CHECK(out[1].msg.header.clock == 8);
-  CHECK(out[2].msg.header.has(frame_flags::state));
+  CHECK(out[2].msg.header.has(frame_flags::policy));
   CHECK(out[2].msg.header.clock == 9);
   CHECK(payload_floats(out[2].msg)[0] == 0.5f);
   const auto& b = out[3].msg.header;
-  CHECK(b.has(frame_flags::backlog));
+  CHECK(b.has(frame_flags::prefixed));
   CHECK(protocol::backlog_clocks(out[3].msg) == 3);  // clocks in the backlog (its prefix)
   CHECK(b.seq == 0);
   CHECK(b.clock == 6);  // rows clock of the first
   CHECK(payload_floats(out[3].msg)[3] == 4 + 4 + 10.0f);
-  CHECK(out[3].counted_bytes == backlog_prefix_bytes + 16);
+  CHECK(out[3].counted_bytes == push_prefix_bytes + 16);
   for (const auto& q : out) detail::worker_hooks::on_rejoin_sent(st, 1, q.msg.header);
   CHECK(st.stats().replicas_sent == 1);
   CHECK(st.stats().backlogs_sent == 1);

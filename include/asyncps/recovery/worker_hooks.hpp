@@ -58,10 +58,12 @@ struct unapplied_push {
 struct welcome_part {
   std::uint32_t shard = 0;
   table_id table = 0;
-  std::uint64_t applied = 0;       ///< this worker's pushes of the part the server has applied
-  std::uint64_t pushed = 0;        ///< this worker's pushes of the part it counts as sent
-  bool server_lost_state = false;  ///< the welcome asks for replicas (`frame_flags::state`)
-  clock_value rows_clock = 0;      ///< server clock of the part's cached rows
+  std::uint64_t applied = 0;  ///< this worker's pushes of the part the server has applied
+  std::uint64_t pushed = 0;   ///< this worker's pushes of the part it counts as sent
+  /// The welcome has flag `frame_flags::policy`; what it means is the policy's (e.g.
+  /// recovery::stateless's `protocol::wants_replicas_flag`).
+  bool welcome_policy_bit = false;
+  clock_value rows_clock = 0;                 ///< server clock of the part's cached rows
   std::span<const unapplied_push> unapplied;  ///< valid during the call
 };
 
@@ -106,17 +108,18 @@ class rejoin_context {
  public:
   /// `allocate(state, bytes)` returns a pooled buffer of `bytes` bytes (the transport's).
   rejoin_context(std::uint32_t shard, std::uint32_t sender, clock_value hello_clock,
-                 clock_value clock, bool state_wanted, std::span<const rejoin_part> parts,
+                 clock_value clock, bool welcome_policy_bit, std::span<const rejoin_part> parts,
                  buffer (*allocate)(void*, std::size_t), void* state,
                  std::vector<rejoin_message>& out) noexcept
       : shard(shard), sender(sender), hello_clock(hello_clock), clock(clock),
-        state_wanted(state_wanted), parts(parts), allocate_(allocate), state_(state), out_(out) {}
+        welcome_policy_bit(welcome_policy_bit), parts(parts), allocate_(allocate), state_(state),
+        out_(out) {}
 
   std::uint32_t shard;                 ///< the link's shard
   std::uint32_t sender;                ///< this worker's id
   clock_value hello_clock;             ///< the clock its hello carried
   clock_value clock;                   ///< the worker's clock now
-  bool state_wanted;                   ///< the server's welcome asked for replicas
+  bool welcome_policy_bit;             ///< the welcome had flag `frame_flags::policy`
   std::span<const rejoin_part> parts;  ///< per table
 
   /// Queues a `clock` message for clock `k`.
@@ -127,8 +130,8 @@ class rejoin_context {
     m.header.clock = k;
     out_.push_back(rejoin_message{std::move(m), 0});
   }
-  /// Queues a range push of all of part `t`'s rows, flagged `flag` (e.g. `frame_flags::state`,
-  /// `backlog`), with `clock = since`; its payload is `prefix` (bytes the policy's message puts
+  /// Queues a range push of all of part `t`'s rows, flagged `flag` (`frame_flags::policy`,
+  /// `prefixed`), with `clock = since`; its payload is `prefix` (bytes the policy's message puts
   /// before the rows, e.g. a backlog's count of clocks: wire.hpp checks its size) followed by a
   /// copy of `values` (`range.size() * width` floats). All of it counts in `bytes_out`.
   void send_rows(table_id t, std::uint8_t flag, const float* values, clock_value since,

@@ -87,8 +87,9 @@ struct tcp_options {
   /// Whether frames carry a checksum (XXH3-64) of their payload as well as of their header.
   /// Off (the default): the header is still checksummed (checked before its payload is read)
   /// and the frame says so (`frame_flags::payload_unchecked`); the payload is left to TCP's
-  /// checksum and the link's CRC, or to TLS's integrity. State transfers
-  /// (`message_type::state`) are always checksummed whole, as are checkpoint files. A
+  /// checksum and the link's CRC, or to TLS's integrity. The recovery
+  /// policy's own messages (`is_policy_message`: state transfers, replicas) are always
+  /// checksummed whole, as are checkpoint files. A
   /// receiver accepts both kinds, whatever its own setting. The payload hash costs 14% of the
   /// CPU of a 4 MiB pull and 10-25% of its throughput on loopback (docs/performance.md,
   /// "Checksum"); turn it on where memory or NIC corruption must be caught end to end.

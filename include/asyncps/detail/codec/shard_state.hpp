@@ -1,5 +1,6 @@
 // asyncps — detail: the one encoding of a `shard_state`, shared by chain replication's state
-// transfer (a `state` message's payload) and checkpoint files (which only frame it with a
+// transfer (the payload of a policy's state message: the chain's state transfer, the replica
+// log's state replica) and checkpoint files (which only frame it with a
 // header and a checksum, see recovery/checkpoint/file.hpp). Little-endian, no padding:
 //
 //   u32 shard, u32 num_shards, u32 num_workers, u32 state_per_param, u32 tables,
@@ -238,14 +239,14 @@ class span_state_source {
   std::size_t left_;
 };
 
-/// Writes `st` into `out` (exactly `encoded_state_size(st)` bytes): a `state` message's
+/// Writes `st` into `out` (exactly `encoded_state_size(st)` bytes): a state message's
 /// payload. Precondition: `st` is consistent (as `basic_server::save_state` fills it).
 inline void encode_state(const shard_state& st, std::span<std::byte> out) noexcept {
   span_state_sink sink(out);
   encode_state(st, sink);  // (allocates nothing: span_state_sink does not throw)
 }
 
-/// Decodes a `state` message's payload `in` into `out` (reusing its capacity). Errors:
+/// Decodes a state message's payload `in` into `out` (reusing its capacity). Errors:
 /// `errc::payload_size_mismatch` with `why` set to " (state transfer: <reason>)" naming the
 /// field when a count disagrees with the bytes present, or bytes are left over (nothing else
 /// is checked here: `basic_server::restore_state` checks that the state fits the server).

@@ -101,7 +101,7 @@ std::error_code server_protocol<Consistency, Recovery, Optimizer, Session, TimeP
                       .server_clock = core_.clock(),
                       .last_seq = std::max(core_.last_seq(s.worker), seen_seq_[s.worker]),
                       .worker_clock = std::max(core_.worker_clock(s.worker), h.clock),
-                      .wants_state = (flags & frame_flags::state) != 0,
+                      .policy_bit = (flags & frame_flags::policy) != 0,
                       .tables = {},
                       .local_step = 0};
   core_.welcome_tables(s.worker, w);
@@ -139,7 +139,7 @@ server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::greet
                       .server_clock = core_.clock(),
                       .last_seq = 0,
                       .worker_clock = core_.clock(),
-                      .wants_state = false,
+                      .policy_bit = false,
                       .tables = {},
                       .local_step = 0};
   core_.welcome_tables(no_worker, w);

@@ -102,15 +102,16 @@ std::error_code server_protocol<Consistency, Recovery, Optimizer, Session, TimeP
   }
   if (auto ec = core_.check_rows(m, detail)) return ec;
   // A plain push's values are checked finite by `apply` (`shard_core::check_and_apply`),
-  // chunk by chunk as the update is applied: one pass over the push. A replica or
-  // backlog push goes to the recovery part, which may keep it unapplied: checked here.
-  if (h.has(frame_flags::state) || h.has(frame_flags::backlog)) {
+  // chunk by chunk as the update is applied: one pass over the push. A policy's push
+  // (e.g. a replica or a backlog) goes to the recovery part, which may keep it unapplied:
+  // checked here.
+  if (h.has(frame_flags::policy) || h.has(frame_flags::prefixed)) {
     if (!core_type::all_finite(payload_floats(m))) return errc::non_finite_value;
     if constexpr (has_on_recovery_push<part_type, ctx_t<Io>>) {
       return part_.on_recovery_push(io_->ctx(), s, m, detail);
     } else {
-      detail = std::string(" (replica or backlog push, but recovery policy '") +
-               std::string(Recovery::name) + "' does not take them)";
+      detail = std::string(" (a push flagged `policy` or `prefixed`, but recovery policy '") +
+               std::string(Recovery::name) + "' takes none)";
       return errc::unexpected_message;
     }
   }

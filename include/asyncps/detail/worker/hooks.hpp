@@ -37,7 +37,7 @@ clock_value hello_clock(const P& p, std::uint32_t shard, clock_value clock) {
 }
 
 /// `std::uint8_t hello_flags(std::uint32_t shard)`: `frame_flags` a (re)connect's hello
-/// carries (e.g. `frame_flags::state`: this worker holds a log for the shard). Default: none.
+/// carries (e.g. `frame_flags::policy`: recovery::replica_log's `holds_log_flag`). Default: none.
 template <class P>
 std::uint8_t hello_flags(const P& p, std::uint32_t shard) noexcept {
   if constexpr (requires { p.hello_flags(shard); })
@@ -49,9 +49,10 @@ std::uint8_t hello_flags(const P& p, std::uint32_t shard) noexcept {
 // takes_server_messages<P>: recovery/worker_hooks.hpp (check_worker_part uses it).
 
 /// `std::error_code on_server_message(std::uint32_t shard, message& m, std::vector<message>&
-/// replies)`: a message from `shard` of a type the worker does not handle itself (e.g.
-/// `order`, `state`); the part may keep `m`'s payload and queue replies (sent on the link, in
-/// order, right away). An error fails the link. Default: `errc::unexpected_message`.
+/// replies)`: a message from `shard` of a type the worker does not handle itself (e.g. the
+/// replica log's `order` and state replica); the part may keep `m`'s payload and queue replies
+/// (sent on the link, in order, right away). An error fails the link. Default:
+/// `errc::unexpected_message`.
 template <class P>
 std::error_code on_server_message(P& p, std::uint32_t shard, message& m,
                                   std::vector<message>& replies) {

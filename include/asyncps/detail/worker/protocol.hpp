@@ -76,7 +76,7 @@ class worker_protocol {
     /// may keep them); the run does not end before the link is up again, so that its welcome
     /// counts the ones the server lacks (`worker_stats::lost_pushes`), or the policy gives up.
     bool unsent = false;
-    bool state_wanted = false;  ///< the server's welcome asked for replicas
+    bool welcome_policy_bit = false;  ///< the server's welcome had flag `policy`
     /// The recovery policy answered `continue_local` to this link's loss: train on from the
     /// cache while it is down (the gradient slices go to the part's `while_away` hook).
     bool trains_away = false;
@@ -228,7 +228,7 @@ class worker_protocol {
       auto& p = parts[t];
       const auto applied = w.tables[t].applied;
       const welcome_action act = worker_hooks::on_welcome(
-          recovery_, welcome_part{s, t, applied, p.pushed, w.wants_state, p.clock, p.local});
+          recovery_, welcome_part{s, t, applied, p.pushed, w.policy_bit, p.clock, p.local});
       if (act == welcome_action::give_up && applied < p.pushed) {
         log("server " + std::to_string(s) + " came back without " +
             std::to_string(p.pushed - applied) + " of this worker's pushes; recovery policy '" +
@@ -243,7 +243,7 @@ class worker_protocol {
       p.local.clear();
       p.pulling = false;
     }
-    l.state_wanted = w.wants_state;
+    l.welcome_policy_bit = w.policy_bit;
     return {};
   }
 
@@ -387,7 +387,7 @@ class worker_protocol {
                                           cache_.values().data() + cache_.part_offset(s, t)});
     out.clear();
     rejoin_context r(
-        s, opts_.id, links_[s].hello_clock, clock_, links_[s].state_wanted, rejoin_parts_,
+        s, opts_.id, links_[s].hello_clock, clock_, links_[s].welcome_policy_bit, rejoin_parts_,
         [](void* a, std::size_t n) { return static_cast<Alloc*>(a)->allocate(n); }, &alloc_, out);
     worker_hooks::on_rejoin(recovery_, r);
   }

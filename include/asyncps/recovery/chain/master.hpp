@@ -292,7 +292,7 @@ class basic_chain_master {
     if (!s.registered) {
       protocol::chain_hello hello;
       std::string why;
-      if (h.type != message_type::chain_hello || protocol::decode(m, hello, why) ||
+      if (h.type != protocol::chain_hello_type || protocol::decode(m, hello, why) ||
           hello.shard >= opts_.num_shards) {
         ++stats_.refused;
         if (may_log(detail::log_kind::refused_request, s))

@@ -133,7 +133,7 @@ class chain_server_part {
   template <class Ctx>
   std::optional<std::error_code> on_unknown_peer(Ctx ctx, detail::session_base& s, const message& m,
                                                  std::string& detail) {
-    if (m.header.type != message_type::chain_hello) return std::nullopt;
+    if (m.header.type != protocol::chain_hello_type) return std::nullopt;
     return greet_predecessor(ctx, s, m, detail);
   }
   /// Drops a push (or numbered clock) resent after a failover that this server applied.
@@ -185,7 +185,7 @@ class chain_server_part {
     }
     switch (s.role) {
       case role_master:
-        if (h.type == message_type::chain_config) {
+        if (h.type == protocol::chain_config_type) {
           protocol::chain_config c;
           if (auto ec = protocol::decode(m, c, detail)) return ec;
           if (c.shard != ctx.options().shard || c.member != self_) break;
@@ -196,7 +196,7 @@ class chain_server_part {
       case role_successor:
         if (h.type != message_type::ack) break;
         if (!s.ready) {
-          successor_ready(ctx, s, h.seq, h.has(frame_flags::state));
+          successor_ready(ctx, s, h.seq, h.has(protocol::chain_needs_state_flag));
         } else if constexpr (strict) {
           if (h.seq > r.log_index) {
             detail = " (successor acknowledges log position " + std::to_string(h.seq) +

@@ -283,7 +283,7 @@ std::error_code chain_server_part<Mode>::greet_predecessor(Ctx ctx, detail::sess
   ctx.claim(s, role_predecessor);
   s.peer = h.member;
   message a = chain_message(ctx, message_type::ack, r.log_index);
-  if (r.fresh) a.header.flags = frame_flags::state;
+  if (r.fresh) a.header.flags = protocol::chain_needs_state_flag;
   ctx.send_peer(s, std::move(a));
   return {};
 }

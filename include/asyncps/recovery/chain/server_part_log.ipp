@@ -21,6 +21,7 @@
 #include "asyncps/detail/server/hooks.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/messages.hpp"
 #include "asyncps/recovery/chain/server_state.hpp"
 #include "asyncps/wire.hpp"
 
@@ -32,7 +33,7 @@ std::error_code chain_server_part<Mode>::apply_entry(Ctx ctx, detail::session_ba
                                                      std::string& detail) {
   const auto& h = m.header;
   auto& r = rt_.value;
-  if (h.type == message_type::state) return install_state(ctx, s, m, detail);
+  if (h.type == protocol::chain_state_type) return install_state(ctx, s, m, detail);
   if (r.fresh || !strict || (h.type != message_type::push && h.type != message_type::clock)) {
     detail = r.fresh ? " (an entry before the state transfer)" : " (not a chain entry)";
     return errc::unexpected_message;
@@ -46,7 +47,7 @@ std::error_code chain_server_part<Mode>::apply_entry(Ctx ctx, detail::session_ba
   }
   if (h.type == message_type::push) {
     if (auto ec = ctx.check_rows(m, detail)) return ec;
-    if (h.has(frame_flags::state) || h.has(frame_flags::backlog) ||
+    if (h.has(frame_flags::policy) || h.has(frame_flags::prefixed) ||
         !ctx.all_finite(payload_floats(m)))
       return errc::non_finite_value;
     // The head applied it, so a backup in the same state accepts it too; a refusal here
@@ -154,7 +155,7 @@ void chain_server_part<Mode>::send_state(Ctx ctx, detail::session_base& s) {
   }
   buffer b = ctx.allocate(bytes);
   detail::encode_state(r.outgoing, std::span<std::byte>(b.data(), b.size()));
-  message m = chain_message(ctx, message_type::state, r.log_index);
+  message m = chain_message(ctx, protocol::chain_state_type, r.log_index);
   m.header.clock = ctx.clock();
   m.payload = std::move(b);
   ctx.send_peer(s, std::move(m));

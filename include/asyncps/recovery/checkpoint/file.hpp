@@ -2,7 +2,7 @@
 // `shard_state` per file, written atomically.
 //
 // A file is a framing around the one encoding of `shard_state` (detail/codec/shard_state.hpp,
-// the same record a chain `state` message carries). Little-endian. Format version 2:
+// the same record a chain state transfer carries). Little-endian. Format version 2:
 //
 //   offset size  field         meaning
 //   0      8     magic         "APSCKPT1"

@@ -1,8 +1,10 @@
-// asyncps — recovery::replica_log's own message on the wire: `order`, the apply position a
-// server gives a worker's push or clock message. Typed messages converted to and from frames, as
-// the messages of asyncps/protocol.hpp (whose comment on encoders and decoders applies here);
-// declared in namespace asyncps::protocol, next to them, so that `encode` and `decode` are one
-// overload set.
+// asyncps — recovery::replica_log's own messages on the wire: `order` (the apply position a
+// server gives a worker's push or clock message), `commit`, `replay` and the state replica, four
+// policy message types (wire.hpp, `policy_message`), and what the policy's bit
+// (`frame_flags::policy`) means on them and on a hello and a welcome. Typed messages converted to
+// and from frames, as the messages of asyncps/protocol.hpp (whose comment on encoders and decoders
+// applies here); declared in namespace asyncps::protocol, next to them, so that `encode` and
+// `decode` are one overload set.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +21,29 @@
 #include "asyncps/wire.hpp"
 
 namespace asyncps::protocol {
+
+/// Server -> worker: `protocol::order` (below).
+inline constexpr message_type order_type = policy_message(0);
+/// Worker -> server, header only: position header `seq` is logged (flag `replica_stored_flag`:
+/// the state replica of position `seq` is stored).
+inline constexpr message_type commit_type = policy_message(1);
+/// Worker -> server, header only: the next message is its logged entry of position `seq` (flag
+/// `replay_end_flag`: no entry follows, its replay is complete; `seq` = the newest stable
+/// position it knows, `clock` = how many entries it resends next without one).
+inline constexpr message_type replay_type = policy_message(2);
+/// Server -> worker (a replica to store), and back to a rebuilding server: the whole shard state
+/// (detail/codec/shard_state.hpp) as of apply position header `seq`; `clock` = the server clock.
+inline constexpr message_type replica_type = policy_message(3);
+
+/// The policy's bit on a hello: the worker holds a replica log for the shard.
+inline constexpr std::uint8_t holds_log_flag = frame_flags::policy;
+/// The policy's bit on a welcome: the shard restarted without state and rebuilds it from the
+/// workers' replicas and logs.
+inline constexpr std::uint8_t rebuilding_flag = frame_flags::policy;
+/// The policy's bit on a `commit`: of a state replica, not of a log entry.
+inline constexpr std::uint8_t replica_stored_flag = frame_flags::policy;
+/// The policy's bit on a `replay`: the worker's replay (or rejoin) is complete.
+inline constexpr std::uint8_t replay_end_flag = frame_flags::policy;
 
 /// recovery::replica_log: the apply position the server gave a worker's push or clock message
 /// (header `seq` = that message's seq, `sender` = the shard), and the newest stable position
@@ -37,7 +62,7 @@ message encode(const order& o, Alloc&& alloc) {
   buffer b = alloc(order_bytes);
   store_le(b.data(), o.position);
   store_le(b.data() + 8, o.stable);
-  message m = detail_::frame(message_type::order, o.shard, 0, std::move(b));
+  message m = detail_::frame(order_type, o.shard, 0, std::move(b));
   m.header.seq = o.seq;
   return m;
 }
@@ -47,7 +72,7 @@ message encode(const order& o, Alloc&& alloc) {
 inline std::error_code decode(const message& m, order& out, std::string& detail) {
   using asyncps::detail::load_le;
   const auto bytes = m.payload.bytes();
-  if (m.header.type != message_type::order || bytes.size() != order_bytes)
+  if (m.header.type != order_type || bytes.size() != order_bytes)
     return detail_::bad(detail, "malformed order");
   out.shard = m.header.sender;
   out.seq = m.header.seq;

@@ -120,43 +120,45 @@ struct replica_log_server_part {
 
   // ---- hooks (see recovery.hpp, server hooks) ----
 
-  /// The first hello decides: a worker that holds a log for this shard (hello flag `state`)
-  /// meets a shard without state, so the shard restarted and rebuilds before serving.
-  /// A later hello with a log from a worker this server never met, once it serves, is
-  /// refused (`errc::server_lost`): its log belongs to a server this one did not rebuild.
+  /// The first hello decides: a worker that holds a log for this shard (hello flag
+  /// `protocol::holds_log_flag`) meets a shard without state, so the shard restarted and rebuilds
+  /// before serving. A later hello with a log from a worker this server never met, once it serves,
+  /// is refused (`errc::server_lost`): its log belongs to a server this one did not rebuild.
   template <class Ctx>
   std::error_code on_hello(Ctx ctx, const frame_header& hello, std::string& detail) {
     size_for(ctx);
     if (rt_.value.mode_ == mode::undecided) {
-      if (hello.has(frame_flags::state) && !ctx.has_state()) {
+      if (hello.has(protocol::holds_log_flag) && !ctx.has_state()) {
         start_recovery(ctx);
       } else {
         rt_.value.mode_ = mode::serving;
       }
     }
     const std::uint32_t w = hello.sender;
-    if (rt_.value.mode_ == mode::serving && hello.has(frame_flags::state) && !rt_.value.met_[w]) {
+    if (rt_.value.mode_ == mode::serving && hello.has(protocol::holds_log_flag) &&
+        !rt_.value.met_[w]) {
       detail = " (worker " + std::to_string(w) +
                " holds a replica log of an earlier server of this shard, which this one did "
                "not rebuild from)";
       return errc::server_lost;
     }
     rt_.value.met_[w] = 1;
-    if (rt_.value.mode_ == mode::recovering && !hello.has(frame_flags::state))
+    if (rt_.value.mode_ == mode::recovering && !hello.has(protocol::holds_log_flag))
       rt_.value.done_[w] = 1;
     return {};
   }
   /// A rebuilding shard asks for replicas and logs.
   template <class Ctx>
   std::uint8_t welcome_flags(Ctx, const frame_header&) const noexcept {
-    return rt_.value.mode_ == mode::recovering ? frame_flags::state : std::uint8_t{0};
+    return rt_.value.mode_ == mode::recovering ? protocol::rebuilding_flag : std::uint8_t{0};
   }
 
   /// Every message of a worker: orders pushes and clock messages, holds them until confirmed,
   /// and holds whatever the worker sends after them (a pull is answered after the worker's
   /// earlier pushes are applied); takes commits, replays and replicas. Errors (the worker's
   /// connection is refused): `errc::bad_position` for a commit, replay or replica naming a
-  /// position above `protocol::max_seq`; `errc::unexpected_message` for a replica while not
+  /// position above `protocol::max_seq`; `errc::payload_size_mismatch` for a commit or replay
+  /// with a payload; `errc::unexpected_message` for a replica while not
   /// rebuilding, a replay announcing position 0; those of a push (`check_rows`, finiteness).
   template <class Ctx>
   std::optional<std::error_code> on_worker_message(Ctx ctx, detail::session_base& s, message& m,
@@ -166,58 +168,71 @@ struct replica_log_server_part {
     // Every position a worker names (a commit, a replay announcement or end, a replica's) is
     // one a server can have issued: at most protocol::max_seq, so that no counter derived
     // from it (the next position, `missing_positions`) wraps.
-    if ((h.type == message_type::commit || h.type == message_type::replay ||
-         h.type == message_type::state) &&
+    if ((h.type == protocol::commit_type || h.type == protocol::replay_type ||
+         h.type == protocol::replica_type) &&
         h.seq > protocol::max_seq) {
       detail = " (worker " + std::to_string(w) + "'s " +
-               (h.type == message_type::commit   ? "commit"
-                : h.type == message_type::replay ? "replay"
-                                                 : "state replica") +
+               (h.type == protocol::commit_type   ? "commit"
+                : h.type == protocol::replay_type ? "replay"
+                                                  : "state replica") +
                " names position " + std::to_string(h.seq) + "; positions lie in [0, " +
                std::to_string(protocol::max_seq) + "])";
       return make_error_code(errc::bad_position);
     }
-    switch (h.type) {
-      case message_type::commit:
-        if (h.has(frame_flags::state)) {
-          if (rt_.value.replica_pending_ != 0 && h.seq == rt_.value.replica_pending_ &&
-              w == rt_.value.replica_holder_) {
-            rt_.value.stable_ = rt_.value.replica_pending_;
-            rt_.value.stats_.stable = rt_.value.stable_;
-            forget_logged(rt_.value.stable_);
-            rt_.value.replica_pending_ = 0;
-            ++rt_.value.stats_.replicas_stored;
-          }
-          return std::error_code{};
+    // A commit and a replay are header-only (recovery/replica_log/messages.hpp): the frame
+    // layer bounds a policy's message only by max_frame_bytes, so their size is checked here.
+    if ((h.type == protocol::commit_type || h.type == protocol::replay_type) &&
+        !m.payload.empty()) {
+      detail = " (worker " + std::to_string(w) + "'s " +
+               (h.type == protocol::commit_type ? "commit" : "replay") + " carries " +
+               std::to_string(m.payload.size()) + " payload bytes; it has none)";
+      return make_error_code(errc::payload_size_mismatch);
+    }
+    // The policy's own messages (types above the generic ones: no `case` of the enum).
+    if (h.type == protocol::commit_type) {
+      if (h.has(protocol::replica_stored_flag)) {
+        if (rt_.value.replica_pending_ != 0 && h.seq == rt_.value.replica_pending_ &&
+            w == rt_.value.replica_holder_) {
+          rt_.value.stable_ = rt_.value.replica_pending_;
+          rt_.value.stats_.stable = rt_.value.stable_;
+          forget_logged(rt_.value.stable_);
+          rt_.value.replica_pending_ = 0;
+          ++rt_.value.stats_.replicas_stored;
         }
-        confirm(w, h.seq);
+        return std::error_code{};
+      }
+      confirm(w, h.seq);
+      release(ctx);
+      return std::error_code{};
+    }
+    if (h.type == protocol::replay_type) {
+      if (rt_.value.mode_ == mode::recovering) return on_replay(ctx, w, h);
+      if (h.has(protocol::replay_end_flag)) {  // a rejoin's end: its unconfirmed orders are void
+        void_unconfirmed(ctx, w);
+        // What it pushed and this server applied may have lost its ack with the connection.
+        if (ctx.last_seq(w) != 0) ctx.ack(s, ctx.last_seq(w));
         release(ctx);
-        return std::error_code{};
-      case message_type::replay:
-        if (rt_.value.mode_ == mode::recovering) return on_replay(ctx, w, h);
-        if (h.has(frame_flags::state)) {  // a rejoin's end: its unconfirmed orders are void
-          void_unconfirmed(ctx, w);
-          // What it pushed and this server applied may have lost its ack with the connection.
-          if (ctx.last_seq(w) != 0) ctx.ack(s, ctx.last_seq(w));
-          release(ctx);
-        }
-        return std::error_code{};
-      case message_type::state:
-        if (rt_.value.mode_ != mode::recovering) {
-          detail = " (a state replica while the shard is not rebuilding)";
-          return make_error_code(errc::unexpected_message);
-        }
-        // Each worker's newest replica is kept (one per worker): which one is installed is
-        // decided when every log has arrived (see `choose_replica`).
-        rt_.value.replicas_[w] = message{h, std::move(m.payload)};
-        return std::error_code{};
+      }
+      return std::error_code{};
+    }
+    if (h.type == protocol::replica_type) {
+      if (rt_.value.mode_ != mode::recovering) {
+        detail = " (a state replica while the shard is not rebuilding)";
+        return make_error_code(errc::unexpected_message);
+      }
+      // Each worker's newest replica is kept (one per worker): which one is installed is
+      // decided when every log has arrived (see `choose_replica`).
+      rt_.value.replicas_[w] = message{h, std::move(m.payload)};
+      return std::error_code{};
+    }
+    switch (h.type) {
       case message_type::push:
       case message_type::clock: {
         if (h.sender != w) return make_error_code(errc::bad_sender);
         if (h.type == message_type::push) {
-          if (h.has(frame_flags::state) || h.has(frame_flags::backlog)) {
-            detail = " (replica or backlog push, but recovery policy 'replica-log' does not "
-                     "take them)";
+          if (h.has(frame_flags::policy) || h.has(frame_flags::prefixed)) {
+            detail = " (a push flagged `policy` or `prefixed`, but recovery policy "
+                     "'replica-log' takes none)";
             return make_error_code(errc::unexpected_message);
           }
           if (auto ec = ctx.check_rows(m, detail)) return ec;

@@ -128,7 +128,7 @@ void replica_log_server_part::maybe_replicate(Ctx ctx) {
     buffer b = ctx.allocate(detail::encoded_state_size(rt_.value.scratch_));
     detail::encode_state(rt_.value.scratch_, std::span<std::byte>(b.data(), b.size()));
     message m;
-    m.header.type = message_type::state;
+    m.header.type = protocol::replica_type;
     m.header.sender = ctx.options().shard;
     m.header.clock = ctx.clock();
     m.header.seq = rt_.value.position_;

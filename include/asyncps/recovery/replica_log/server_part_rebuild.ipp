@@ -42,7 +42,7 @@ void replica_log_server_part::start_recovery(Ctx ctx) {
 template <class Ctx>
 std::optional<std::error_code> replica_log_server_part::on_replay(Ctx ctx, std::uint32_t w,
                                                                   const frame_header& h) {
-  if (!h.has(frame_flags::state)) {
+  if (!h.has(protocol::replay_end_flag)) {
     if (h.seq == 0) return make_error_code(errc::unexpected_message);  // 0: no position
     rt_.value.expect_[w] = h.seq;  // the next push or clock message is the entry of position seq
     return std::error_code{};

@@ -82,9 +82,9 @@ struct replica_log_worker_part {
     shards_.resize(s.shards);
     max_unacked_ = std::max<std::uint32_t>(s.max_unacked, 1);
   }
-  /// A reconnect says that this worker holds a log for the shard (flag `state`).
+  /// A reconnect says that this worker holds a log for the shard (`protocol::holds_log_flag`).
   std::uint8_t hello_flags(std::uint32_t shard) const noexcept {
-    return shards_[shard].met ? frame_flags::state : std::uint8_t{0};
+    return shards_[shard].met ? protocol::holds_log_flag : std::uint8_t{0};
   }
   /// The server holds everything before the oldest unapplied entry.
   clock_value hello_clock(std::uint32_t shard, clock_value clock) const {
@@ -95,7 +95,7 @@ struct replica_log_worker_part {
   welcome_action on_welcome(const welcome_part& w) {
     auto& sh = shards_[w.shard];
     sh.met = true;
-    sh.rebuilding = w.server_lost_state;
+    sh.rebuilding = w.welcome_policy_bit;  // protocol::rebuilding_flag
     return welcome_action::resend;
   }
   /// Every push and clock message is numbered and acknowledged.
@@ -122,12 +122,12 @@ struct replica_log_worker_part {
     const auto& sh = shards_[shard];
     return sh.log.size() - sh.unapplied >= max_unacked_;
   }
-  /// `order`: logs the position and confirms it (`commit`); `state`: stores the replica and
-  /// confirms it (`commit` with flag `state`). Errors: `errc::unexpected_message`.
+  /// `order`: logs the position and confirms it (`commit`); a replica: stores it and confirms
+  /// it (`commit` with `protocol::replica_stored_flag`). Errors: `errc::unexpected_message`.
   std::error_code on_server_message(std::uint32_t shard, message& m,
                                     std::vector<message>& replies) {
     auto& sh = shards_[shard];
-    if (m.header.type == message_type::order) {
+    if (m.header.type == protocol::order_type) {
       protocol::order o;
       std::string why;
       if (auto ec = protocol::decode(m, o, why)) return ec;
@@ -135,7 +135,7 @@ struct replica_log_worker_part {
       for (std::size_t i = sh.log.size(); i-- > sh.unapplied;) {
         if (sh.log[i].header.seq != o.seq) continue;
         sh.log[i].position = o.position;
-        replies.push_back(header_message(message_type::commit, 0, o.position));
+        replies.push_back(header_message(protocol::commit_type, 0, o.position));
         break;
       }
       if (o.stable > sh.stable) {
@@ -145,14 +145,14 @@ struct replica_log_worker_part {
       }
       return {};
     }
-    if (m.header.type == message_type::state) {
+    if (m.header.type == protocol::replica_type) {
       const std::uint64_t p = m.header.seq;
       drop_replica(sh);
       stats_.replica_bytes += m.payload.size();
       stats_.max_replica_bytes = std::max(stats_.max_replica_bytes, stats_.replica_bytes);
       sh.replica = message{m.header, std::move(m.payload)};
       ++stats_.replicas_stored;
-      replies.push_back(header_message(message_type::commit, frame_flags::state, p));
+      replies.push_back(header_message(protocol::commit_type, protocol::replica_stored_flag, p));
       return {};
     }
     return errc::unexpected_message;
@@ -168,17 +168,17 @@ struct replica_log_worker_part {
       for (std::size_t i = 0; i < sh.log.size(); ++i) {
         const entry& e = sh.log[i];
         if (e.position == 0) continue;
-        r.send(header_message(message_type::replay, 0, e.position));
+        r.send(header_message(protocol::replay_type, 0, e.position));
         r.send(message{e.header, e.payload.share()});
         ++stats_.replayed;
       }
     } else {
       for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i)
         if (sh.log[i].position != 0)
-          r.send(header_message(message_type::commit, 0, sh.log[i].position));
+          r.send(header_message(protocol::commit_type, 0, sh.log[i].position));
     }
     // The end of the replay; its `clock`: how many entries follow without a position.
-    message end = header_message(message_type::replay, frame_flags::state, sh.stable);
+    message end = header_message(protocol::replay_type, protocol::replay_end_flag, sh.stable);
     for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i)
       if (sh.log[i].position == 0) ++end.header.clock;
     r.send(std::move(end));

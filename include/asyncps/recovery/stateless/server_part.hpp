@@ -1,9 +1,10 @@
 // asyncps — recovery::stateless, server part: installs replicas and merges backlogs.
 //
 // A server restarted without state meets a worker that has trained (its hello carries a clock
-// > 0): the welcome asks the workers for their replicas (flag `state`); the first replica of
-// each table rebuilds it, and every worker's backlog (the deltas it accumulated while the
-// server was away, flag `backlog`) is merged by the configured rule. See
+// > 0): the welcome asks the workers for their replicas (`protocol::wants_replicas_flag`); the
+// first replica of each table rebuilds it, and every worker's backlog (the deltas it
+// accumulated while the server was away, `protocol::backlog_push_flag`) is merged by the
+// configured rule. See
 // docs/recovery/stateless.md.
 #pragma once
 
@@ -85,13 +86,13 @@ struct stateless_server_part {
     size_for(ctx);
     if (ctx.has_state() || hello.clock <= 0) return 0;
     std::fill(needs_state_.begin(), needs_state_.end(), true);
-    return frame_flags::state;
+    return protocol::wants_replicas_flag;
   }
 
-  /// A replica (flag `state`: the first one of a table rebuilds it, later ones are dropped)
-  /// or a backlog (flag `backlog`: scaled by `backlog_scale` and applied, unless it comes from
-  /// the worker whose replica was installed, which already holds it). Either must cover the
-  /// shard's whole range of its table.
+  /// A replica (`protocol::replica_push_flag`: the first one of a table rebuilds it, later ones
+  /// are dropped) or a backlog (`protocol::backlog_push_flag`: scaled by `backlog_scale` and
+  /// applied, unless it comes from the worker whose replica was installed, which already holds it).
+  /// Either must cover the shard's whole range of its table.
   ///
   /// A replica is validated before it is installed, and one that fails is never installed
   /// (the table waits for the next worker's replica): its payload must hold exactly the
@@ -112,13 +113,13 @@ struct stateless_server_part {
     size_for(ctx);
     const auto& h = m.header;
     const key_range range = ctx.range(h.table);
-    if (h.has(frame_flags::state) == h.has(frame_flags::backlog) || !h.has(frame_flags::range) ||
-        h.first_row != range.begin || h.row_count != range.size()) {
+    if (h.has(protocol::replica_push_flag) == h.has(protocol::backlog_push_flag) ||
+        !h.has(frame_flags::range) || h.first_row != range.begin || h.row_count != range.size()) {
       detail = " (a replica or backlog push must cover the shard's whole range, one flag)";
       return errc::unexpected_message;
     }
     const auto vals = payload_floats(m);
-    if (h.has(frame_flags::state)) {
+    if (h.has(protocol::replica_push_flag)) {
       // The first replica of a table rebuilds it; later ones are dropped. Their senders'
       // backlogs are then merged, while the installed sender's own updates are already in it.
       if (needs_state_[h.table]) {

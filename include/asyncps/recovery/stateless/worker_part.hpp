@@ -61,7 +61,7 @@ struct stateless_worker_part {
   /// gets their gradients (kept for read-my-writes) in the backlog, so they are applied once.
   /// (A server without state is rebuilt from replicas instead.) Nothing is counted as lost.
   welcome_action on_welcome(const welcome_part& w) {
-    if (w.applied < w.pushed && !w.server_lost_state)
+    if (w.applied < w.pushed && !w.welcome_policy_bit)  // protocol::wants_replicas_flag
       for (const auto& u : w.unapplied)
         if (u.index > w.applied) add(backlogs_[w.shard][w.table], u.grad.floats(), w.rows_clock);
     return welcome_action::recovered;
@@ -78,17 +78,18 @@ struct stateless_worker_part {
     for (table_id t = 0; t < r.parts.size(); ++t) {
       const rejoin_part& p = r.parts[t];
       if (p.range.empty()) continue;
-      if (r.state_wanted && p.have) r.send_rows(t, frame_flags::state, p.rows, r.clock);
+      if (r.welcome_policy_bit && p.have)
+        r.send_rows(t, protocol::replica_push_flag, p.rows, r.clock);
       const backlog& b = backlogs_[r.shard][t];
       if (b.clocks > 0)
-        r.send_rows(t, frame_flags::backlog, b.sum.data(), b.since,
+        r.send_rows(t, protocol::backlog_push_flag, b.sum.data(), b.since,
                     protocol::backlog_prefix(b.clocks));  // recovery/stateless/messages.hpp
     }
   }
   /// Hook: counts what went out; a delivered backlog starts over.
   void on_rejoin_sent(std::uint32_t shard, const frame_header& h) {
-    if (h.has(frame_flags::state)) ++stats_.replicas_sent;
-    if (h.has(frame_flags::backlog)) {
+    if (h.has(protocol::replica_push_flag)) ++stats_.replicas_sent;
+    if (h.has(protocol::backlog_push_flag)) {
       ++stats_.backlogs_sent;
       backlogs_[shard][h.table].clocks = 0;
     }

@@ -59,7 +59,7 @@ ASYNCPS_DECL asio::awaitable<std::error_code> tcp_transport::connection::async_s
   if (auth_ != auth_state::done) co_return make_error_code(errc::authentication_failed);
   m.header.payload_bytes = m.payload.size();
   // State transfers are always checked whole: they replace a shard's parameters.
-  const bool whole = transport_->options_.checksum_payloads || m.header.type == message_type::state;
+  const bool whole = transport_->options_.checksum_payloads || is_policy_message(m.header.type);
   m.header.flags =
       static_cast<std::uint8_t>(whole ? m.header.flags & ~frame_flags::payload_unchecked
                                       : m.header.flags | frame_flags::payload_unchecked);
