@@ -19,7 +19,10 @@
 
 namespace asyncps {
 
-/// Error codes produced by asyncps. Values are stable (they may appear in logs).
+/// Error codes produced by asyncps. Values are stable (they may appear in logs); a value that
+/// left this list is never reused (26, 35 and 45 were chain replication's, which now has its
+/// own codes: `recovery::chain_errc`). A recovery policy's own codes are in its folder
+/// (`recovery/<p>/errors.hpp`) and travel in error frames as `policy_error_base` + code.
 enum class errc {
   // --- wire format (remote input); each names the header field that was wrong ---
   bad_magic = 1,          ///< header `magic` is not "APS1"
@@ -49,13 +52,11 @@ enum class errc {
   bad_file,           ///< a data or checkpoint file is missing, truncated or corrupt
   /// (remote input) a worker's hello names a different consistency or recovery policy than
   /// the server's: servers and workers must be instantiated with the same policy types
-  policy_mismatch,
-  /// (transient) this server is not the head of its shard's chain (chain replication): a
-  /// worker tries the shard's next server
-  not_head,
+  policy_mismatch = 25,
+  // 26: retired (chain replication's `not_head`, now `recovery::chain_errc::not_head`)
   /// (local, fatal) `compute_gradient` left a gradient value unwritten or computed NaN or
   /// infinity (found by `worker_options::check_gradients`; the log names table, row, column)
-  bad_gradient,
+  bad_gradient = 27,
   /// (remote input) a push whose gradient is finite would make a parameter or the optimizer's
   /// state NaN or infinity: the push is refused whole (nothing applied) and the connection
   /// closed; retrying the same push will not help (condition `fatal` as well)
@@ -78,15 +79,12 @@ enum class errc {
   /// (local, fatal) a shared secret is shorter than `min_secret_bytes` (16)
   weak_secret,
   /// (local, fatal) a secret file may be read by its group or others (chmod 600 it)
-  insecure_secret_file,
-  /// (fatal) every server that held a shard's state failed (chain replication: the whole
-  /// chain died): the shard's parameters and the pushes applied to them are gone, and the
-  /// server that answers refuses to serve its initial state in their place
-  shard_lost,
+  insecure_secret_file = 34,
+  // 35: retired (chain replication's `shard_lost`, now `recovery::chain_errc::shard_lost`)
   /// (remote input) a hello's clock is negative, above `protocol::max_clock`, or leads the
   /// connected workers by more than the staleness bound allows; or a worker's clock would
   /// move past `protocol::max_clock` (docs/wire-format.md, "Clocks in hello")
-  bad_clock,
+  bad_clock = 36,
   /// (local, fatal) `tcp_options::tls` cannot be used: a certificate, private key or CA file
   /// is missing, unreadable or not valid PEM, or the key does not match the certificate
   /// (`tcp_transport::tls_setup_error()` names the file and OpenSSL's reason)
@@ -110,9 +108,10 @@ enum class errc {
   /// or an optimizer step, applied count or sequence number above `protocol::max_seq`; the
   /// detail names the field (`shard_core::restore_state`). Nothing is installed
   bad_state,
-  /// (remote input) a replica-log position from a worker (a `replay` announcement or end, a
-  /// `commit`, a state replica's position) above `protocol::max_seq`, which no server can
-  /// have issued: the connection is refused, nothing of it is used
+  /// (remote input) a log position from a peer (replica log: a `replay` announcement or end, a
+  /// `commit`, a state replica's position; chain replication: a state transfer's position)
+  /// above `protocol::max_seq`, which no server can have issued: the connection is refused,
+  /// nothing of it is used
   bad_position,
   /// (transient) a hello named a worker id that a live connection holds: one that has sent a
   /// message within `server_options::takeover_silence` and is not an earlier connection of
@@ -123,25 +122,35 @@ enum class errc {
   /// (remote input) a push's L2 norm exceeds `server_options::max_update_norm`: it is refused
   /// whole (nothing applied) and the connection closed; retrying the same push will not help
   /// (condition `fatal`, as `non_finite_update`)
-  update_too_large,
-  /// (transient) a `chain_hello` named the member id of a chain link that is live: its
-  /// predecessor sent something (an entry, a state, a heartbeat) within
-  /// `chain_options::link_silence`. The newcomer is refused and the live link stays; a real
-  /// predecessor retries (it gets in once the old link is closed or silent past that bound)
-  member_id_in_use,
+  update_too_large = 44,
+  // 45: retired (chain replication's `member_id_in_use`, now
+  // `recovery::chain_errc::member_id_in_use`)
+  /// (remote input) a server refused the request with a code of its recovery policy
+  /// (`recovery/<p>/errors.hpp`) that the receiver does not know, e.g. a reader, which runs no
+  /// policy, refused by a chain member that is not the head: the error's reason (the
+  /// server's text) names it
+  policy_refusal = 46,
 };
 
 /// The highest `errc` value: a peer's error frame naming a code outside
-/// [`errc::bad_magic`, `last_errc`] carries no valid code.
-inline constexpr errc last_errc = errc::member_id_in_use;
+/// [`errc::bad_magic`, `last_errc`] (or a retired value) carries no valid code.
+inline constexpr errc last_errc = errc::policy_refusal;
 
-/// The `errc` a peer's error frame names in its header `seq`, or `std::nullopt` when `v` is
-/// no `errc` value (a peer is untrusted input). Complexity: O(1). Thread safety: pure.
+/// The `errc` a peer's error frame names in its payload's code, or `std::nullopt` when `v` is
+/// no `errc` value (0, a retired value, or one above `last_errc`; a peer is untrusted input).
+/// Complexity: O(1). Thread safety: pure.
 constexpr std::optional<errc> errc_from_wire(std::uint64_t v) noexcept {
   if (v < static_cast<std::uint64_t>(errc::bad_magic) || v > static_cast<std::uint64_t>(last_errc))
     return std::nullopt;
+  if (v == 26 || v == 35 || v == 45) return std::nullopt;  // retired (see `errc`)
   return static_cast<errc>(v);
 }
+
+/// An error frame's code carries a recovery policy's own code `c` (1 to `max_policy_error`) as
+/// `policy_error_base + c`; codes below the base are `errc` values (docs/wire-format.md,
+/// "error"). Which policy's code it is follows from the hello: both ends run one policy.
+inline constexpr std::uint32_t policy_error_base = 256;
+inline constexpr std::uint32_t max_policy_error = 255;
 
 /// Categories of errors that callers (and recovery policies) act on.
 enum class condition {

@@ -123,10 +123,14 @@ struct welcome {
 };
 
 /// Either way: the sender closes the connection because of `reason`. Payload: code u32 (an
-/// `asyncps::errc` value, 0 when the reason is none), then the UTF-8 reason.
+/// `asyncps::errc` value; `policy_error_base` + c for the recovery policy's own code c; 0 when
+/// there is none), then the UTF-8 reason.
 struct error {
   std::uint32_t sender = 0;
-  std::optional<errc> code{};
+  std::optional<errc> code{};  ///< decode: unset for 0, a policy code or a value no errc has
+  /// The recovery policy's own code (1 to `max_policy_error`; 0: none), which only the policy
+  /// can name (`recovery_policy`, `R::error_enum`). Encode: takes precedence over `code`.
+  std::uint32_t policy_code = 0;
   std::string_view reason{};  ///< a view of the message's payload (decode) or the caller's text
 };
 
@@ -241,7 +245,10 @@ inline std::error_code decode(const message& m, welcome& out, std::string& detai
 template <class Alloc>
 message encode(const error& e, Alloc&& alloc) {
   buffer b = alloc(4 + e.reason.size());
-  asyncps::detail::store_le(b.data(), e.code ? static_cast<std::uint32_t>(*e.code) : 0u);
+  const std::uint32_t code = e.policy_code != 0 ? policy_error_base + e.policy_code
+                             : e.code           ? static_cast<std::uint32_t>(*e.code)
+                                                : 0u;
+  asyncps::detail::store_le(b.data(), code);
   if (!e.reason.empty()) std::memcpy(b.data() + 4, e.reason.data(), e.reason.size());
   return detail_::frame(message_type::error, e.sender, 0, std::move(b));
 }
@@ -252,7 +259,10 @@ inline std::error_code decode(const message& m, error& out, std::string& detail)
   if (m.header.type != message_type::error) return detail_::bad(detail, "expected an error");
   if (bytes.size() < 4) return detail_::bad(detail, "error payload shorter than 4 bytes");
   out.sender = m.header.sender;
-  out.code = errc_from_wire(asyncps::detail::load_le<std::uint32_t>(bytes.data()));
+  const auto code = asyncps::detail::load_le<std::uint32_t>(bytes.data());
+  const bool policy = code > policy_error_base && code - policy_error_base <= max_policy_error;
+  out.policy_code = policy ? code - policy_error_base : 0;
+  out.code = policy ? std::nullopt : errc_from_wire(code);
   out.reason = std::string_view(reinterpret_cast<const char*>(bytes.data() + 4), bytes.size() - 4);
   return {};
 }

@@ -32,7 +32,9 @@ namespace asyncps {
 namespace detail {
 
 // A server's `error` frame `m` (its refusal): sets `what` to "refused: <its reason>" and
-// returns its code (`errc::unexpected_message` when the frame is malformed or names none).
+// returns its code: an `errc`; `errc::policy_refusal` for a recovery policy's own code (a
+// reader runs no policy; the reason names it); `errc::unexpected_message` when the frame is
+// malformed or names none.
 inline std::error_code refusal(const message& m, std::string& what) {
   protocol::error e;
   std::string why;
@@ -41,7 +43,8 @@ inline std::error_code refusal(const message& m, std::string& what) {
     return make_error_code(errc::unexpected_message);
   }
   what = "refused: " + peer_text(e.reason);
-  return e.code ? make_error_code(*e.code) : make_error_code(errc::unexpected_message);
+  if (e.code) return make_error_code(*e.code);
+  return make_error_code(e.policy_code != 0 ? errc::policy_refusal : errc::unexpected_message);
 }
 
 // Reads shard `shard`'s part of every table of `layout` from the server at `ep` into `out`

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "asyncps/detail/server/session_base.hpp"
+#include "asyncps/error.hpp"
 #include "asyncps/layout.hpp"
 #include "asyncps/wire.hpp"
 
@@ -43,6 +44,13 @@ enum class recovery_action {
 /// Optional: `R::elastic_membership`, a `static constexpr bool`: whether servers of this policy
 /// may run with elastic membership (`server_options::elastic`; see
 /// `allows_elastic_membership_v`). Absent: they may not.
+///
+/// Optional: `R::error_enum`, the policy's own error codes (an enum for which
+/// `std::is_error_code_enum` holds, values 1 to `R::last_error`, at most `max_policy_error`),
+/// declared in `recovery/<p>/errors.hpp` with its own `std::error_category`. A server part
+/// refuses a session with one of them like with an `errc`; the error frame carries it as
+/// `policy_error_base` + value, and the worker of the same policy reads it back as that code
+/// (its `on_refused` hook gets it). Absent: the policy refuses with `errc` values only.
 ///
 /// Optional server hooks: the table below ("Server hooks"), checked by `check_server_part`.
 template <class R>
@@ -71,6 +79,44 @@ template <class R>
     { R::elastic_membership } -> std::convertible_to<bool>;
   }
 inline constexpr bool allows_elastic_membership_v<R> = static_cast<bool>(R::elastic_membership);
+
+namespace detail {
+
+/// Whether recovery policy `R` declares its own error codes (`R::error_enum`, `R::last_error`).
+template <class R>
+concept has_policy_errors =
+    requires {
+      typename R::error_enum;
+      { R::last_error } -> std::convertible_to<typename R::error_enum>;
+    } && std::is_error_code_enum_v<typename R::error_enum> &&
+    static_cast<std::uint64_t>(R::last_error) >= 1 &&
+    static_cast<std::uint64_t>(R::last_error) <= max_policy_error;
+
+/// The policy code an error frame carries for `ec` (1 to `max_policy_error`): `ec`'s value
+/// when it is one of `R`'s own codes, else 0 (an `errc`, or a code no peer could read back).
+/// Complexity: O(1). Thread safety: pure.
+template <class R>
+std::uint32_t policy_error_to_wire(const std::error_code& ec) noexcept {
+  if constexpr (has_policy_errors<R>) {
+    const std::error_code last = R::last_error;
+    if (ec.category() == last.category() && ec.value() >= 1 && ec.value() <= last.value())
+      return static_cast<std::uint32_t>(ec.value());
+  }
+  return 0;
+}
+
+/// `R`'s code `c` as an error frame named it (1 to `R::last_error`), or `std::nullopt` when `R`
+/// has no such code (untrusted input). Complexity: O(1). Thread safety: pure.
+template <class R>
+std::optional<std::error_code> policy_error_from_wire(std::uint32_t c) noexcept {
+  if constexpr (has_policy_errors<R>) {
+    if (c >= 1 && c <= static_cast<std::uint32_t>(R::last_error))
+      return std::error_code(static_cast<typename R::error_enum>(c));
+  }
+  return std::nullopt;
+}
+
+}  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
 // Server hooks

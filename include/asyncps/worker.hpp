@@ -89,10 +89,10 @@ class basic_worker {
   /// server reported it), `errc::bad_gradient`
   /// (`check_gradients`), `errc::unexpected_message` (a malformed handshake reply),
   /// a routine refusal's code (the recovery policy's `on_refused` answered `next_server`, e.g.
-  /// chain replication's `errc::not_head`: no server of a shard accepted it within
+  /// `recovery::chain_errc::not_head`: no server of a shard accepted it within
   /// `connect_timeout`), `errc::worker_id_in_use` (a live connection held this worker's id
   /// for all of `connect_timeout`: retried meanwhile), a refusal the policy answers `lost` (e.g.
-  /// chain replication's `errc::shard_lost`: every server holding a shard's state failed;
+  /// `recovery::chain_errc::shard_lost`: every server holding a shard's state failed;
   /// `stats().lost_pushes` counts this worker's pushes lost with it), or a connect error (the log
   /// names the endpoint; one that `is_final_connect_error` says no retry can fix, such as a wrong
   /// secret or a refused certificate, ends the run at once instead of after `connect_timeout`),

@@ -46,8 +46,9 @@ struct worker_options {
   /// replicas[s] are shard s's other servers (empty or absent: none), e.g. the other members
   /// of a replication chain. When the worker cannot connect to the one it uses, loses it, or is
   /// refused with a code its recovery policy calls routine (`on_refused` answers
-  /// `refusal_action::next_server`, as chain replication does for `errc::not_head`), it tries
-  /// them in turn, then servers[s] again, until one accepts it.
+  /// `refusal_action::next_server`, as chain replication does for
+  /// `recovery::chain_errc::not_head`), it tries them in turn, then servers[s] again, until one
+  /// accepts it.
   std::vector<std::vector<Endpoint>> replicas{};
   /// Learning rate used to apply the worker's own gradient to its cache (read-my-writes,
   /// as Bösen's oplog does). Unset (the default): each server's welcome sends its optimizer's
@@ -131,7 +132,8 @@ struct worker_stats {
   /// counters are in its part: `recovery().stats()`.
   std::uint64_t lost_pushes = 0;
   /// Of `lost_pushes`, those the server had acknowledged (strict chain replication: the tail
-  /// had applied them) and yet were lost: with a whole shard (`errc::shard_lost`).
+  /// had applied them) and yet were lost: with a whole shard
+  /// (`recovery::chain_errc::shard_lost`).
   std::uint64_t lost_acknowledged = 0;
   /// Clocks whose gradient was dropped, not pushed: while it was computed a shard this worker
   /// had left welcomed it back at a later clock (elastic membership; pushed under the old

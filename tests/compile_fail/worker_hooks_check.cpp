@@ -29,11 +29,18 @@ struct wrong_worker_part {
   bool has_pending(std::uint32_t, bool) const noexcept { return false; }
 
 #if defined(ASYNCPS_CASE_ON_REFUSED_WRONG_RETURN)
-  bool on_refused(std::uint32_t, errc) const noexcept { return true; }  // not refusal_action
+  // returns bool, not refusal_action
+  bool on_refused(std::uint32_t, std::error_code) const noexcept { return true; }
 #elif defined(ASYNCPS_CASE_ON_REFUSED_WRONG_PARAMETERS)
-  refusal_action on_refused(errc) const noexcept { return refusal_action::fail; }  // no shard
-#else
+  // no shard parameter
+  refusal_action on_refused(std::error_code) const noexcept { return refusal_action::fail; }
+#elif defined(ASYNCPS_CASE_ON_REFUSED_OLD_CODE_TYPE)
+  // the hook of wire version 4: an errc cannot hold a policy's own code
   refusal_action on_refused(std::uint32_t, errc) const noexcept { return refusal_action::fail; }
+#else
+  refusal_action on_refused(std::uint32_t, std::error_code) const noexcept {
+    return refusal_action::fail;
+  }
 #endif
 
 #if defined(ASYNCPS_CASE_ON_ACK_WRONG_RETURN)

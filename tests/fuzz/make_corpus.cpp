@@ -285,6 +285,9 @@ void handshake_corpus() {
                                                 .code = errc::layout_mismatch,
                                                 .reason = "table 0: 8 x 3 vs 8 x 2"},
                                 fuzz::allocate));
+  one("error_policy_code",  // a recovery policy's own code (chain_errc::not_head)
+      protocol::encode(protocol::error{.sender = 0, .policy_code = 1, .reason = "not the head"},
+                       fuzz::allocate));
   one("report", protocol::encode(protocol::report{.shard = 0,
                                                   .server_clock = 7,
                                                   .slowest = 2,

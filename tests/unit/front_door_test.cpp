@@ -26,6 +26,9 @@
 #include <doctest/doctest.h>
 
 #include "asyncps/consistency/policies.hpp"
+#include "asyncps/detail/endian.hpp"
+#include "asyncps/protocol.hpp"
+#include "asyncps/recovery/none.hpp"
 #include "asyncps/run_loop.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/in_process.hpp"
@@ -262,6 +265,47 @@ TEST_CASE("front door: a refusal code outside the errc range is not trusted") {
   CHECK(errc_from_wire(static_cast<std::uint64_t>(errc::duplicate_worker)) ==
         errc::duplicate_worker);
   CHECK(errc_from_wire(static_cast<std::uint64_t>(last_errc)) == last_errc);
+  // Retired values (chain replication's codes before they moved to its own category) are
+  // never read back as whatever might later take their place.
+  for (std::uint64_t retired : {26u, 35u, 45u}) CHECK(errc_from_wire(retired) == std::nullopt);
+  CHECK(errc_from_wire(25) == errc::policy_mismatch);
+  CHECK(errc_from_wire(27) == errc::bad_gradient);
+}
+
+TEST_CASE("front door: an error frame's code is an errc, a policy's own code, or none") {
+  buffer_pool pool;
+  const auto alloc = [&](std::size_t n) { return pool.allocate(n); };
+  const auto round_trip = [&](std::uint32_t wire_code) {
+    message m = protocol::encode(protocol::error{.sender = 3, .reason = "why"}, alloc);
+    detail::store_le(m.payload.data(), wire_code);  // what an untrusted peer may send
+    protocol::error e;
+    std::string detail;
+    REQUIRE(!protocol::decode(m, e, detail));
+    CHECK(e.reason == "why");
+    return e;
+  };
+  auto e = round_trip(static_cast<std::uint32_t>(errc::bad_clock));
+  CHECK(e.code == errc::bad_clock);
+  CHECK(e.policy_code == 0);
+  e = round_trip(policy_error_base + 1);  // the policy's code 1
+  CHECK(!e.code);
+  CHECK(e.policy_code == 1);
+  e = round_trip(policy_error_base + max_policy_error);
+  CHECK(e.policy_code == max_policy_error);
+  for (std::uint32_t none :
+       {0u, 26u, policy_error_base, policy_error_base + max_policy_error + 1, ~std::uint32_t{0}}) {
+    CAPTURE(none);
+    e = round_trip(none);
+    CHECK(!e.code);
+    CHECK(e.policy_code == 0);
+  }
+  // Encoding: a policy code takes precedence over an errc, and is offset by the base.
+  message m = protocol::encode(
+      protocol::error{.sender = 0, .code = errc::timeout, .policy_code = 7, .reason = ""}, alloc);
+  CHECK(detail::load_le<std::uint32_t>(m.payload.data()) == policy_error_base + 7);
+  // A policy without codes of its own (recovery::none) reads none back, and sends none.
+  CHECK(detail::policy_error_from_wire<recovery::none>(1) == std::nullopt);
+  CHECK(detail::policy_error_to_wire<recovery::none>(errc::timeout) == 0);
 }
 
 // A BSP worker over the in-process transport whose only server, "nowhere", never listens.

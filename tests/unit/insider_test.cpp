@@ -728,7 +728,7 @@ TEST_CASE("insider: a chain_hello for a live predecessor's id is refused (member
   INFO(joined(slog));
   INFO(joined(mlog));
   CHECK(first_acked);
-  CHECK(live_claim == errc::member_id_in_use);
+  CHECK(live_claim == recovery::chain_errc::member_id_in_use);
   CHECK(range_claim == errc::unexpected_message);
   CHECK(silent_claim_acked);
   CHECK(state_refusal == errc::bad_position);
@@ -738,7 +738,7 @@ TEST_CASE("insider: a chain_hello for a live predecessor's id is refused (member
   CHECK(any_line_has(slog, "a live chain link holds this member id: retry later"));
   CHECK(any_line_has(slog, "member ids of this chain lie in [0, 2)"));
   CHECK(any_line_has(slog, "a new link replaces one silent for"));
-  CHECK(make_error_code(errc::member_id_in_use) == condition::transient);
+  CHECK(make_error_code(recovery::chain_errc::member_id_in_use) == condition::transient);
 }
 
 TEST_CASE("insider: a stateless shard installs no implausible replica; the table waits for a "

@@ -63,6 +63,32 @@ struct fence_audit {
   std::uint64_t sessions_closed = 0;
 };
 
+/// `fenced`'s own error codes (recovery.hpp, `R::error_enum`), in their own category: they
+/// travel in error frames as `policy_error_base` + code, and a worker of the policy reads them
+/// back as these codes.
+enum class fenced_errc {
+  fenced = 1,           ///< the worker id is fenced on this shard
+  bad_audit_query = 2,  ///< an audit query with a payload
+};
+struct fenced_category_impl final : std::error_category {
+  const char* name() const noexcept override { return "fenced"; }
+  std::string message(int ev) const override {
+    return ev == 1 ? "worker fenced" : ev == 2 ? "malformed audit query" : "unknown fenced error";
+  }
+};
+const std::error_category& fenced_category() {
+  static const fenced_category_impl instance;
+  return instance;
+}
+std::error_code make_error_code(fenced_errc e) { return {static_cast<int>(e), fenced_category()}; }
+
+}  // namespace
+
+template <>
+struct std::is_error_code_enum<fenced_errc> : std::true_type {};
+
+namespace {
+
 /// recovery policy `fenced`: the operator fences worker ids (a process declared dead, whose
 /// zombie must not train again), and each shard keeps an audit of what it applied, which a
 /// worker may ask for with the policy's own message. No failure recovery: a worker that loses
@@ -77,20 +103,22 @@ struct fenced {
   static constexpr message_type audit_query = policy_message(0);
   static constexpr message_type audit_report = policy_message(1);
   static constexpr std::uint64_t audit_report_bytes = 16;
+  using error_enum = fenced_errc;
+  static constexpr fenced_errc last_error = fenced_errc::bad_audit_query;
 
   struct server_part {
     fence_audit* audit = nullptr;
     std::set<std::uint32_t> fenced_ids{};
 
     /// An audit query is answered; every other message goes on to the server. Errors: an
-    /// audit query with a payload (`errc::unexpected_message`).
+    /// audit query with a payload (`fenced_errc::bad_audit_query`).
     template <class Ctx>
     std::optional<std::error_code> on_worker_message(Ctx ctx, detail::session_base& s, message& m,
                                                      std::string& why) {
       if (m.header.type != audit_query) return std::nullopt;
       if (!m.payload.empty()) {
         why = " (an audit query has no payload)";
-        return make_error_code(errc::unexpected_message);
+        return make_error_code(fenced_errc::bad_audit_query);
       }
       message r;
       r.header.type = audit_report;
@@ -110,7 +138,7 @@ struct fenced {
       detail = " (worker " + std::to_string(hello.sender) + " is fenced on this shard; shard " +
                std::to_string(ctx.options().shard) + " is at clock " + std::to_string(ctx.clock()) +
                ")";
-      return errc::bad_sender;
+      return fenced_errc::fenced;
     }
     void on_update(table_id, std::uint64_t, std::uint32_t rows, std::span<const float> grad) {
       ++audit->updates;
@@ -226,13 +254,15 @@ struct stepped {
     REQUIRE(proto.receive(s, h));
     return s;
   }
-  // The error code of the message last queued to `s` (an error frame).
-  static std::optional<errc> error_of(const step_session& s) {
+  // The error code of the message last queued to `s` (an error frame), as a worker of the
+  // policy reads it: an errc or the policy's own code.
+  static std::optional<std::error_code> error_of(const step_session& s) {
     REQUIRE(!s.outbox.empty());
     protocol::error e;
     std::string detail;
     REQUIRE(!protocol::decode(s.outbox.back(), e, detail));
-    return e.code;
+    if (e.code) return make_error_code(*e.code);
+    return detail::policy_error_from_wire<Recovery>(e.policy_code);
   }
 };
 
@@ -291,12 +321,12 @@ TEST_CASE("fenced (a policy defined in a test file), stepped: its hooks see hell
   auto& w0 = t.worker(0);
   CHECK(w0.is_worker());
 
-  // Worker 1 is fenced: its hello is refused with the hook's code and detail, logged with the
-  // part's suffix.
+  // Worker 1 is fenced: its hello is refused with the hook's code (the policy's own) and
+  // detail, logged with the part's suffix.
   auto& w1 = t.proto.add_session(1);
   auto h1 = t.hello(1, 0);
   CHECK(!t.proto.receive(w1, h1));
-  CHECK(t.error_of(w1) == errc::bad_sender);
+  CHECK(t.error_of(w1) == fenced_errc::fenced);
   CHECK(audit.fenced_hellos == 1);
   CHECK(logged("asyncps server 0 (fenced)"));
   CHECK(logged("worker 1 is fenced on this shard"));
@@ -352,7 +382,19 @@ TEST_CASE("fenced (a policy defined in a test file), stepped: its own message ty
   bad.header.sender = 1;
   bad.payload = pool.allocate(8);
   CHECK(!t.proto.receive(w1, bad));
-  CHECK(t.error_of(w1) == errc::unexpected_message);
+  CHECK(t.error_of(w1) == fenced_errc::bad_audit_query);
+  {
+    protocol::error e;
+    std::string detail;
+    REQUIRE(!protocol::decode(w1.outbox.back(), e, detail));
+    CHECK(!e.code);  // on the wire: policy_error_base + 2, no errc
+    CHECK(e.policy_code == 2);
+  }
+  // Codes the policy does not have are not read back; an errc is not sent as a policy code.
+  CHECK(detail::policy_error_from_wire<fenced>(0) == std::nullopt);
+  CHECK(detail::policy_error_from_wire<fenced>(3) == std::nullopt);
+  CHECK(detail::policy_error_to_wire<fenced>(errc::unexpected_message) == 0);
+  CHECK(detail::policy_error_to_wire<fenced>(fenced_errc::fenced) == 1);
   CHECK(logged("an audit query has no payload"));
   CHECK(shard_values(t.proto)[0] == -0.5f);
 
@@ -420,6 +462,8 @@ TEST_CASE("fenced (a policy defined in a test file) trains in a local_cluster, a
     CHECK(!report.ok());
     CHECK(audits[0].fenced_hellos >= 1);
     CHECK(report.failure.find("worker 1") != std::string::npos);
+    // The worker read the policy's own code back from the error frame.
+    CHECK(report.workers[1].error == fenced_errc::fenced);
   }
 }
 
@@ -836,7 +880,7 @@ TEST_CASE("chain (strict), stepped as middle and tail: a worker is refused with 
   auto& w = t.proto.add_session(0);
   auto h = t.hello(0, 0);
   CHECK(!t.proto.receive(w, h));
-  CHECK(t.error_of(w) == errc::not_head);
+  CHECK(t.error_of(w) == recovery::chain_errc::not_head);
   CHECK(t.proto.stats().rejected == 0);
 
   // The predecessor links in with a chain_hello; the tail answers with its log position.

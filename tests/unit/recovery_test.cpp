@@ -604,7 +604,7 @@ void check_chain_total_loss() {
     CAPTURE(w);
     // Every worker stops with the named error, and counts every push it made as lost: the
     // shard's state, and with it every push applied to it, is gone.
-    CHECK(r.errors[w] == errc::shard_lost);
+    CHECK(r.errors[w] == recovery::chain_errc::shard_lost);
     CHECK(r.errors[w] == condition::fatal);
     CHECK(r.clocks[w] < 4000);
     CHECK(r.lost[w] > 0);
@@ -847,6 +847,9 @@ namespace {
 // basic_server calls them in. `refuse` makes on_hello refuse workers (a policy-made error).
 struct counting_server_hooks {
   static constexpr std::string_view name = "counting-server-hooks";
+  // Refusals use chain replication's codes (a policy may name another's enum as its own).
+  using error_enum = recovery::chain_errc;
+  static constexpr recovery::chain_errc last_error = recovery::chain_errc::member_id_in_use;
   struct server_part {
     std::vector<std::string>* calls = nullptr;
     bool refuse = false;
@@ -867,7 +870,7 @@ struct counting_server_hooks {
       note("on_hello");
       if (!refuse) return {};
       detail = " (refused by the test policy)";
-      return errc::not_head;
+      return recovery::chain_errc::not_head;
     }
     template <class Ctx>
     std::uint8_t welcome_flags(Ctx, const frame_header&) {
@@ -934,10 +937,12 @@ static_assert(recovery_policy<counting_server_hooks>);
 struct refusal_hooks {
   static constexpr std::string_view name = "refusal-hooks";
   using server_part = counting_server_hooks::server_part;
+  using error_enum = counting_server_hooks::error_enum;
+  static constexpr auto last_error = counting_server_hooks::last_error;
   struct worker_part : recovery::none_worker_part {
-    std::vector<errc>* refusals = nullptr;
+    std::vector<std::error_code>* refusals = nullptr;
     refusal_action answer = refusal_action::fail;
-    refusal_action on_refused(std::uint32_t shard, errc code) const noexcept {
+    refusal_action on_refused(std::uint32_t shard, std::error_code code) const noexcept {
       CHECK(shard == 0);
       refusals->push_back(code);
       return answer;
@@ -1010,7 +1015,7 @@ TEST_CASE("server hooks: a hook's refusal reaches the worker with its code") {
   counting_server_hooks::server_part part;
   part.calls = &calls;
   part.refuse = true;  // not_head; recovery::none's worker does not fail over: fails at once
-  CHECK(run_counting(part, 2) == errc::not_head);
+  CHECK(run_counting(part, 2) == recovery::chain_errc::not_head);
   CHECK(std::count(calls.begin(), calls.end(), "welcome_flags") == 0);
   CHECK(std::count(calls.begin(), calls.end(), "on_push") == 0);
 }
@@ -1020,19 +1025,20 @@ TEST_CASE("worker hooks: the recovery policy decides what a server's refusal mea
   counting_server_hooks::server_part part;
   part.calls = &calls;
   part.refuse = true;  // every hello is refused with not_head
-  std::vector<errc> refusals;
+  std::vector<std::error_code> refusals;
   refusal_hooks::worker_part wpart;
   wpart.refusals = &refusals;
+  const std::error_code not_head = recovery::chain_errc::not_head;
   SUBCASE("fail: the run ends with the refusal's code, after one hello") {
     wpart.answer = refusal_action::fail;
-    CHECK(run_counting<refusal_hooks>(part, 2, wpart) == errc::not_head);
-    CHECK(refusals == std::vector<errc>{errc::not_head});
+    CHECK(run_counting<refusal_hooks>(part, 2, wpart) == not_head);
+    CHECK(refusals == std::vector<std::error_code>{not_head});
   }
   SUBCASE("next_server: the worker tries again (its only server) until connect_timeout") {
     wpart.answer = refusal_action::next_server;
-    CHECK(run_counting<refusal_hooks>(part, 2, wpart) == errc::not_head);
+    CHECK(run_counting<refusal_hooks>(part, 2, wpart) == not_head);
     CHECK(refusals.size() >= 2);
-    CHECK(std::count(refusals.begin(), refusals.end(), errc::not_head) ==
+    CHECK(std::count(refusals.begin(), refusals.end(), not_head) ==
           static_cast<std::ptrdiff_t>(refusals.size()));
   }
   CHECK(std::count(calls.begin(), calls.end(), "on_push") == 0);

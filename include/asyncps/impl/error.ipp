@@ -46,8 +46,6 @@ ASYNCPS_DECL std::string error_category_impl::message(int ev) const {
     case errc::policy_mismatch:
       return "frame header field 'table' of hello: the worker's consistency/recovery policy "
              "differs from the server's";
-    case errc::not_head:
-      return "this server is not the head of its shard's chain (chain replication)";
     case errc::bad_gradient:
       return "compute_gradient left a gradient value unwritten or computed NaN or infinity";
     case errc::non_finite_update:
@@ -65,8 +63,6 @@ ASYNCPS_DECL std::string error_category_impl::message(int ev) const {
     case errc::weak_secret: return "shared secret is empty or shorter than 16 bytes";
     case errc::insecure_secret_file:
       return "secret file is readable by group or others (chmod 600 it)";
-    case errc::shard_lost:
-      return "every server that held this shard's state failed: the shard's state is lost";
     case errc::bad_clock:
       return "frame header field 'clock' out of range: a hello's clock negative, above the "
              "maximum clock or too far ahead of the other workers, or a push or clock message "
@@ -86,11 +82,12 @@ ASYNCPS_DECL std::string error_category_impl::message(int ev) const {
       return "invalid shard state: a non-finite value, or a clock, step or sequence number out "
              "of range";
     case errc::bad_position:
-      return "replica-log position above the highest a server can issue (protocol::max_seq)";
+      return "log position above the highest a server can issue (protocol::max_seq)";
     case errc::worker_id_in_use: return "another live connection holds this worker id: retry later";
     case errc::update_too_large:
       return "push refused: its L2 norm exceeds the server's max_update_norm";
-    case errc::member_id_in_use: return "a live chain link holds this member id: retry later";
+    case errc::policy_refusal:
+      return "refused by the server's recovery policy with a code of its own";
   }
   return "unknown asyncps error";
 }
@@ -112,15 +109,14 @@ ASYNCPS_DECL bool condition_category_impl::equivalent(const std::error_code& cod
     switch (c) {
       case condition::protocol_violation: return is_protocol_violation(e);
       case condition::transient:
-        return e == errc::connection_closed || e == errc::timeout || e == errc::not_head ||
-               e == errc::recovering || e == errc::worker_id_in_use || e == errc::member_id_in_use;
+        return e == errc::connection_closed || e == errc::timeout || e == errc::recovering ||
+               e == errc::worker_id_in_use;
       case condition::fatal:
         return e == errc::server_lost || e == errc::bad_file || e == errc::invalid_argument ||
                e == errc::bad_gradient || e == errc::non_finite_update ||
                e == errc::authentication_required || e == errc::weak_secret ||
-               e == errc::insecure_secret_file || e == errc::shard_lost ||
-               e == errc::tls_setup_failed || e == errc::rendezvous_refused ||
-               e == errc::update_too_large;
+               e == errc::insecure_secret_file || e == errc::tls_setup_failed ||
+               e == errc::rendezvous_refused || e == errc::update_too_large;
     }
     return false;
   }

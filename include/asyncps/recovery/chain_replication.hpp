@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/chain/errors.hpp"
 #include "asyncps/recovery/chain/options.hpp"
 #include "asyncps/recovery/chain/server_part.hpp"
 #include "asyncps/recovery/chain/worker_part.hpp"
@@ -31,7 +32,7 @@ namespace asyncps::recovery {
 /// Deployment: per shard, `members` servers (one `basic_server` each, `set_chain` called
 /// before `async_serve`), one `basic_chain_master` for all shards, and workers whose
 /// `worker_options::replicas[s]` list shard s's other members (they try them in turn when the
-/// head is lost; a server that is not the head refuses them with `errc::not_head`).
+/// head is lost; a server that is not the head refuses them with `chain_errc::not_head`).
 ///
 /// Promises. Strict: an acknowledged push is applied by every server of the chain, so it
 /// survives any failure that leaves one server of the chain alive; a worker resends its
@@ -53,6 +54,9 @@ struct chain_replication {
 
   using server_part = chain_server_part<Mode>;
   using worker_part = chain_worker_part<Mode>;
+  /// The policy's own error codes (recovery/chain/errors.hpp), carried in error frames.
+  using error_enum = chain_errc;
+  static constexpr chain_errc last_error = chain_errc::member_id_in_use;
 };
 
 /// Whether `R` is a `chain_replication` policy (the server and worker loops then run the
@@ -64,5 +68,6 @@ inline constexpr bool is_chain_replication_v<chain_replication<M>> = true;
 
 static_assert(recovery_policy<chain_replication<chain_mode::strict>>);
 static_assert(recovery_policy<chain_replication<chain_mode::relaxed>>);
+static_assert(detail::has_policy_errors<chain_replication<chain_mode::strict>>);
 
 }  // namespace asyncps::recovery

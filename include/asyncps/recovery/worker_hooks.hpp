@@ -207,10 +207,10 @@ consteval bool check_worker_part() {
            "`asyncps::welcome_action on_welcome(const asyncps::welcome_part&)`");
   if constexpr (requires { &P::on_refused; })
     static_assert(
-        requires(const P& p, s_t s, errc c) {
+        requires(const P& p, s_t s, std::error_code c) {
           { p.on_refused(s, c) } -> std::same_as<refusal_action>;
         }, "asyncps: recovery worker part: declare on_refused as `asyncps::refusal_action "
-           "on_refused(std::uint32_t shard, asyncps::errc code) const`");
+           "on_refused(std::uint32_t shard, std::error_code code) const`");
   if constexpr (requires { &P::push_flags; })
     static_assert(
         requires(const P& p) {

@@ -37,11 +37,13 @@ void server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::
     if (log_allowed(log_kind::refused_request, s.address))
       log("closing connection of " + who(s) + ": " + reason);
   }
+  // An errc, or the recovery policy's own code (its worker reads it back), or no code.
   enqueue(s, protocol::encode(
                  protocol::error{.sender = opts_.shard,
                                  .code = ec.category() == error_category()
                                              ? std::optional<errc>(static_cast<errc>(ec.value()))
                                              : std::nullopt,
+                                 .policy_code = policy_error_to_wire<Recovery>(ec),
                                  .reason = reason},
                  alloc()));
   close_after_flush(s);  // the write loop flushes the error, then closes

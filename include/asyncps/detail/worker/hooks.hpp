@@ -62,11 +62,12 @@ std::error_code on_server_message(P& p, std::uint32_t shard, message& m,
     return errc::unexpected_message;
 }
 
-/// `refusal_action on_refused(std::uint32_t shard, errc code)`: a server of `shard` refused
-/// this worker with `code` (an error frame answering the hello, or closing the link mid-run).
-/// Default: `refusal_action::fail`.
+/// `refusal_action on_refused(std::uint32_t shard, std::error_code code)`: a server of `shard`
+/// refused this worker with `code` (an error frame answering the hello, or closing the link
+/// mid-run): an `errc`, or the policy's own code (`R::error_enum`). Default:
+/// `refusal_action::fail`.
 template <class P>
-refusal_action on_refused(const P& p, std::uint32_t shard, errc code) noexcept {
+refusal_action on_refused(const P& p, std::uint32_t shard, std::error_code code) noexcept {
   if constexpr (requires { p.on_refused(shard, code); })
     return p.on_refused(shard, code);
   else

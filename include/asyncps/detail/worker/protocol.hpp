@@ -196,16 +196,18 @@ class worker_protocol {
     if (m.header.type == message_type::error) {
       protocol::error e;
       const bool decoded = !protocol::decode(m, e, why);
-      if (!decoded || !e.code) {
+      const std::optional<std::error_code> code =
+          decoded ? code_of(e) : std::optional<std::error_code>();
+      if (!code) {
         log(server_name(l) + " refused the connection: " +
             (decoded ? peer_text(e.reason) : "(a malformed error" + why + ")"));
         return errc::unexpected_message;
       }
-      l.refusal = worker_hooks::on_refused(recovery_, s, *e.code);
-      if (l.refusal == refusal_action::next_server) return *e.code;  // routine: not logged
+      l.refusal = worker_hooks::on_refused(recovery_, s, *code);
+      if (l.refusal == refusal_action::next_server) return *code;  // routine: not logged
       log(server_name(l) + " refused the connection: " + peer_text(e.reason));
       if (l.refusal == refusal_action::lost) count_all_lost(s);
-      return *e.code;
+      return *code;
     }
     protocol::welcome& w = welcome_;  // reused: a reconnect decodes into the same vectors
     if (protocol::decode(m, w, why) || w.shard != s || w.num_shards != links_.size() ||
@@ -346,7 +348,7 @@ class worker_protocol {
         if (auto err = protocol::decode(m, e, why)) return {err, false};
         std::string reason = peer_text(e.reason);
         log(server_name(l) + " closed the connection: " + reason);
-        const std::optional<errc> code = e.code;
+        const std::optional<std::error_code> code = code_of(e);
         // A refusal of what this worker sent (a NaN push, a bad header...): the link fails
         // with its code, and when the recovery policy gives up the run ends with that code
         // (not server_lost). A routine refusal (the policy's `on_refused` answers
@@ -354,8 +356,7 @@ class worker_protocol {
         const bool refusal =
             code && worker_hooks::on_refused(recovery_, s, *code) != refusal_action::next_server;
         const bool was_up =
-            fail(s, refusal ? make_error_code(*code) : make_error_code(errc::unexpected_message),
-                 std::move(reason));
+            fail(s, refusal ? *code : make_error_code(errc::unexpected_message), std::move(reason));
         l.refused = refusal;
         // Another connection took this worker's id over (a newer process with the same id):
         // taking it back would only start a tug of war, so this worker stops with the code.
@@ -374,6 +375,12 @@ class worker_protocol {
     }
   }
   message_outcome on_message(std::uint32_t s, message&& m) { return on_message(s, m); }
+  /// The code a server's error frame `e` names: an `errc`, or the recovery policy's own code
+  /// (`recovery_policy`, `R::error_enum`); `std::nullopt` when it names none this worker knows.
+  static std::optional<std::error_code> code_of(const protocol::error& e) noexcept {
+    if (e.code) return make_error_code(*e.code);
+    return policy_error_from_wire<Recovery>(e.policy_code);
+  }
   /// Messages the recovery part queued in reply to link `s`'s messages (the shell sends them
   /// in order and clears the vector).
   std::vector<message>& replies(std::uint32_t s) noexcept { return replies_[s]; }

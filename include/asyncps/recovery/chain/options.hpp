@@ -23,7 +23,7 @@ struct chain_options {
   /// `chain_hello` claiming the predecessor's member id may replace it. A predecessor sends its
   /// successor a heartbeat every `heartbeat_interval` besides its entries and states, so a link
   /// silent this long belongs to a process or host that is gone. Until then a second claim of
-  /// the live predecessor's id is refused with the transient `errc::member_id_in_use` and the
+  /// the live predecessor's id is refused with the transient `chain_errc::member_id_in_use` and the
   /// live link stays (a real predecessor retries; it gets in once its old link is closed or
   /// silent this long). Keep it several times `heartbeat_interval`. 0: any claim replaces it.
   std::chrono::milliseconds link_silence{1000};

@@ -33,6 +33,7 @@
 #include "asyncps/detail/text.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/errors.hpp"
 #include "asyncps/recovery/chain/messages.hpp"
 #include "asyncps/recovery/chain/options.hpp"
 #include "asyncps/recovery/chain/server_state.hpp"
@@ -69,12 +70,12 @@ class chain_server_part {
     set_chain(chain_endpoints<Endpoint>{std::move(master), std::move(members), self});
   }
   /// Whether the master made this server its chain's head (it then serves workers; other
-  /// members refuse them with `errc::not_head`).
+  /// members refuse them with `chain_errc::not_head`).
   bool is_head() const noexcept { return rt_.value.head; }
   /// Whether this server is its chain's head without the shard's state: it joined a running
   /// chain (registered after the shard's chain had started), and every member that held the
   /// state failed before it got a state transfer. It then refuses every worker with
-  /// `errc::shard_lost` instead of serving its initial values; nothing clears it but a state
+  /// `chain_errc::shard_lost` instead of serving its initial values; nothing clears it but a state
   /// transfer. See docs/recovery/chain_replication.md ("When a whole chain dies").
   bool shard_lost() const noexcept { return rt_.value.lost; }
   /// Pushes and clocks applied by this server (its log position).
@@ -97,23 +98,25 @@ class chain_server_part {
     return {};
   }
   /// Only the head serves workers; a head without the shard's state (`shard_lost()`) refuses
-  /// them with `errc::shard_lost`.
+  /// them with `chain_errc::shard_lost`.
   template <class Ctx>
   std::error_code on_hello(Ctx ctx, const frame_header&, std::string& detail) {
     const auto& r = rt_.value;
     if (r.head && !r.lost) return {};
     detail = " (server " + std::to_string(self_) + " of shard " +
              std::to_string(ctx.options().shard) + ")";
-    if (!r.head) return errc::not_head;
+    if (!r.head) return chain_errc::not_head;
     detail = " (shard " + std::to_string(ctx.options().shard) +
              ": every server of its chain that held its state failed; server " +
              std::to_string(self_) + " is head since chain epoch " + std::to_string(r.lost_epoch) +
              " without it, and the pushes applied to the shard are gone)";
-    return errc::shard_lost;
+    return chain_errc::shard_lost;
   }
-  /// A member that is not the head refuses workers with `errc::not_head`: routine (the worker
+  /// A member that is not the head refuses workers with `chain_errc::not_head`: routine (the worker
   /// tries the shard's next server), neither logged nor counted as a rejected request.
-  bool routine_refusal(std::error_code refusal) const noexcept { return refusal == errc::not_head; }
+  bool routine_refusal(std::error_code refusal) const noexcept {
+    return refusal == chain_errc::not_head;
+  }
   /// Strict: the clock jump of a rejoining worker is replicated like any other clock (the
   /// log must hold every state change).
   template <class Ctx>

@@ -273,7 +273,7 @@ std::error_code chain_server_part<Mode>::greet_predecessor(Ctx ctx, detail::sess
                " ms ago; it is replaced once closed or silent for link_silence " +
                std::to_string(options.link_silence.count()) + " ms)";
       ++r.stats.claims_refused;
-      return errc::member_id_in_use;
+      return chain_errc::member_id_in_use;
     }
     ctx.log("chain predecessor " + std::to_string(h.member) + ": a new link replaces one " +
             "silent for " + std::to_string(silent.count()) + " ms");

@@ -34,7 +34,7 @@ struct chain_runtime {
   bool first_config = true;  // the next configuration is the first of a registration
   bool fresh = false;        // joined a running chain: waits for a state transfer
   // Made head while fresh: every member that held the shard's state failed. Refuses workers
-  // with errc::shard_lost (never serves its initial values); `lost_epoch` is when.
+  // with chain_errc::shard_lost (never serves its initial values); `lost_epoch` is when.
   bool lost = false;
   std::int64_t lost_epoch = 0;
   // The links' schedules (the part's timers and connects; see server_part_links.ipp).

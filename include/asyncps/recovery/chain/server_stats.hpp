@@ -14,7 +14,7 @@ struct chain_stats {
   std::uint64_t states_installed = 0;  ///< state transfers installed from a predecessor
   std::uint64_t configs = 0;           ///< configurations received from the chain master
   /// `chain_hello`s refused because a live link holds the predecessor's member id
-  /// (`errc::member_id_in_use`, `chain_options::link_silence`). A `chain_hello` whose TLS
+  /// (`chain_errc::member_id_in_use`, `chain_options::link_silence`). A `chain_hello` whose TLS
   /// certificate names another member (docs/security.md, identities) is refused as any
   /// misbehaving connection and counted in `server_stats::rejected`, not here.
   std::uint64_t claims_refused = 0;

@@ -10,13 +10,14 @@
 #include "asyncps/detail/ring.hpp"
 #include "asyncps/error.hpp"
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/chain/errors.hpp"
 #include "asyncps/recovery/chain/options.hpp"
 #include "asyncps/recovery/worker_hooks.hpp"
 
 namespace asyncps::recovery {
 
 /// recovery::chain_replication, worker part: reconnect, trying the shard's other servers
-/// (`worker_options::replicas`; a member that is not the head refuses with `errc::not_head`,
+/// (`worker_options::replicas`; a member that is not the head refuses with `chain_errc::not_head`,
 /// and the worker tries the next). Strict mode: every push and clock message asks for an ack and
 /// is kept (its payload shared, not copied) until acknowledged; after a failover the hello
 /// carries the clock of the oldest unacknowledged push and they are resent in order (the new
@@ -34,12 +35,12 @@ struct chain_worker_part {
   }
   std::chrono::milliseconds reconnect_timeout() const noexcept { return options.reconnect_timeout; }
 
-  /// Hook: a member that is not the head refuses workers with `errc::not_head`, routine during
-  /// a failover: try the shard's next server. `errc::shard_lost`: every member holding the
-  /// shard's state failed, so every push to it is lost; the link gives up.
-  refusal_action on_refused(std::uint32_t, errc code) const noexcept {
-    if (code == errc::not_head) return refusal_action::next_server;
-    if (code == errc::shard_lost) return refusal_action::lost;
+  /// Hook: a member that is not the head refuses workers with `chain_errc::not_head`, routine
+  /// during a failover: try the shard's next server. `chain_errc::shard_lost`: every member
+  /// holding the shard's state failed, so every push to it is lost; the link gives up.
+  refusal_action on_refused(std::uint32_t, std::error_code code) const noexcept {
+    if (code == chain_errc::not_head) return refusal_action::next_server;
+    if (code == chain_errc::shard_lost) return refusal_action::lost;
     return refusal_action::fail;
   }
 
