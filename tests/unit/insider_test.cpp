@@ -546,16 +546,17 @@ message chain_hello_of(std::uint32_t member, in_process_transport& t) {
       [&](std::size_t n) { return t.allocate(n); });
 }
 
-// The error code of the error frame `c` receives next; nullopt when it receives something
-// else first, or the connection ends without one.
+// The code of the error frame `c` receives next (an errc, or chain replication's own); nullopt when
+// it receives something else first, or the connection ends without one.
 template <class Connection>
-asio::awaitable<std::optional<errc>> refusal_on(Connection& c) {
+asio::awaitable<std::optional<std::error_code>> refusal_on(Connection& c) {
   auto [ec, m] = co_await c.async_receive();
   if (ec || m.header.type != message_type::error) co_return std::nullopt;
   protocol::error e;
   std::string why;
   if (protocol::decode(m, e, why)) co_return std::nullopt;
-  co_return e.code;
+  if (e.code) co_return make_error_code(*e.code);
+  co_return detail::policy_error_from_wire<strict_chain>(e.policy_code);
 }
 
 // Waits on `io` (in 5 ms steps, at most `limit`) until `pred()` holds.
@@ -671,7 +672,7 @@ TEST_CASE("insider: a chain_hello for a live predecessor's id is refused (member
   member1.recovery().set_chain(std::string("master"), std::vector<std::string>{"s0", "s1"}, 1);
   asio::co_spawn(io, test::listen_and_serve(st, "s1", member1), asio::detached);
   in_process_transport evil(io.get_executor(), net);
-  std::optional<errc> live_claim, range_claim, state_refusal;
+  std::optional<std::error_code> live_claim, range_claim, state_refusal;
   bool first_acked = false, silent_claim_acked = false;
   test::run_coro(
       io,
@@ -759,8 +760,8 @@ TEST_CASE("insider: a stateless shard installs no implausible replica; the table
   server_t server(st, so, optimizer::sgd{1.0f}, part);
   asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
   in_process_transport evil(io.get_executor(), net);
-  std::vector<std::optional<errc>> outcomes;  // per replica: the refusal, or none
-  std::vector<bool> asked;                    // per hello: the welcome asked for state
+  std::vector<std::optional<std::error_code>> outcomes;  // per replica: the refusal, or none
+  std::vector<bool> asked;                               // per hello: the welcome asked for state
   std::vector<bool> recovering_after;
   std::list<in_process_transport::connection_type> conns;
   const auto replica = [&](std::uint32_t w, clock_value c, float value) {
@@ -839,7 +840,7 @@ TEST_CASE("insider: a held replica-log push refused when its turn comes is count
   server_t server(st, so, optimizer::sgd{1.0f});
   asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
   in_process_transport evil(io.get_executor(), net);
-  std::optional<errc> refusal;
+  std::optional<std::error_code> refusal;
   std::uint64_t position = 0;
   test::run_coro(
       io,
@@ -1462,13 +1463,13 @@ TEST_CASE("identity: a worker's certificate cannot register as a chain member, a
   tcp_transport member1_cert(io.get_executor(),
                              tls_only(pki.issue("member-1-again", {"asyncps://chain/0/1"})));
   std::vector<bool> refused_at_master;
-  std::optional<errc> worker_at_member, other_member_at_member;
+  std::optional<std::error_code> worker_at_member, other_member_at_member;
   bool started = false;
   std::vector<std::uint32_t> chain;
   // A chain_hello of member `member` over a new connection of `t` to `ep`; the error code
   // of the refusal (nullopt: none, e.g. closed without a word).
   const auto claim = [&](tcp_transport& t, asio::ip::tcp::endpoint ep,
-                         std::uint32_t member) -> asio::awaitable<std::optional<errc>> {
+                         std::uint32_t member) -> asio::awaitable<std::optional<std::error_code>> {
     auto [ec, c] = co_await t.async_connect(ep);
     REQUIRE(!ec);
     (void)co_await c.async_send(protocol::encode(
