@@ -205,7 +205,7 @@ int run(const config& c, Optimizer opt) {
   std::vector<std::unique_ptr<any_model>> models;
   std::vector<std::unique_ptr<worker_t>> workers;
   std::atomic<int> failures{0};
-  std::atomic<int> shards_lost{0};  // workers that ended with chain_errc::shard_lost
+  std::atomic<int> shards_lost{0};  // workers that learned a shard is lost (worker_stats)
   std::atomic<std::size_t> finished{0};
   if (c.role == "all" || c.role == "worker") {
     const std::uint32_t first = c.role == "all" ? 0 : c.worker_id;
@@ -262,7 +262,7 @@ int run(const config& c, Optimizer opt) {
             if (auto ec = co_await p->async_run(clocks)) {
               std::cerr << "\nworker " << p->options().id << ": " << ec.message() << '\n';
               ++failures;
-              if (ec == asyncps::recovery::chain_errc::shard_lost) ++shards_lost;
+              if (p->stats().shards_lost != 0) ++shards_lost;
             }
             // Once every worker is done the servers of this process stop (chain servers serve
             // until then), the policy's companion first (the chain master: so it does not
@@ -397,7 +397,7 @@ int run(const config& c, Optimizer opt) {
       // The line of every policy without one of its own (e2e_recovery.sh reads it). Pushes
       // lost: what the workers counted (worker_stats::lost_pushes). Strict chain replication
       // resends instead of counting, so its figure is nonzero only when a shard was lost
-      // (chain_errc::shard_lost); the workers then also count how many of those pushes had been
+      // (worker_stats::shards_lost); the workers then also count how many of those pushes had been
       // acknowledged. Trained locally, backlogs and replicas: the stateless worker part's
       // counters (0 under the other policies).
       const std::string acked = flags::counts_acknowledged

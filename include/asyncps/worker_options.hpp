@@ -76,11 +76,6 @@ struct worker_options {
   std::chrono::milliseconds silence_timeout{std::chrono::seconds(15)};
   /// How long to keep retrying the first connection to a server (servers may start later).
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
-  /// Flow control of a recovery policy that keeps pushes until acknowledged (given to its
-  /// worker part as `worker_setup::max_unacked`; chain replication's strict mode, the replica
-  /// log): unacknowledged pushes per server beyond which the worker waits for acks before its
-  /// next clock (bounds its memory and, for a chain, how far the head runs ahead of the tail).
-  std::uint32_t max_unacked = 64;
   /// Clocks of pushes this worker may have in flight per server: sent, and not yet
   /// acknowledged as applied. Before it computes a clock, the worker waits until fewer than
   /// this many of its clocks are unacknowledged on every server that is up; the last push of a
@@ -135,6 +130,11 @@ struct worker_stats {
   /// had applied them) and yet were lost: with a whole shard
   /// (`recovery::chain_errc::shard_lost`).
   std::uint64_t lost_acknowledged = 0;
+  /// Shards whose whole state this worker learned is gone for good: a server refused it with
+  /// a code its recovery policy answered `refusal_action::lost` (chain replication:
+  /// `recovery::chain_errc::shard_lost`, every server of the chain failed). Each is logged
+  /// with the pushes lost with it, counted in `lost_pushes`.
+  std::uint64_t shards_lost = 0;
   /// Clocks whose gradient was dropped, not pushed: while it was computed a shard this worker
   /// had left welcomed it back at a later clock (elastic membership; pushed under the old
   /// clock the server refuses it, under the new one it would break the consistency bound).

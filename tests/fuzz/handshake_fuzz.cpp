@@ -146,7 +146,8 @@ struct log_model {
   recovery::replica_log_worker_stats stats{};
 
   log_model() {
-    part.on_start(worker_setup{.shards = log_shards, .tables = 1, .max_unacked = log_max_unacked});
+    part.options.max_unacked = log_max_unacked;
+    part.on_start(worker_setup{.shards = log_shards, .tables = 1});
   }
 
   void truncate(model_shard& sh) {

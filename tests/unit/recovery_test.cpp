@@ -463,7 +463,7 @@ namespace {
 template <recovery::chain_mode Mode>
 struct chain_loss_outcome {
   std::vector<std::error_code> errors;  // per worker: async_run's result
-  std::vector<std::uint64_t> lost, lost_acked, pushes, clocks;
+  std::vector<std::uint64_t> lost, lost_acked, pushes, clocks, shards_lost;
   bool restarted_lost = false;         // the restarted member 0's shard_lost()
   std::uint64_t restarted_pushes = 0;  // pushes the restarted members applied
   std::uint64_t restarted_states = 0;  // state transfers they installed
@@ -585,6 +585,7 @@ chain_loss_outcome<Mode> run_chain_total_loss() {
   for (std::uint32_t w = 0; w < workers; ++w) {
     out.lost.push_back(ws[w]->stats().lost_pushes);
     out.lost_acked.push_back(ws[w]->stats().lost_acknowledged);
+    out.shards_lost.push_back(ws[w]->stats().shards_lost);
     out.pushes.push_back(ws[w]->stats().pushes);
     out.clocks.push_back(static_cast<std::uint64_t>(models[w].clock));
   }
@@ -606,6 +607,7 @@ void check_chain_total_loss() {
     // shard's state, and with it every push applied to it, is gone.
     CHECK(r.errors[w] == recovery::chain_errc::shard_lost);
     CHECK(r.errors[w] == condition::fatal);
+    CHECK(r.shards_lost[w] == 1);  // generic: the policy answered refusal_action::lost once
     CHECK(r.clocks[w] < 4000);
     CHECK(r.lost[w] > 0);
     CHECK(r.lost[w] + 2 >= r.clocks[w]);  // one push per clock; the last may not have gone out

@@ -382,7 +382,8 @@ TEST_CASE("recovery worker parts: none gives up on lost pushes; relaxed chain ha
 TEST_CASE("recovery worker parts: strict chain keeps pushes until acked and resends them") {
   buffer_pool pool;
   recovery::chain_worker_part<recovery::chain_mode::strict> chain;
-  detail::worker_hooks::on_start(chain, worker_setup{2, 1, 2});
+  chain.options.max_unacked = 2;
+  detail::worker_hooks::on_start(chain, worker_setup{2, 1});
   CHECK(detail::worker_hooks::push_flags(chain) == frame_flags::want_ack);
   for (std::uint64_t q = 1; q <= 2; ++q) {
     message m;
@@ -413,7 +414,7 @@ TEST_CASE("recovery worker parts: strict chain keeps pushes until acked and rese
 TEST_CASE("recovery worker parts: stateless buffers while away and delivers on rejoin") {
   buffer_pool pool;
   recovery::stateless_worker_part st;
-  detail::worker_hooks::on_start(st, worker_setup{2, 1, 64});
+  detail::worker_hooks::on_start(st, worker_setup{2, 1});
   const std::vector<float> g{1, 2, 3, 4};
   const away_slice slice{0, key_range{2, 4}, 6, g};
   detail::worker_hooks::while_away(st, 1, std::span<const away_slice>(&slice, 1));

@@ -30,9 +30,8 @@ namespace asyncps {
 
 /// What a worker part learns once, when the worker is built (hook `on_start`).
 struct worker_setup {
-  std::uint32_t shards = 0;       ///< links, one per shard (index = shard id)
-  std::uint32_t tables = 0;       ///< tables of the model (parts per link)
-  std::uint32_t max_unacked = 0;  ///< `worker_options::max_unacked` (flow control)
+  std::uint32_t shards = 0;  ///< links, one per shard (index = shard id)
+  std::uint32_t tables = 0;  ///< tables of the model (parts per link)
 };
 
 /// What the worker does about a server's refusal: an error frame answering its hello, or one

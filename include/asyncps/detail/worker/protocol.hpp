@@ -122,7 +122,7 @@ class worker_protocol {
     for (std::uint32_t s = 0; s < shards; ++s) links_.emplace_back().shard = s;
     replies_.resize(shards);
     rejoin_parts_.reserve(tables);
-    worker_hooks::on_start(recovery_, worker_setup{shards, tables, opts_.max_unacked});
+    worker_hooks::on_start(recovery_, worker_setup{shards, tables});
   }
 
   link& link_of(std::uint32_t s) noexcept { return links_[s]; }
@@ -267,6 +267,7 @@ class worker_protocol {
         acks ? lost - std::min(lost, worker_hooks::unacknowledged(recovery_, s)) : 0;
     stats_.lost_pushes += lost;
     stats_.lost_acknowledged += acked;
+    ++stats_.shards_lost;
     log("shard " + std::to_string(s) + " is lost: " + std::to_string(lost) +
         " of this worker's pushes to it are gone" +
         (acks ? " (" + std::to_string(acked) + " of them acknowledged)" : std::string()) +

@@ -32,6 +32,10 @@ struct chain_options {
   /// How long a worker keeps trying the shard's servers before failing with
   /// `errc::server_lost`.
   std::chrono::milliseconds reconnect_timeout{std::chrono::seconds(30)};
+  /// Strict mode, worker part: unacknowledged pushes per shard beyond which the worker waits
+  /// for acks before its next clock. Bounds the worker's memory (each kept push holds its
+  /// clock's gradient buffer) and how far the head runs ahead of the tail. 0 counts as 1.
+  std::uint32_t max_unacked = 64;
 };
 
 /// The endpoints one chain server needs: the chain master's, and every member of its shard's

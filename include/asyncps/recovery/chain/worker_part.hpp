@@ -2,6 +2,7 @@
 // strict mode keeps every push until the tail acknowledges it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <system_error>
@@ -22,7 +23,7 @@ namespace asyncps::recovery {
 /// is kept (its payload shared, not copied) until acknowledged; after a failover the hello
 /// carries the clock of the oldest unacknowledged push and they are resent in order (the new
 /// head drops those it has), so none is counted as lost; the worker waits before its next
-/// gradient while a shard has `worker_options::max_unacked` of them, and before finishing
+/// gradient while a shard has `chain_options::max_unacked` of them, and before finishing
 /// until all are acknowledged. Relaxed mode declares no hook: pushes a restored server lacks
 /// count in `worker_stats::lost_pushes`. Thread safety: the worker's executor.
 template <chain_mode Mode>
@@ -49,7 +50,7 @@ struct chain_worker_part {
     requires strict
   {
     unacked_.resize(s.shards);
-    max_unacked_ = s.max_unacked;
+    max_unacked_ = std::max<std::uint32_t>(options.max_unacked, 1);
   }
   /// Hook (strict): the server has every push before the oldest unacknowledged one, so the
   /// worker rejoins at that push's clock.

@@ -29,7 +29,7 @@ enum class replica_log_ordering : std::uint8_t {
 
 /// Configuration of `recovery::replica_log`. The server part reads `replica_interval`,
 /// `recovery_timeout`, `void_timeout`, `ordering` and `log_budget`; the worker part reads
-/// `reconnect_timeout`.
+/// `reconnect_timeout` and `max_unacked`.
 struct replica_log_options {
   /// Server clocks between two state replicas (the logging interval of SWIFT's selective
   /// logging): every this many clocks the shard sends its whole state (parameters and
@@ -65,6 +65,10 @@ struct replica_log_options {
   /// stored replica). Read by the server part only; must be finite and >= 0 (a negative or NaN
   /// value is off).
   double log_budget = 0;
+  /// Worker part: log entries per shard not yet known applied beyond which the worker waits
+  /// before its next clock (flow control; bounds the part of its log the shard has not
+  /// confirmed). 0 counts as 1.
+  std::uint32_t max_unacked = 64;
 };
 
 }  // namespace asyncps::recovery

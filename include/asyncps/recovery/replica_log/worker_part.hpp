@@ -80,7 +80,7 @@ struct replica_log_worker_part {
   /// One log per shard.
   void on_start(const worker_setup& s) {
     shards_.resize(s.shards);
-    max_unacked_ = std::max<std::uint32_t>(s.max_unacked, 1);
+    max_unacked_ = std::max<std::uint32_t>(options.max_unacked, 1);
   }
   /// A reconnect says that this worker holds a log for the shard (`protocol::holds_log_flag`).
   std::uint8_t hello_flags(std::uint32_t shard) const noexcept {
