@@ -5,7 +5,8 @@
 // recovery::replica_log (its watch on the part's timer: a rebuild that never completes, orders
 // a closed connection left unconfirmed), recovery::chain_replication (head, middle and tail
 // members: the links to the master and the successor on the part's timers and connects, entries
-// down the chain, commits back up, a failover), and `fenced`, a sixth policy defined entirely in
+// down the chain, commits back up, a failover; and its master's membership protocol,
+// detail::chain_master_core), and `fenced`, a sixth policy defined entirely in
 // this file: it plugs into the unchanged library through the hooks of recovery.hpp, is stepped like
 // the others, then trains end to end in a local_cluster.
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <filesystem>
 #include <limits>
 #include <list>
+#include <memory>
 #include <optional>
 #include <set>
 #include <span>
@@ -37,6 +39,7 @@
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/protocol.hpp"
 #include "asyncps/recovery.hpp"
+#include "asyncps/recovery/chain/master_core.hpp"
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/checkpoint.hpp"
 #include "asyncps/recovery/replica_log.hpp"
@@ -1020,4 +1023,201 @@ TEST_CASE("chain (strict), stepped: a member joining a running chain links to it
   t.proto.sweep();
   REQUIRE(t.io.connects.size() == 2);
   CHECK(t.io.connects[1].endpoint == "m2");
+}
+
+// ---------------------------------------------------------------------------------------------
+// chain master (detail::chain_master_core): membership stepped event by event, with a shell
+// that records closes and wakes and a clock moved by hand
+// ---------------------------------------------------------------------------------------------
+
+struct master_session : detail::chain_master_session<test_time> {
+  explicit master_session(int tag_) : tag(tag_) {}
+  int tag;
+};
+
+struct master_io {
+  test_time now() const { return time; }
+  buffer allocate(std::size_t n) { return pool.allocate(n); }
+  void wake(master_session& s) { woken.push_back(s.tag); }
+  void close(master_session& s) { closed.push_back(s.tag); }
+  std::string address(const master_session& s) const { return " at peer" + std::to_string(s.tag); }
+  std::string host(const master_session& s) const { return "peer" + std::to_string(s.tag); }
+  std::shared_ptr<const peer_identity> identity(const master_session&) const { return nullptr; }
+  std::string tls_note(const master_session&) const { return {}; }
+
+  test_time time{};
+  std::vector<int> woken, closed;
+};
+
+struct stepped_master {
+  explicit stepped_master(std::uint32_t shards = 1, std::uint32_t members = 2)
+      : core({.num_shards = shards,
+              .members = members,
+              .heartbeat_timeout = std::chrono::milliseconds(1000),
+              .register_timeout = std::chrono::milliseconds(5000),
+              .log = [](std::string_view line) { log_lines.emplace_back(line); }},
+             io) {
+    log_lines.clear();
+  }
+  master_io io;
+  detail::chain_master_core<master_session, test_time, master_io> core;
+  std::list<master_session> sessions;
+
+  master_session& open() {
+    auto& s = sessions.emplace_back(static_cast<int>(sessions.size()));
+    core.on_open(s);
+    return s;
+  }
+  // A connection that registers as `member` of `shard`: whether the core reads on.
+  bool hello(master_session& s, std::uint32_t shard, std::uint32_t member) {
+    const message m = protocol::encode(protocol::chain_hello{.shard = shard, .member = member},
+                                       [](std::size_t n) { return pool.allocate(n); });
+    return core.on_receive(s, {}, m);
+  }
+  void advance(std::chrono::milliseconds d) { io.time += d; }
+  // The configuration last queued to `s`.
+  static protocol::chain_config config_of(const master_session& s) {
+    REQUIRE(!s.outbox.empty());
+    protocol::chain_config c;
+    std::string why;
+    REQUIRE(!protocol::decode(s.outbox.back(), c, why));
+    return c;
+  }
+};
+
+TEST_CASE("chain master, stepped: a chain starts once every member registered, head first by "
+          "member id; a silent head is removed and its successor becomes head") {
+  stepped_master t;
+  auto& b = t.open();
+  auto& a = t.open();
+  CHECK(t.hello(b, 0, 1));  // member 1 first: the chain waits for member 0
+  CHECK(b.outbox.empty());
+  CHECK(t.core.chain(0).empty());
+  CHECK(!t.core.started());
+  CHECK(t.hello(a, 0, 0));
+  CHECK(t.core.started());
+  CHECK(t.core.chain(0) == std::vector<std::uint32_t>{0, 1});
+  CHECK(logged("shard 0 chain starts: 0 -> 1"));
+  auto ca = t.config_of(a), cb = t.config_of(b);
+  CHECK(ca.predecessor == no_member);
+  CHECK(ca.successor == 1);
+  CHECK(cb.predecessor == 0);
+  CHECK(cb.successor == no_member);
+  CHECK(ca.epoch == 1);
+  CHECK(!ca.joining);
+  CHECK(t.io.woken.size() == 2);
+  CHECK(t.core.stats().registrations == 2);
+  CHECK(t.core.stats().configs_sent == 2);
+
+  // Member 1 sends heartbeats, member 0 falls silent: after heartbeat_timeout the watchdog
+  // removes and closes member 0; member 1 is told it is head and tail (epoch 2).
+  for (int i = 0; i < 5; ++i) {
+    t.advance(std::chrono::milliseconds(250));
+    message hb;
+    hb.header.type = message_type::heartbeat;
+    CHECK(t.core.on_receive(b, {}, hb));
+    t.core.on_tick();
+  }
+  CHECK(t.io.closed == std::vector<int>{a.tag});
+  CHECK(!a.open);
+  CHECK(t.core.chain(0) == std::vector<std::uint32_t>{1});
+  cb = t.config_of(b);
+  CHECK(cb.predecessor == no_member);
+  CHECK(cb.successor == no_member);
+  CHECK(cb.epoch == 2);
+  CHECK(t.core.stats().failures == 1);
+  CHECK(logged("shard 0 server 0 missed its heartbeats; removing it"));
+  t.core.on_closed(a);  // its loops end: nothing more changes
+  CHECK(t.core.stats().failures == 1);
+  CHECK(t.core.epoch(0) == 2);
+}
+
+TEST_CASE("chain master, stepped: a restarted member joins a running chain as the tail and is "
+          "told to wait for a state transfer; a lost connection reconfigures the chain") {
+  stepped_master t;
+  auto& a = t.open();
+  auto& b = t.open();
+  REQUIRE(t.hello(a, 0, 0));
+  REQUIRE(t.hello(b, 0, 1));
+  a.open = false;  // member 0's connection drops
+  t.core.on_closed(a);
+  CHECK(t.core.chain(0) == std::vector<std::uint32_t>{1});
+  CHECK(logged("shard 0 server 0 removed (connection lost): 1"));
+
+  auto& a2 = t.open();  // member 0 restarted
+  CHECK(t.hello(a2, 0, 0));
+  CHECK(t.core.chain(0) == std::vector<std::uint32_t>{1, 0});
+  CHECK(t.core.stats().joins == 1);
+  const auto joined = t.config_of(a2);
+  CHECK(joined.joining);
+  CHECK(joined.predecessor == 1);
+  CHECK(joined.successor == no_member);
+  const auto head = t.config_of(b);
+  CHECK(!head.joining);
+  CHECK(head.successor == 0);
+  CHECK(head.epoch == 3);
+  CHECK(logged("shard 0 server 0 joins as the tail: 1 -> 0"));
+}
+
+TEST_CASE("chain master, stepped: refusals (a member id outside the chain, a live member's id, "
+          "no chain_hello first, none in time) leave every chain as it was") {
+  stepped_master t(2, 2);
+  auto& a = t.open();
+  auto& b = t.open();
+  REQUIRE(t.hello(a, 0, 0));
+  REQUIRE(t.hello(b, 0, 1));
+  const auto before = t.core.stats();
+
+  auto& out_of_range = t.open();
+  CHECK(!t.hello(out_of_range, 0, 2));
+  CHECK(logged("chain_hello names member 2 of shard 0; member ids lie in [0, 2)"));
+
+  auto& no_shard = t.open();
+  CHECK(!t.hello(no_shard, 5, 0));
+  CHECK(logged("expected chain_hello with shard < 2"));
+
+  // A second claim of live member 0's id is refused; the holder stays.
+  t.advance(std::chrono::milliseconds(100));
+  auto& claim = t.open();
+  CHECK(!t.hello(claim, 0, 0));
+  CHECK(logged("which a live registration holds (heard from 100 ms ago at peer0)"));
+
+  auto& not_hello = t.open();
+  message hb;
+  hb.header.type = message_type::heartbeat;
+  CHECK(!t.core.on_receive(not_hello, {}, hb));
+
+  // A failed authentication is counted and logged as refused.
+  auto& stranger = t.open();
+  CHECK(!t.core.on_receive(stranger, errc::authentication_failed, message{}));
+  CHECK(logged("refused an unauthenticated connection at peer"));
+
+  CHECK(t.core.stats().refused == before.refused + 5);
+  CHECK(t.core.chain(0) == std::vector<std::uint32_t>{0, 1});
+  CHECK(t.core.epoch(0) == 1);
+  CHECK(t.core.stats().configs_sent == before.configs_sent);
+  CHECK(t.io.closed.empty());  // the shell closes a refused connection (on_receive: false)
+
+  // A connection that never says chain_hello is closed after register_timeout by the
+  // watchdog; the registered members keep sending heartbeats.
+  auto& idle = t.open();
+  for (int i = 0; i < 21; ++i) {
+    t.advance(std::chrono::milliseconds(250));
+    message h;
+    h.header.type = message_type::heartbeat;
+    REQUIRE(t.core.on_receive(a, {}, h));
+    REQUIRE(t.core.on_receive(b, {}, h));
+    t.core.on_tick();
+  }
+  CHECK(std::count(t.io.closed.begin(), t.io.closed.end(), idle.tag) == 1);
+  CHECK(logged("no chain_hello within 5000 ms (register_timeout)"));
+  CHECK(t.core.chain(0) == std::vector<std::uint32_t>{0, 1});
+
+  // Stopping closes every open session and sends no membership change.
+  t.core.on_stop();
+  CHECK(!a.open);
+  CHECK(!b.open);
+  a.open = false;
+  t.core.on_closed(a);
+  CHECK(t.core.epoch(0) == 1);
 }

@@ -59,13 +59,6 @@ struct chain_replication {
   static constexpr chain_errc last_error = chain_errc::member_id_in_use;
 };
 
-/// Whether `R` is a `chain_replication` policy (the server and worker loops then run the
-/// chain protocol).
-template <class R>
-inline constexpr bool is_chain_replication_v = false;
-template <chain_mode M>
-inline constexpr bool is_chain_replication_v<chain_replication<M>> = true;
-
 static_assert(recovery_policy<chain_replication<chain_mode::strict>>);
 static_assert(recovery_policy<chain_replication<chain_mode::relaxed>>);
 static_assert(detail::has_policy_errors<chain_replication<chain_mode::strict>>);
