@@ -95,8 +95,10 @@ inline constexpr std::uint8_t max_message_type = static_cast<std::uint8_t>(messa
 inline constexpr std::uint8_t policy_message_base = 128;
 
 /// The message type of a recovery policy's message `kind` (0-127): `policy_message_base + kind`.
-constexpr message_type policy_message(std::uint8_t kind) noexcept {
-  return static_cast<message_type>(policy_message_base + (kind & 0x7f));
+/// Evaluated at compile time; a `kind` above 127 does not compile (no type of its own is left).
+consteval message_type policy_message(unsigned kind) {
+  if (kind > 127) throw "asyncps: policy_message(kind): a recovery policy's kinds lie in [0, 127]";
+  return static_cast<message_type>(policy_message_base + kind);
 }
 
 /// Whether `t` is a recovery policy's own message type (`policy_message`).

@@ -91,13 +91,19 @@ void round_trip(const message& m, message_type type, bool carries_clock, bool ca
     require(out.layout.size() <= m.payload.size() / 8, "a hello's layout fits its payload");
   }
   if constexpr (std::is_same_v<T, protocol::error>) {
-    // An unknown code decodes as none and re-encodes as 0: compare the rest.
+    // An unknown code decodes as none and re-encodes as 0: compare the rest. A policy's
+    // code (policy_error_base + 1 to 255) decodes as that code, never as an errc.
     const auto code = asyncps::detail::load_le<std::uint32_t>(m.payload.data());
-    require(out.code.has_value() == (errc_from_wire(code).has_value()), "error code mapping");
+    const bool policy = code > policy_error_base && code - policy_error_base <= max_policy_error;
+    require(out.code.has_value() == (!policy && errc_from_wire(code).has_value()),
+            "error code mapping");
+    require(out.policy_code == (policy ? code - policy_error_base : 0u), "policy code mapping");
+    require(!(out.code && out.policy_code != 0), "an error names an errc or a policy code");
     require(back.payload.size() == m.payload.size(), "error payload size round-trips");
     require(std::memcmp(back.payload.data() + 4, m.payload.data() + 4, m.payload.size() - 4) == 0,
             "error reason round-trips");
-    if (out.code) require(same_payload(back, m), "error payload round-trips");
+    if (out.code || out.policy_code != 0)
+      require(same_payload(back, m), "error payload round-trips");
     return;
   }
   if constexpr (std::is_same_v<T, protocol::chain_config>) {

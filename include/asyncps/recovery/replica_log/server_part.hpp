@@ -165,26 +165,21 @@ struct replica_log_server_part {
                                                    std::string& detail) {
     const auto& h = m.header;
     const std::uint32_t w = s.worker;
+    const bool commit = h.type == protocol::commit_type, replay = h.type == protocol::replay_type;
+    const char* const name = commit ? "commit" : replay ? "replay" : "state replica";
     // Every position a worker names (a commit, a replay announcement or end, a replica's) is
     // one a server can have issued: at most protocol::max_seq, so that no counter derived
     // from it (the next position, `missing_positions`) wraps.
-    if ((h.type == protocol::commit_type || h.type == protocol::replay_type ||
-         h.type == protocol::replica_type) &&
-        h.seq > protocol::max_seq) {
-      detail = " (worker " + std::to_string(w) + "'s " +
-               (h.type == protocol::commit_type   ? "commit"
-                : h.type == protocol::replay_type ? "replay"
-                                                  : "state replica") +
-               " names position " + std::to_string(h.seq) + "; positions lie in [0, " +
+    if ((commit || replay || h.type == protocol::replica_type) && h.seq > protocol::max_seq) {
+      detail = " (worker " + std::to_string(w) + "'s " + name + " names position " +
+               std::to_string(h.seq) + "; positions lie in [0, " +
                std::to_string(protocol::max_seq) + "])";
       return make_error_code(errc::bad_position);
     }
     // A commit and a replay are header-only (recovery/replica_log/messages.hpp): the frame
     // layer bounds a policy's message only by max_frame_bytes, so their size is checked here.
-    if ((h.type == protocol::commit_type || h.type == protocol::replay_type) &&
-        !m.payload.empty()) {
-      detail = " (worker " + std::to_string(w) + "'s " +
-               (h.type == protocol::commit_type ? "commit" : "replay") + " carries " +
+    if ((commit || replay) && !m.payload.empty()) {
+      detail = " (worker " + std::to_string(w) + "'s " + name + " carries " +
                std::to_string(m.payload.size()) + " payload bytes; it has none)";
       return make_error_code(errc::payload_size_mismatch);
     }
