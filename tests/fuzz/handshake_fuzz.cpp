@@ -6,7 +6,11 @@
 // as the event its type names: push and clock are the worker's own messages (`on_push`, when
 // their seq exceeds the shard's last), ack `on_ack`, welcome `on_welcome` (flag `policy`: the
 // shard rebuilds), hello asks `hello_flags`/`hello_clock`, replay runs `on_rejoin`, and every
-// other type (order, state, commit, ...) is a server message (`on_server_message`).
+// other type (order, state, commit, ...) is a server message (`on_server_message`). Each frame
+// also reaches a chain master's membership protocol (`detail::chain_master_core`, 2 shards of 2
+// members) from one of 4 connections (header `first_row` mod 4; header `clock` mod 2048 ms of
+// time pass first; `bye`, a refusal or a frame to a connection the core closed ends it), and
+// its watchdog ticks.
 //
 // Invariants (abort on violation): a decoder accepts only its own message type; what it
 // accepts re-encodes to the same payload bytes and the same header fields (type, sender where
@@ -17,22 +21,30 @@
 // (committing it with flag `policy`), refuses other server messages as unexpected, frees
 // entries only when applied and covered by a stable position, replays a rebuilding shard's
 // replica and ordered entries, and its counters (entries, bytes, replicas, orders, replayed)
-// and flow control match the model after every event.
+// and flow control match the model after every event. The chain master's chains list distinct
+// member ids in range, each held by one open registered connection whose last configuration
+// names the chain's neighbours at the current epoch, and every configuration it counts is
+// queued to a connection.
 //
 // Not here: commit and replay carry no payload (header `seq` only); the server part's range
 // check of their positions needs a server context (tests/unit/insider_test.cpp).
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "asyncps/detail/codec/rendezvous_messages.hpp"
 #include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/protocol.hpp"
+#include "asyncps/recovery/chain/master_core.hpp"
 #include "asyncps/recovery/chain/messages.hpp"
 #include "asyncps/recovery/replica_log/worker_part.hpp"
 #include "asyncps/wire.hpp"
@@ -349,10 +361,104 @@ struct log_model {
 
 }  // namespace
 
+// ---- the chain master's membership (detail::chain_master_core) against its invariants ----
+
+using master_time = std::chrono::steady_clock::time_point;
+constexpr std::uint32_t master_shards = 2, master_members = 2, master_slots = 4;
+
+struct master_session : asyncps::detail::chain_master_session<master_time> {};
+
+struct master_io {
+  master_time now() const { return time; }
+  buffer allocate(std::size_t n) const { return fuzz::allocate(n); }
+  void wake(master_session&) const {}
+  void close(master_session&) const {}
+  std::string address(const master_session&) const { return {}; }
+  std::string host(const master_session&) const { return {}; }
+  std::shared_ptr<const peer_identity> identity(const master_session&) const { return nullptr; }
+  std::string tls_note(const master_session&) const { return {}; }
+  master_time time{};
+};
+
+// Up to 4 connections to a master of 2 shards x 2 members; a frame goes to connection
+// `first_row` mod 4 (opened on its first frame), after `clock` mod 2048 ms pass; a `bye`
+// closes it, as does a frame the core refuses or one to a connection the core closed (its
+// loops then end); the watchdog ticks after every frame.
+struct master_model {
+  master_io io;
+  asyncps::detail::chain_master_core<master_session, master_time, master_io> core{
+      {.num_shards = master_shards,
+       .members = master_members,
+       .heartbeat_timeout = std::chrono::milliseconds(1000),
+       .register_timeout = std::chrono::milliseconds(3000),
+       .log = [](std::string_view) {}},
+      io};
+  std::array<std::unique_ptr<master_session>, master_slots> slots{};
+  std::uint64_t configs_gone = 0;  // configurations queued to connections that ended
+
+  void end(std::size_t k) {
+    master_session& s = *slots[k];
+    s.open = false;
+    core.on_closed(s);
+    configs_gone += s.outbox.size();
+    slots[k].reset();
+  }
+
+  void on_frame(const message& m) {
+    io.time += std::chrono::milliseconds(static_cast<std::uint64_t>(m.header.clock) % 2048);
+    const std::size_t k = m.header.first_row % master_slots;
+    if (!slots[k]) {
+      slots[k] = std::make_unique<master_session>();
+      core.on_open(*slots[k]);
+    }
+    master_session& s = *slots[k];
+    if (!s.open || m.header.type == message_type::bye || !core.on_receive(s, {}, m)) end(k);
+    core.on_tick();
+    check();
+  }
+
+  // Every chain lists distinct member ids of its shard, each held by exactly one open,
+  // registered connection, whose last configuration places it between the chain's
+  // neighbours at the current epoch; no configuration was sent that is not queued.
+  void check() const {
+    std::uint64_t queued = configs_gone;
+    for (const auto& sp : slots)
+      if (sp) queued += sp->outbox.size();
+    require(queued == core.stats().configs_sent, "master: every configuration is queued");
+    for (std::uint32_t shard = 0; shard < master_shards; ++shard) {
+      const auto chain = core.chain(shard);
+      require(chain.size() <= master_members, "master: a chain holds at most the members");
+      for (std::size_t i = 0; i < chain.size(); ++i) {
+        require(chain[i] < master_members, "master: chain member ids lie in [0, members)");
+        require(std::count(chain.begin(), chain.end(), chain[i]) == 1,
+                "master: a member is in its chain once");
+        const master_session* holder = nullptr;
+        for (const auto& sp : slots)
+          if (sp && sp->registered && sp->shard == shard && sp->member == chain[i]) {
+            require(holder == nullptr, "master: one registration per member");
+            holder = sp.get();
+          }
+        require(holder != nullptr && holder->open, "master: a chain member is a live connection");
+        require(!holder->outbox.empty(), "master: a chain member was configured");
+        protocol::chain_config c;
+        std::string why;
+        require(!protocol::decode(holder->outbox.back(), c, why), "master: configs decode");
+        constexpr auto none = protocol::chain_config::none;
+        require(c.shard == shard && c.member == chain[i], "master: a config names its member");
+        require(c.predecessor == (i == 0 ? none : chain[i - 1]) &&
+                    c.successor == (i + 1 == chain.size() ? none : chain[i + 1]),
+                "master: a config names the chain's neighbours");
+        require(c.epoch == core.epoch(shard), "master: a member has the current epoch");
+      }
+    }
+  }
+};
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   fuzz::byte_reader in(std::as_bytes(std::span(data, size)));
   const wire_limits limits{};
   log_model replica_log;
+  master_model master;
   while (in.left() != 0) {
     message m;
     const auto r = fuzz::read_frame(in, limits, m);
@@ -370,6 +476,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     round_trip<protocol::lookup>(m, message_type::lookup, false, false);
     round_trip<protocol::directory>(m, message_type::directory, false, false, false);
     replica_log.on_frame(m);
+    master.on_frame(m);
   }
   return 0;
 }

@@ -367,6 +367,29 @@ void handshake_corpus() {
     add(b, bare(protocol::replay_type, 0));
     write("handshake", rebuilding ? "replica_log_rebuild" : "replica_log_rejoin", b);
   }
+  {  // the chain master (handshake_fuzz.cpp): connection = header first_row mod 4, time passes
+     // by header clock (ms). Shard 0's members register on connections 0 and 1 (the chain
+     // starts), heartbeats, member 0 falls silent (removed at the watchdog), connection 2
+     // registers as member 0 again and joins as the tail; a bye ends connection 1.
+    const auto on = [](message m, std::uint64_t connection, clock_value ms) {
+      m.header.first_row = connection;
+      m.header.clock = ms;
+      return m;
+    };
+    const auto chain_hello = [](std::uint32_t shard, std::uint32_t member) {
+      return protocol::encode(protocol::chain_hello{.shard = shard, .member = member},
+                              fuzz::allocate);
+    };
+    bytes b;
+    add(b, on(chain_hello(0, 0), 0, 0));
+    add(b, on(chain_hello(0, 1), 1, 0));
+    add(b, on(bare(message_type::heartbeat, 0), 0, 300));
+    for (int i = 0; i < 5; ++i) add(b, on(bare(message_type::heartbeat, 0), 1, 300));
+    add(b, on(chain_hello(0, 0), 2, 10));
+    add(b, on(chain_hello(1, 1), 3, 10));
+    add(b, on(bare(message_type::bye, 0), 1, 0));
+    write("handshake", "chain_master", b);
+  }
 }
 
 // `sparse_keys`: shard 1 of 3 owns rows [3, 6) of table 0 (width 3) and [33, 66) of table 1.
