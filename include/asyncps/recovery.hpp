@@ -92,11 +92,24 @@ concept has_policy_errors =
     static_cast<std::uint64_t>(R::last_error) >= 1 &&
     static_cast<std::uint64_t>(R::last_error) <= max_policy_error;
 
+/// A policy that declares `R::error_enum` but not in the shape `has_policy_errors` asks for
+/// stops the build here (the server and the worker both map codes through the two functions
+/// below), instead of its codes silently travelling as none.
+template <class R>
+constexpr void check_policy_errors() noexcept {
+  if constexpr (requires { typename R::error_enum; })
+    static_assert(has_policy_errors<R>,
+                  "asyncps: recovery policy: declare `using error_enum = E;` with "
+                  "std::is_error_code_enum<E> true (and make_error_code(E) found by ADL), and "
+                  "`static constexpr E last_error`, the highest code, between 1 and 255");
+}
+
 /// The policy code an error frame carries for `ec` (1 to `max_policy_error`): `ec`'s value
 /// when it is one of `R`'s own codes, else 0 (an `errc`, or a code no peer could read back).
 /// Complexity: O(1). Thread safety: pure.
 template <class R>
 std::uint32_t policy_error_to_wire(const std::error_code& ec) noexcept {
+  check_policy_errors<R>();
   if constexpr (has_policy_errors<R>) {
     const std::error_code last = R::last_error;
     if (ec.category() == last.category() && ec.value() >= 1 && ec.value() <= last.value())
@@ -109,6 +122,7 @@ std::uint32_t policy_error_to_wire(const std::error_code& ec) noexcept {
 /// has no such code (untrusted input). Complexity: O(1). Thread safety: pure.
 template <class R>
 std::optional<std::error_code> policy_error_from_wire(std::uint32_t c) noexcept {
+  check_policy_errors<R>();
   if constexpr (has_policy_errors<R>) {
     if (c >= 1 && c <= static_cast<std::uint32_t>(R::last_error))
       return std::error_code(static_cast<typename R::error_enum>(c));

@@ -17,7 +17,6 @@
 #include <list>
 #include <memory>
 #include <new>
-#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <utility>

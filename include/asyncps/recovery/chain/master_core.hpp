@@ -212,9 +212,7 @@ class chain_master_core {
   }
   /// The configuration epoch of shard `shard`'s chain (0: never configured).
   std::int64_t epoch(std::uint32_t shard) const noexcept { return shards_[shard].epoch; }
-  bool stopped() const noexcept { return stopped_; }
   const chain_master_stats& stats() const noexcept { return stats_; }
-  const chain_master_options& options() const noexcept { return opts_; }
 
  private:
   static constexpr std::uint32_t none = 0xffffffffu;
