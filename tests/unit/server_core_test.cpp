@@ -218,6 +218,49 @@ TEST_CASE("shard_core: a range reply shares the table's bytes; a write while it 
   CHECK(keyed.size() == key_bytes(2) + 4 * sizeof(float));
 }
 
+TEST_CASE("shard_core: a push of the whole table is written out of place: a reply held keeps "
+          "its bytes without a copy, a refused push leaves the values' block as it was, and two "
+          "blocks take turns") {
+  auto core = make_core();  // rows [0, 4) x 2, all 0
+  std::string detail;
+  const auto values = [&] {
+    const auto& v = std::as_const(core).table(0).values;
+    return std::vector<float>(v.begin(), v.end());
+  };
+  const auto block = [&] { return std::as_const(core).table(0).values.data(); };
+  const float* first = block();
+  auto reply = core.reply_payload(pull(0, 0, 0, 4), alloc);
+  CHECK(reinterpret_cast<const float*>(reply.data()) == first);
+  // The whole table pushed while the reply is held: no copy-on-write, a new block.
+  auto m = range_push(0, 0, 0, 4, 1.0f);
+  REQUIRE(!core.check_and_apply(m, detail));
+  CHECK(core.cow_copies() == 0);
+  const float* second = block();
+  CHECK(second != first);
+  CHECK(floats_of(reply) == std::vector<float>(8, 0.0f));
+  CHECK(values() == std::vector<float>(8, -1.0f));
+  // Refused (a NaN in the last row's last value): the values and their block are unchanged.
+  auto bad = range_push(0, 0, 0, 4, 1.0f);
+  bad.payload.floats()[7] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(core.check_and_apply(bad, detail) == errc::non_finite_value);
+  CHECK(block() == second);
+  CHECK(values() == std::vector<float>(8, -1.0f));
+  // The reply sent: the next whole push reuses its block (the spare), then the two alternate.
+  reply.reset();
+  REQUIRE(!core.check_and_apply(m, detail));
+  CHECK(block() == first);
+  CHECK(values() == std::vector<float>(8, -2.0f));
+  REQUIRE(!core.check_and_apply(m, detail));
+  CHECK(block() == second);
+  CHECK(values() == std::vector<float>(8, -3.0f));
+  // A push of part of the table writes in place, copying nothing: no reply holds the values.
+  auto part = range_push(0, 0, 1, 2, 1.0f);
+  REQUIRE(!core.check_and_apply(part, detail));
+  CHECK(block() == second);
+  CHECK(core.cow_copies() == 0);
+  CHECK(values() == std::vector<float>{-3.0f, -3.0f, -4.0f, -4.0f, -4.0f, -4.0f, -3.0f, -3.0f});
+}
+
 TEST_CASE("shard_core: replies read and dropped on another thread while pushes apply are "
           "never torn (a TSan stage: the release of a reply orders its reads before the "
           "shard's next write)") {

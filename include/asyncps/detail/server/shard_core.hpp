@@ -219,8 +219,12 @@ class shard_core {
   /// bytes: chunk by chunk (about `check_chunk` floats, ending on `align`ed addresses, within
   /// a row for keyed pushes), the chunk's values and optimizer state are saved into an undo
   /// buffer, the optimizer's `apply` updates them in place, and the chunk's gradient, values
-  /// and state are checked finite while they are in L1. When a chunk fails, every chunk
-  /// applied so far is restored from the undo buffer: the push is applied whole or not at all
+  /// and state are checked finite while they are in L1. A push of the whole table (ranged,
+  /// every row: a dense model's push) writes its values out of place instead: into a fresh
+  /// block of the table's pool (`table_values::fresh_block`), which becomes the values once
+  /// every chunk passed, so the old values need no undo copy and a reply still holding them
+  /// needs no copy-on-write. When a chunk fails, every chunk applied so far is restored from
+  /// the undo buffer (the fresh block is dropped): the push is applied whole or not at all
   /// (values, optimizer state, `step` and versions as before). Each element goes through the
   /// same operations, on the same (packet or scalar) path, as in `apply(m)`, so an accepted
   /// push gives the same bits as `check_update` then `apply`. For an optimizer without
@@ -230,8 +234,9 @@ class shard_core {
   /// first failing chunk of the push) or `errc::non_finite_update` (its update would make a
   /// value or optimizer state non-finite), `detail` naming the table and the row. Does not
   /// count the push (see `count_push`). Allocation: the undo buffer grows to the largest push
-  /// seen (`(1 + state_per_param)` floats per pushed float), then none. Deterministic, as
-  /// `check_update`.
+  /// seen (`(1 + state_per_param)` floats per pushed float, `state_per_param` for a whole-table
+  /// push), then none; a whole-table push takes one block from the pool (the block it
+  /// replaces goes back to it). Deterministic, as `check_update`.
   std::error_code check_and_apply(const message& m, std::string& detail);
   /// Clips the values of the rows push `m` touched (checked, applied) to [-bound, bound];
   /// returns how many values it changed. The rows are already marked changed by the apply.

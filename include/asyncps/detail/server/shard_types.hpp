@@ -22,7 +22,11 @@ namespace asyncps::detail {
 /// bytes and, if so, moves the values to a fresh block of the same pool (`copies()` counts
 /// these moves), so a reply keeps the bytes it was given, whole rows of one version, however
 /// many pushes apply after it. With no reply outstanding a write costs one atomic load.
-/// Copying a `table_values` shares the bytes too (a snapshot). Const access never copies.
+/// A writer that rewrites every value (a push of the whole table) writes out of place instead:
+/// into `fresh_block()`, then `replace`, with no copy whether or not a reply holds the old
+/// block. The block replaced is kept as a spare for the next such write (or copy), so the
+/// values take up to two blocks. Copying a `table_values` shares the bytes too (a snapshot;
+/// not the spare). Const access never copies.
 /// Thread safety: one thread at a time (the shard's); the buffers `share` returns may be read
 /// and dropped on any thread (the reference count is atomic; see `buffer::unique`).
 class table_values {
@@ -66,18 +70,38 @@ class table_values {
   }
   /// Whether another reference holds the bytes (the next write access copies them).
   bool shared() const noexcept { return !storage_.empty() && !storage_.unique(); }
+  /// A block of the values' size to write the next values into, out of place (`replace`):
+  /// the spare (the block the values had before, once no reply holds it any more), else one
+  /// from the values' pool; an empty buffer when the values have no pool. Exceptions:
+  /// `std::bad_alloc`.
+  buffer fresh_block() {
+    if (spare_usable()) return std::move(spare_);
+    buffer_pool* p = storage_.pool();
+    return p != nullptr ? p->allocate(storage_.size()) : buffer{};
+  }
+  /// Makes `next` (a block from `fresh_block`, fully written) the values. The old block is
+  /// kept as the spare (replies may still hold it: they keep its bytes), so that writing out
+  /// of place in turn needs no allocation once warm: the values take two blocks.
+  void replace(buffer next) noexcept {
+    spare_ = std::move(storage_);
+    storage_ = std::move(next);
+  }
   /// Write accesses that found the values shared and copied them to a fresh block.
   std::uint64_t copies() const noexcept { return copies_; }
 
  private:
   void own() {
     if (!shared()) return;
-    buffer fresh = storage_.pool()->allocate(storage_.size());
+    buffer fresh = spare_usable() ? std::move(spare_) : storage_.pool()->allocate(storage_.size());
     std::memcpy(fresh.data(), storage_.data(), storage_.size());
-    storage_ = std::move(fresh);
+    replace(std::move(fresh));
     ++copies_;
   }
+  bool spare_usable() const noexcept {
+    return !spare_.empty() && spare_.unique() && spare_.size() == storage_.size();
+  }
   buffer storage_;
+  buffer spare_;  // the values' previous block (see `replace`), or empty
   std::uint64_t copies_ = 0;
 };
 

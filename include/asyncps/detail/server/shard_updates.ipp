@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <utility>
 
 #include "asyncps/error.hpp"
 #include "asyncps/optimizer.hpp"
@@ -89,20 +90,35 @@ std::error_code shard_core<Optimizer, Reader, TimePoint>::check_and_apply(const 
   // differ (Eigen's fast packet sqrt). Otherwise, or for an optimizer without `stays_finite`
   // (whose `apply` may not be element by element), check, then apply, as `apply(m)` does.
   const auto misalign = [](const float* p) { return reinterpret_cast<std::uintptr_t>(p) % align; };
+  // Read access only until a write is decided: the non-const `data()` copies shared values.
+  const float* const old_values = std::as_const(t.values).data();
   bool chunked = has_stays_finite;
   for (std::size_t k = 0; k < planes; ++k)
-    chunked = chunked && misalign(plane(k, 0)) == misalign(t.values.data());
+    chunked = chunked && misalign(plane(k, 0)) == misalign(old_values);
   if (!chunked) {
     if (auto ec = check_update(m, detail)) return ec;
     apply(m);
     return {};
   }
-  if (undo_.size() < total * (1 + planes)) undo_.resize(total * (1 + planes));
+  // A push of the whole table (a dense model's worker pushes its whole slice) is written out
+  // of place: each chunk's values are copied into a fresh block of the table's pool and
+  // updated there, and the block becomes the values only once every chunk passed. The old
+  // values need no undo copy, and a reply that still holds them keeps them without a
+  // copy-on-write. Any other push (or a block that would not be aligned like the values)
+  // updates the values in place, saving each chunk in the undo buffer first. The state
+  // planes are always updated in place and saved.
+  const bool whole = ranged && total > 0 && static_cast<row_id>(h.first_row) == t.range.begin &&
+                     total == t.values.size();
+  buffer next = whole ? t.values.fresh_block() : buffer{};
+  float* const out = next.empty() ? nullptr : next.floats().data();
+  const bool out_of_place = out != nullptr && misalign(out) == misalign(old_values);
+  const std::size_t saved = out_of_place ? 0 : 1;  // value planes saved in undo_
+  if (undo_.size() < total * (saved + planes)) undo_.resize(total * (saved + planes));
   // Calls f(off, n, u) for each chunk of a run of `len` floats at `off` in the table and `u0`
   // in the push, until f returns false: the first chunk ends at the first aligned address
   // plus `check_chunk` floats, the others `check_chunk` floats later.
   const auto run_chunks = [&](std::size_t off, std::size_t len, std::size_t u0, auto& f) {
-    const std::size_t head = (align - misalign(t.values.data() + off)) % align / sizeof(float);
+    const std::size_t head = (align - misalign(old_values + off)) % align / sizeof(float);
     for (std::size_t d = 0, end = 0; d < len; d = end) {
       end = std::min(len, (d == 0 ? head : d) + check_chunk);
       if (!f(off + d, end - d, u0 + d)) return false;
@@ -123,12 +139,18 @@ std::error_code shard_core<Optimizer, Reader, TimePoint>::check_and_apply(const 
   std::size_t bad = 0;   // the failing chunk's first float in the push
   std::error_code ec;
   for_chunks([&](std::size_t off, std::size_t n, std::size_t u) {
-    float* v = t.values.data() + off;
+    float* v = nullptr;
+    if (out_of_place) {
+      v = out + off;
+      std::memcpy(v, old_values + off, n * sizeof(float));
+    } else {
+      v = t.values.data() + off;
+      std::memcpy(undo_.data() + u, v, n * sizeof(float));
+    }
     const float* g = grad.data() + u;
-    std::memcpy(undo_.data() + u, v, n * sizeof(float));
     optimizer_state<planes> st{};
     for (std::size_t k = 0; k < planes; ++k) {
-      std::memcpy(undo_.data() + (k + 1) * total + u, plane(k, off), n * sizeof(float));
+      std::memcpy(undo_.data() + (k + saved) * total + u, plane(k, off), n * sizeof(float));
       st[k] = std::span<float>(plane(k, off), n);
     }
     opt.apply(std::span<float>(v, n), std::span<const float>(g, n), st, step);
@@ -140,6 +162,7 @@ std::error_code shard_core<Optimizer, Reader, TimePoint>::check_and_apply(const 
     return false;
   });
   if (!ec) {
+    if (out_of_place) t.values.replace(std::move(next));
     t.step = step;
     if (ranged) {
       const auto first = static_cast<row_id>(h.first_row);
@@ -153,9 +176,9 @@ std::error_code shard_core<Optimizer, Reader, TimePoint>::check_and_apply(const 
   }
   for_chunks([&](std::size_t off, std::size_t n, std::size_t u) {  // undo
     if (u >= done) return false;
-    std::memcpy(t.values.data() + off, undo_.data() + u, n * sizeof(float));
+    if (!out_of_place) std::memcpy(t.values.data() + off, undo_.data() + u, n * sizeof(float));
     for (std::size_t k = 0; k < planes; ++k)
-      std::memcpy(plane(k, off), undo_.data() + (k + 1) * total + u, n * sizeof(float));
+      std::memcpy(plane(k, off), undo_.data() + (k + saved) * total + u, n * sizeof(float));
     return true;
   });
   const std::size_t row = bad / w;
