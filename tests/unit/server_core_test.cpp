@@ -274,7 +274,11 @@ TEST_CASE("shard_core: replies read and dropped on another thread while pushes a
       for (const float x : f) torn += x != f[0] ? 1 : 0;  // every push writes every row
       r.reset();
     });
-    for (int i = 0; i < 3; ++i) core.apply(range_push(0, 0, 0, 4, 1.0f));
+    // In place (copy-on-write first), then out of place (a whole-table push checked and
+    // applied: written to the spare block only when no reply holds it).
+    std::string detail;
+    core.apply(range_push(0, 0, 0, 4, 1.0f));
+    for (int i = 0; i < 2; ++i) CHECK(!core.check_and_apply(range_push(0, 0, 0, 4, 1.0f), detail));
     sender.join();
   }
   CHECK(torn == 0);
