@@ -235,8 +235,9 @@ class shard_core {
   /// value or optimizer state non-finite), `detail` naming the table and the row. Does not
   /// count the push (see `count_push`). Allocation: the undo buffer grows to the largest push
   /// seen (`(1 + state_per_param)` floats per pushed float, `state_per_param` for a whole-table
-  /// push), then none; a whole-table push takes one block from the pool (the block it
-  /// replaces goes back to it). Deterministic, as `check_update`.
+  /// push), then none; a whole-table push writes into the table's spare block (the one it
+  /// replaced last time) and takes one from the pool only while a reply still holds the
+  /// spare. Deterministic, as `check_update`.
   std::error_code check_and_apply(const message& m, std::string& detail);
   /// Clips the values of the rows push `m` touched (checked, applied) to [-bound, bound];
   /// returns how many values it changed. The rows are already marked changed by the apply.
