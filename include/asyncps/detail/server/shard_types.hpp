@@ -92,7 +92,7 @@ class table_values {
  private:
   void own() {
     if (!shared()) return;
-    buffer fresh = spare_usable() ? std::move(spare_) : storage_.pool()->allocate(storage_.size());
+    buffer fresh = fresh_block();  // values always have a pool here (the constructor's contract)
     std::memcpy(fresh.data(), storage_.data(), storage_.size());
     replace(std::move(fresh));
     ++copies_;
