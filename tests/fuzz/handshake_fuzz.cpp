@@ -15,16 +15,19 @@
 // Invariants (abort on violation): a decoder accepts only its own message type; what it
 // accepts re-encodes to the same payload bytes and the same header fields (type, sender where
 // the message carries one, clock where it carries one, flags); decoded values respect the
-// documented ranges; refusals say what is wrong. The replica-log worker part agrees with a
-// model of its documented behaviour: it takes exactly the orders `decode` accepts (committing
-// the position of a logged, unapplied push of that seq, else nothing) and every state replica
-// (committing it with flag `policy`), refuses other server messages as unexpected, frees
-// entries only when applied and covered by a stable position, replays a rebuilding shard's
-// replica and ordered entries, and its counters (entries, bytes, replicas, orders, replayed)
-// and flow control match the model after every event. The chain master's chains list distinct
-// member ids in range, each held by one open registered connection whose last configuration
-// names the chain's neighbours at the current epoch, and every configuration it counts is
-// queued to a connection.
+// documented ranges (an order: 1 to max_order_entries entries, as many as header seq says,
+// seqs and positions increasing, positions above the stable one); refusals say what is wrong.
+// The replica-log worker part agrees with a model of its documented behaviour: it takes
+// exactly the orders `decode` accepts (each entry's position goes to the logged, unapplied push
+// or clock message of that seq, if any; an order that logged a position is confirmed by one
+// cumulative commit naming the last position logged, unless it has `applied_flag`, then by
+// none) and every state replica (committing it with flag `policy`), refuses other server
+// messages as unexpected, frees entries only when applied and covered by a stable position,
+// replays a rebuilding shard's replica and ordered entries, and its counters (entries, bytes,
+// replicas, order entries, replayed) and flow control match the model after every event. The chain
+// master's chains list distinct member ids in range, each held by one open registered connection
+// whose last configuration names the chain's neighbours at the current epoch, and every
+// configuration it counts is queued to a connection.
 //
 // Not here: commit and replay carry no payload (header `seq` only); the server part's range
 // check of their positions needs a server context (tests/unit/insider_test.cpp).
@@ -72,6 +75,13 @@ void round_trip(const message& m, message_type type, bool carries_clock, bool ca
     return;
   }
   require(m.header.type == type, "a decoder accepts only its own message type");
+  // A decoded order holds its entries as the received bytes (`raw`); encode reads `entries`.
+  std::vector<protocol::order_entry> order_entries;
+  if constexpr (std::is_same_v<T, protocol::order>) {
+    require(out.entries.empty(), "a decoded order leaves `entries` empty");
+    for (std::size_t i = 0; i < out.size(); ++i) order_entries.push_back(out.entry(i));
+    out.entries = order_entries;
+  }
   message back = protocol::encode(out, fuzz::allocate);
   require(back.header.type == type, "the encoder writes the type");
   if (carries_sender) require(back.header.sender == m.header.sender, "sender round-trips");
@@ -80,8 +90,22 @@ void round_trip(const message& m, message_type type, bool carries_clock, bool ca
     require(back.header.has(frame_flags::policy) == m.header.has(frame_flags::policy),
             "flag policy round-trips");
   if constexpr (std::is_same_v<T, protocol::order>) {
-    require(back.header.seq == m.header.seq, "an order's seq round-trips");
-    require(out.position != 0 && out.stable < out.position, "order positions are ordered");
+    require(back.header.seq == m.header.seq, "an order's entry count round-trips");
+    require(out.size() >= 1 && out.size() <= protocol::max_order_entries &&
+                out.size() == m.header.seq,
+            "an order holds 1 to max_order_entries entries, as many as header seq says");
+    require(m.payload.size() ==
+                protocol::order_fixed_bytes + out.size() * protocol::order_entry_bytes,
+            "an order's payload is the stable position and its entries");
+    require(out.shard == m.header.sender, "an order's shard is its sender");
+    require(out.applied == m.header.has(protocol::applied_flag), "an order's applied flag");
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const protocol::order_entry e = out.entry(i);
+      require(e.position != 0 && out.stable < e.position, "order positions are above stable");
+      if (i > 0)
+        require(out.entry(i - 1).position < e.position && out.entry(i - 1).seq < e.seq,
+                "order entries increase in seq and position");
+    }
   }
   if constexpr (std::is_same_v<T, protocol::report>) {
     require(out.server_clock >= 0 && out.slowest_clock >= 0, "report clocks are not negative");
@@ -168,13 +192,23 @@ struct log_model {
     part.on_start(worker_setup{.shards = log_shards, .tables = 1});
   }
 
+  // Frees applied entries from the front: the first applied one with a position, when it is
+  // at or below the stable position, together with the applied entries before it that have
+  // none (applied before it was ordered, so the stable replica holds them); again and again.
   void truncate(model_shard& sh) {
-    while (sh.unapplied > 0 && sh.log.front().position != 0 &&
-           sh.log.front().position <= sh.stable) {
-      stats.log_bytes -= sh.log.front().bytes;
-      --stats.log_entries;
-      sh.log.erase(sh.log.begin());
-      --sh.unapplied;
+    for (;;) {
+      auto first =
+          std::find_if(sh.log.begin(), sh.log.begin() + static_cast<std::ptrdiff_t>(sh.unapplied),
+                       [](const auto& e) { return e.position != 0; });
+      if (first == sh.log.begin() + static_cast<std::ptrdiff_t>(sh.unapplied) ||
+          first->position > sh.stable)
+        return;
+      for (auto i = sh.log.begin(); i <= first; ++i) {
+        stats.log_bytes -= i->bytes;
+        --stats.log_entries;
+      }
+      sh.unapplied -= static_cast<std::size_t>(first - sh.log.begin()) + 1;
+      sh.log.erase(sh.log.begin(), first + 1);
     }
   }
 
@@ -267,19 +301,27 @@ struct log_model {
         require(replies.empty(), "replica log: a refused order commits nothing");
         return;
       }
-      ++stats.orders;
-      bool found = false;
-      for (std::size_t i = sh.log.size(); i-- > sh.unapplied;) {
-        if (sh.log[i].header.seq != o->seq) continue;
-        sh.log[i].position = o->position;
-        found = true;
-        break;
+      stats.orders += o->size();
+      // Each entry names an unapplied logged message of its seq (the log's seqs increase, so
+      // at most one), or none (applied, or never logged): the former gets the position.
+      std::uint64_t last = 0;  // the position of the last entry found in the log
+      for (std::size_t k = 0; k < o->size(); ++k) {
+        const protocol::order_entry e = o->entry(k);
+        for (std::size_t i = sh.unapplied; i < sh.log.size(); ++i)
+          if (sh.log[i].header.seq == e.seq) {
+            sh.log[i].position = e.position;
+            last = e.position;
+          }
       }
-      require(replies.size() == (found ? 1u : 0u), "replica log: one commit per logged order");
-      if (found)
+      // One cumulative commit per order that logged something, naming the last logged
+      // position; none when the order says its messages are applied already.
+      const bool commits = last != 0 && !o->applied;
+      require(replies.size() == (commits ? 1u : 0u),
+              "replica log: one commit per order that logs a position, none when applied");
+      if (commits)
         require(replies[0].header.type == protocol::commit_type && replies[0].header.flags == 0 &&
-                    replies[0].header.seq == o->position && replies[0].payload.empty(),
-                "replica log: the commit names the order's position");
+                    replies[0].header.seq == last && replies[0].payload.empty(),
+                "replica log: the commit names the order's last logged position");
       if (o->stable > sh.stable) {
         sh.stable = o->stable;
         if (sh.replica && sh.replica->seq < sh.stable) {
@@ -470,7 +512,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     round_trip<protocol::report>(m, message_type::report, true, false);
     round_trip<protocol::chain_hello>(m, protocol::chain_hello_type, false, false);
     round_trip<protocol::chain_config>(m, protocol::chain_config_type, false, true);
-    round_trip<protocol::order>(m, protocol::order_type, false, false);
+    round_trip<protocol::order>(m, protocol::order_type, false, true);
     round_trip<protocol::announce>(m, message_type::announce, false, false);
     round_trip<protocol::assigned>(m, message_type::assigned, false, false, false);
     round_trip<protocol::lookup>(m, message_type::lookup, false, false);

@@ -306,8 +306,18 @@ void handshake_corpus() {
                                               .epoch = 4,
                                               .joining = true},
                        fuzz::allocate));
-  one("order", protocol::encode(protocol::order{.shard = 0, .seq = 9, .position = 12, .stable = 10},
-                                fuzz::allocate));
+  {  // orders are batches: one entry, several, and several already applied (apply-first)
+    const std::vector<protocol::order_entry> one_entry{{9, 12}};
+    const std::vector<protocol::order_entry> three{{9, 12}, {11, 13}, {14, 20}};
+    one("order", protocol::encode(protocol::order{.shard = 0, .stable = 10, .entries = one_entry},
+                                  fuzz::allocate));
+    one("order_batch", protocol::encode(protocol::order{.shard = 1, .stable = 10, .entries = three},
+                                        fuzz::allocate));
+    one("order_applied",
+        protocol::encode(
+            protocol::order{.shard = 0, .stable = 11, .applied = true, .entries = three},
+            fuzz::allocate));
+  }
   one("announce", protocol::encode(protocol::announce{.shard = 1, .port = 7001, .host = "10.0.0.7"},
                                    fuzz::allocate));
   one("announce_any", protocol::encode(protocol::announce{.port = 7000}, fuzz::allocate));
@@ -322,8 +332,10 @@ void handshake_corpus() {
                        fuzz::allocate));
 
   // The replica log's worker part (handshake_fuzz.cpp): the worker's pushes and clock
-  // message on shard 0 (sender 0), their orders, a state replica, acks, then a rejoin: to a
-  // rebuilding shard (welcome flag policy) and to one that kept its state.
+  // message on shard 0 (sender 0), their orders (batches), a state replica, acks, then a
+  // rejoin: to a rebuilding shard (welcome flag policy) and to one that kept its state; and
+  // the same with orders of applied messages (apply-first: no commit) and an order naming a
+  // message the worker never logged; and an order that comes after its messages' ack.
   auto welcome = [](bool rebuilding) {
     return protocol::encode(protocol::welcome{.shard = 0,
                                               .num_shards = 2,
@@ -338,9 +350,10 @@ void handshake_corpus() {
     m.header.flags |= frame_flags::want_ack;
     return m;
   };
-  auto order = [](std::uint64_t s, std::uint64_t position, std::uint64_t stable) {
+  auto order = [](std::vector<protocol::order_entry> entries, std::uint64_t stable,
+                  bool applied = false) {
     return protocol::encode(
-        protocol::order{.shard = 0, .seq = s, .position = position, .stable = stable},
+        protocol::order{.shard = 0, .stable = stable, .applied = applied, .entries = entries},
         fuzz::allocate);
   };
   auto replica = [](std::uint64_t position) {
@@ -356,16 +369,49 @@ void handshake_corpus() {
     add(b, seq(push(0, 0, 0, 2, {1, 3}), 1));
     add(b, seq(push(0, 0, 0, 2, {2}), 2));
     add(b, seq(bare(message_type::clock, 0, 0), 3));
-    add(b, order(1, 1, 0));
-    add(b, order(2, 2, 0));
+    add(b, order({{1, 1}, {2, 2}}, 0));
     add(b, replica(2));
     add(b, bare(message_type::ack, 0, 0, 1));
-    add(b, order(3, 3, 2));
+    add(b, order({{3, 3}}, 2));
     add(b, seq(push(0, 0, 1, 2, {5}), 4));
     add(b, bare(message_type::hello, 0));
     add(b, welcome(rebuilding));
     add(b, bare(protocol::replay_type, 0));
     write("handshake", rebuilding ? "replica_log_rebuild" : "replica_log_rejoin", b);
+  }
+  for (const bool rebuilding : {true, false}) {
+    bytes b;
+    add(b, welcome(false));
+    add(b, seq(push(0, 0, 0, 2, {1, 3}), 1));
+    add(b, seq(push(0, 0, 0, 2, {2}), 2));
+    add(b, seq(bare(message_type::clock, 0, 0), 3));
+    add(b, order({{1, 1}, {2, 2}}, 0, true));  // applied: logged, no commit
+    add(b, bare(message_type::ack, 0, 0, 2));
+    add(b, replica(2));
+    add(b, order({{3, 3}}, 2, true));
+    add(b, seq(push(0, 0, 1, 2, {5}), 4));
+    add(b, order({{4, 4}, {6, 5}}, 2));  // seq 6 was never logged: the commit names 4
+    add(b, bare(message_type::hello, 0));
+    add(b, welcome(rebuilding));
+    add(b, bare(protocol::replay_type, 0));
+    write("handshake", rebuilding ? "replica_log_applied_rebuild" : "replica_log_applied_rejoin",
+          b);
+  }
+  {  // a late order: it names messages acknowledged already, which keep no position (never
+     // freed by a stable position), and one unapplied, which gets its position and the commit
+    bytes b;
+    add(b, welcome(false));
+    add(b, seq(push(0, 0, 0, 2, {1, 3}), 1));
+    add(b, seq(push(0, 0, 0, 2, {2}), 2));
+    add(b, seq(bare(message_type::clock, 0, 0), 3));
+    add(b, bare(message_type::ack, 0, 0, 2));
+    add(b, order({{1, 1}, {2, 2}, {3, 3}}, 0));
+    add(b, seq(push(0, 0, 1, 2, {5}), 4));
+    add(b, order({{4, 4}}, 2));
+    add(b, bare(message_type::hello, 0));
+    add(b, welcome(true));
+    add(b, bare(protocol::replay_type, 0));
+    write("handshake", "replica_log_late_order", b);
   }
   {  // the chain master (handshake_fuzz.cpp): connection = header first_row mod 4, time passes
      // by header clock (ms). Shard 0's members register on connections 0 and 1 (the chain

@@ -855,7 +855,7 @@ TEST_CASE("insider: a held replica-log push refused when its turn comes is count
         REQUIRE(welcome.header.type == message_type::welcome);
         message push;
         push.header.type = message_type::push;
-        push.header.flags = frame_flags::range;
+        push.header.flags = frame_flags::range | frame_flags::end_of_clock;
         push.header.sender = 0;
         push.header.seq = 1;
         push.header.row_count = 4;
@@ -870,8 +870,9 @@ TEST_CASE("insider: a held replica-log push refused when its turn comes is count
         protocol::order o;
         std::string why;
         REQUIRE(!protocol::decode(om, o, why));
-        position = o.position;
-        (void)co_await c.async_send(header_only(protocol::commit_type, 0, o.position));
+        REQUIRE(o.size() == 1);
+        position = o.entry(0).position;
+        (void)co_await c.async_send(header_only(protocol::commit_type, 0, position));
         refusal = co_await refusal_on(c);
         server.stop();
       },

@@ -680,8 +680,11 @@ TEST_CASE("replica_log, stepped: its commit, a message type of its own, applies 
   p0.header.seq = 1;
   REQUIRE(t.proto.receive(w0, p0));
   const protocol::order o0 = order_of(w0);
+  REQUIRE(o0.size() == 1);
+  CHECK(o0.entry(0).seq == 1);
+  CHECK(!o0.applied);
   CHECK(shard_values(t.proto) == before);
-  auto good = commit(0, o0.position, 0);
+  auto good = commit(0, o0.entry(0).position, 0);
   REQUIRE(t.proto.receive(w0, good));
   const auto applied = shard_values(t.proto);
   CHECK(applied[0] == -1.0f);
@@ -692,11 +695,76 @@ TEST_CASE("replica_log, stepped: its commit, a message type of its own, applies 
   p1.header.seq = 1;
   REQUIRE(t.proto.receive(w1, p1));
   const protocol::order o1 = order_of(w1);
-  auto bad = commit(1, o1.position, 8);
+  REQUIRE(o1.size() == 1);
+  auto bad = commit(1, o1.entry(0).position, 8);
   CHECK(!t.proto.receive(w1, bad));
   CHECK(t.error_of(w1) == errc::payload_size_mismatch);
   CHECK(logged("worker 1's commit carries 8 payload bytes; it has none"));
   CHECK(shard_values(t.proto) == applied);
+}
+
+TEST_CASE("replica_log apply-first, stepped: one order per worker clock, no commit, one ack; "
+          "a replica stored before the order went out does not reach past its positions") {
+  recovery::replica_log_server_part part;
+  part.options.ordering = recovery::replica_log_ordering::apply_first;
+  part.options.log_budget = 0.001;  // the first push is over budget: a replica goes out at once
+  stepped<recovery::replica_log> t(std::move(part));
+  auto& w0 = t.worker(0);
+  auto& w1 = t.worker(1);
+  const auto before = shard_values(t.proto);
+  auto count = [](const step_session& s, message_type type) {
+    return std::count_if(s.outbox.begin(), s.outbox.end(),
+                         [&](const message& m) { return m.header.type == type; });
+  };
+  const auto orders0 = count(w0, protocol::order_type), acks0 = count(w0, message_type::ack);
+
+  // Worker 0's first push of its clock (not its last): applied on arrival, neither ordered
+  // nor acknowledged yet; its apply puts the log over the budget, so a replica goes out.
+  auto p1 = shard_push(0, 0, 1.0f, frame_flags::want_ack);
+  p1.header.flags &= static_cast<std::uint8_t>(~frame_flags::end_of_clock);
+  p1.header.seq = 1;
+  REQUIRE(t.proto.receive(w0, p1));
+  CHECK(shard_values(t.proto) != before);
+  CHECK(count(w0, protocol::order_type) == orders0);
+  CHECK(count(w0, message_type::ack) == acks0);
+  REQUIRE(t.proto.part().stats().replicas_sent == 1);
+  // The replica (position 1) is stored by its holder before worker 0's order goes out.
+  step_session& holder = count(w0, protocol::replica_type) == 1 ? w0 : w1;
+  REQUIRE(count(holder, protocol::replica_type) == 1);
+  message stored;
+  stored.header.type = protocol::commit_type;
+  stored.header.flags = protocol::replica_stored_flag;
+  stored.header.sender = holder.worker;
+  stored.header.seq = 1;
+  REQUIRE(t.proto.receive(holder, stored));
+  CHECK(t.proto.part().stats().stable == 1);
+
+  // The clock's last push: applied, then one order for both (flag applied: no commit wanted)
+  // and one ack. Its stable position stays below the positions it carries, so the worker
+  // takes it (before: the newest stable position 1, an order the worker refused).
+  auto p2 = shard_push(0, 0, 1.0f, frame_flags::want_ack);
+  p2.header.seq = 2;
+  REQUIRE(t.proto.receive(w0, p2));
+  REQUIRE(count(w0, protocol::order_type) == orders0 + 1);
+  CHECK(count(w0, message_type::ack) == acks0 + 1);
+  const message* om = nullptr;
+  for (const auto& m : w0.outbox)
+    if (m.header.type == protocol::order_type) om = &m;
+  REQUIRE(om != nullptr);
+  CHECK(w0.outbox.back().header.type == message_type::ack);  // after the order
+  CHECK(w0.outbox.back().header.seq == 2);
+  protocol::order o;
+  std::string detail;
+  REQUIRE(!protocol::decode(*om, o, detail));
+  CHECK(o.applied);
+  REQUIRE(o.size() == 2);
+  CHECK(o.entry(0).seq == 1);
+  CHECK(o.entry(0).position == 1);
+  CHECK(o.entry(1).seq == 2);
+  CHECK(o.entry(1).position == 2);
+  CHECK(o.stable == 0);
+  CHECK(t.proto.part().stats().orders_sent == 1);
+  CHECK(t.proto.part().stats().ordered == 2);
 }
 
 TEST_CASE("replica_log, stepped: a push ordered but never confirmed is voided after "

@@ -75,6 +75,7 @@ struct kill_result {
   std::uint64_t max_replica_bytes = 0;
   std::uint64_t replicas_sent = 0;
   std::uint64_t state_bytes = 0;
+  std::uint64_t reconnects = 0;  // the workers' (worker_stats::reconnects): 0 without a kill
 };
 
 // Further knobs of a run: the log budget (0: off) and the table's shape.
@@ -247,6 +248,7 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
   last.save_state(fin);
   r.state_bytes = detail::encoded_state_size(fin);
   for (const auto& w : ws) {
+    r.reconnects += w->stats().reconnects;
     r.max_log_bytes = std::max(r.max_log_bytes, w->recovery().stats().max_log_bytes);
     r.max_replica_bytes = std::max(r.max_replica_bytes, w->recovery().stats().max_replica_bytes);
   }
@@ -450,6 +452,9 @@ TEST_CASE("replica_log apply-first: no round trip before an apply (virtual time,
     REQUIRE(af.all_done);
     CHECK(wa.pushes_applied == 90);
     CHECK(af.pushes_applied == 90);
+    // Without a kill no connection drops (e.g. over an order the worker refuses).
+    CHECK(wa.reconnects == 0);
+    CHECK(af.reconnects == 0);
     MESSAGE("seed " << seed << ": write-ahead " << wa.virtual_seconds << " s, apply-first "
                     << af.virtual_seconds << " s of virtual time");
     CHECK(af.virtual_seconds < wa.virtual_seconds);
@@ -471,6 +476,7 @@ kill_result memory_run(const char* name, Optimizer opt, double budget, std::uint
                                    recovery::replica_log_ordering::write_ahead, e);
   REQUIRE(r.all_done);
   CHECK(r.pushes_applied == 240);
+  CHECK(r.reconnects == 0);
   const double params = 64.0 * 32 * sizeof(float);
   const auto x = [](std::uint64_t b, double unit) { return static_cast<double>(b) / unit; };
   const double state = static_cast<double>(r.state_bytes);

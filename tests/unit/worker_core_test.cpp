@@ -29,6 +29,7 @@
 #include "asyncps/detail/worker/push_builder.hpp"
 #include "asyncps/recovery/chain_replication.hpp"
 #include "asyncps/recovery/none.hpp"
+#include "asyncps/recovery/replica_log.hpp"
 #include "asyncps/recovery/stateless.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/transport/simulated.hpp"
@@ -409,6 +410,58 @@ TEST_CASE("recovery worker parts: strict chain keeps pushes until acked and rese
   CHECK(!detail::worker_hooks::flow_blocked(chain, 1));
   CHECK(detail::worker_hooks::on_ack(chain, 1, 2));  // empty: wake
   CHECK(!detail::worker_hooks::has_pending(chain, 1, false));
+}
+
+TEST_CASE("recovery worker parts: replica_log takes batched orders with one cumulative "
+          "commit, and frees an applied entry that lost its order with the next ordered one") {
+  buffer_pool pool;
+  recovery::replica_log_worker_part part;
+  detail::worker_hooks::on_start(part, worker_setup{1, 1});
+  auto push = [&](std::uint64_t seq) {
+    message m;
+    m.header.type = message_type::push;
+    m.header.flags = frame_flags::want_ack;
+    m.header.seq = seq;
+    m.payload = pool.allocate(16);
+    detail::worker_hooks::on_push(part, 0, m);
+  };
+  auto order = [&](std::uint64_t stable, bool applied, std::vector<protocol::order_entry> entries) {
+    return protocol::encode(
+        protocol::order{.stable = stable, .applied = applied, .entries = entries},
+        [&](std::size_t n) { return pool.allocate(n); });
+  };
+  std::vector<message> replies;
+
+  // Write-ahead: one order for two messages, one commit naming the last position.
+  push(1);
+  push(2);
+  auto o1 = order(0, false, {{1, 1}, {2, 3}});
+  REQUIRE(!part.on_server_message(0, o1, replies));
+  REQUIRE(replies.size() == 1);
+  CHECK(replies[0].header.type == protocol::commit_type);
+  CHECK(replies[0].header.seq == 3);
+  CHECK(part.stats().orders == 2);
+  replies.clear();
+  detail::worker_hooks::on_ack(part, 0, 2);
+
+  // Apply-first: no commit. Seq 3's order was lost with a connection; its resend was
+  // acknowledged as a duplicate (applied, no position). It stays while nothing after it is
+  // stable...
+  push(3);
+  push(4);
+  detail::worker_hooks::on_ack(part, 0, 3);
+  auto o2 = order(3, true, {{4, 5}});
+  REQUIRE(!part.on_server_message(0, o2, replies));
+  CHECK(replies.empty());
+  detail::worker_hooks::on_ack(part, 0, 4);
+  CHECK(part.stats().log_entries == 2);  // seqs 3 and 4: seq 4's position 5 is not stable
+  // ... and goes with seq 4 once a replica at or above 5 is stored (seq 3 was applied before
+  // seq 4 got its position, so that replica holds it).
+  push(5);
+  auto o3 = order(5, true, {{5, 6}});
+  REQUIRE(!part.on_server_message(0, o3, replies));
+  CHECK(part.stats().log_entries == 1);  // seq 5, not yet acknowledged
+  CHECK(part.stats().log_bytes == 16);
 }
 
 TEST_CASE("recovery worker parts: stateless buffers while away and delivers on rejoin") {

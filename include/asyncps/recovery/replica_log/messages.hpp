@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -22,10 +23,12 @@
 
 namespace asyncps::protocol {
 
-/// Server -> worker: `protocol::order` (below).
+/// Server -> worker: `protocol::order` (below): the apply positions of a batch of the worker's
+/// push and clock messages.
 inline constexpr message_type order_type = policy_message(0);
-/// Worker -> server, header only: position header `seq` is logged (flag `replica_stored_flag`:
-/// the state replica of position `seq` is stored).
+/// Worker -> server, header only: every position up to header `seq` that an `order` gave this
+/// worker is logged (cumulative; flag `replica_stored_flag`: the state replica of position `seq`
+/// is stored).
 inline constexpr message_type commit_type = policy_message(1);
 /// Worker -> server, header only: the next message is its logged entry of position `seq` (flag
 /// `replay_end_flag`: no entry follows, its replay is complete; `seq` = the newest stable
@@ -45,42 +48,94 @@ inline constexpr std::uint8_t replica_stored_flag = frame_flags::policy;
 /// The policy's bit on a `replay`: the worker's replay (or rejoin) is complete.
 inline constexpr std::uint8_t replay_end_flag = frame_flags::policy;
 
-/// recovery::replica_log: the apply position the server gave a worker's push or clock message
-/// (header `seq` = that message's seq, `sender` = the shard), and the newest stable position
-/// (every position up to it is in a state replica some worker stores; logs may drop them).
+/// The policy's bit on an `order`: its messages are applied already (`replica_log_ordering::
+/// apply_first`), so the worker logs the positions and sends no `commit`.
+inline constexpr std::uint8_t applied_flag = frame_flags::policy;
+
+/// One entry of an `order`: the apply position (1-based, per shard) the server gave the worker's
+/// push or clock message numbered `seq` (header `seq` of that message).
+struct order_entry {
+  std::uint64_t seq = 0;
+  std::uint64_t position = 0;
+};
+inline constexpr std::size_t order_entry_bytes = 16;
+inline constexpr std::size_t order_fixed_bytes = 8;  ///< the stable position before the entries
+
+/// recovery::replica_log: the apply positions the server gave some of one worker's push and
+/// clock messages, oldest first (seqs and positions both increasing), batched: one `order` per
+/// worker clock (or per `max_order_entries` messages), not one per message. Also the newest
+/// stable position (every position up to it is in a state replica some worker stores; logs may
+/// drop them). Flag `applied_flag`: the messages are applied (apply-first; no commit wanted).
+/// Payload: `stable` (8 bytes) then, per entry, `seq` and `position` (8 bytes each), little-
+/// endian; header `sender` = the shard, header `seq` = the number of entries.
 struct order {
   std::uint32_t shard = 0;
-  std::uint64_t seq = 0;       ///< the worker's message this orders
-  std::uint64_t position = 0;  ///< its apply position (1-based, per shard)
-  std::uint64_t stable = 0;    ///< newest stable position
+  std::uint64_t stable = 0;  ///< newest stable position
+  bool applied = false;      ///< `applied_flag`
+  /// Encode: the entries to send. Decode: empty; read them with `size()` and `entry(i)`.
+  std::span<const order_entry> entries{};
+  /// Decode: the entries' bytes in the received payload (valid while the message is).
+  std::span<const std::byte> raw{};
+
+  /// Decoded entries.
+  std::size_t size() const noexcept { return raw.size() / order_entry_bytes; }
+  /// Decoded entry `i` (< size()).
+  order_entry entry(std::size_t i) const noexcept {
+    using asyncps::detail::load_le;
+    const std::byte* p = raw.data() + i * order_entry_bytes;
+    return {load_le<std::uint64_t>(p), load_le<std::uint64_t>(p + 8)};
+  }
 };
-inline constexpr std::size_t order_bytes = 16;
+/// The most entries one `order` carries (4 KiB of them); a server sends more as several.
+inline constexpr std::size_t max_order_entries = 256;
 
 template <class Alloc>
 message encode(const order& o, Alloc&& alloc) {
   using asyncps::detail::store_le;
-  buffer b = alloc(order_bytes);
-  store_le(b.data(), o.position);
-  store_le(b.data() + 8, o.stable);
+  buffer b = alloc(order_fixed_bytes + o.entries.size() * order_entry_bytes);
+  store_le(b.data(), o.stable);
+  std::byte* p = b.data() + order_fixed_bytes;
+  for (const order_entry& e : o.entries) {
+    store_le(p, e.seq);
+    store_le(p + 8, e.position);
+    p += order_entry_bytes;
+  }
   message m = detail_::frame(order_type, o.shard, 0, std::move(b));
-  m.header.seq = o.seq;
+  m.header.seq = o.entries.size();
+  if (o.applied) m.header.flags |= applied_flag;
   return m;
 }
 
-/// Errors: `errc::unexpected_message` (wrong type or size, position 0, or a stable position
-/// past the position).
+/// Errors: `errc::unexpected_message` (wrong type; a size that is not 8 + 16 n bytes with
+/// 1 <= n <= `max_order_entries`, or a header `seq` other than n; a position 0, at or below the
+/// stable position, or not above the entry's before it; a seq not above the one before it).
 inline std::error_code decode(const message& m, order& out, std::string& detail) {
   using asyncps::detail::load_le;
   const auto bytes = m.payload.bytes();
-  if (m.header.type != order_type || bytes.size() != order_bytes)
-    return detail_::bad(detail, "malformed order");
+  if (m.header.type != order_type || bytes.size() < order_fixed_bytes + order_entry_bytes ||
+      (bytes.size() - order_fixed_bytes) % order_entry_bytes != 0 ||
+      (bytes.size() - order_fixed_bytes) / order_entry_bytes > max_order_entries ||
+      m.header.seq != (bytes.size() - order_fixed_bytes) / order_entry_bytes)
+    return detail_::bad(detail, "malformed order (" + std::to_string(bytes.size()) +
+                                    " payload bytes, " + std::to_string(m.header.seq) +
+                                    " entries announced)");
   out.shard = m.header.sender;
-  out.seq = m.header.seq;
-  out.position = load_le<std::uint64_t>(bytes.data());
-  out.stable = load_le<std::uint64_t>(bytes.data() + 8);
-  if (out.position == 0 || out.stable >= out.position)
-    return detail_::bad(detail, "order with position " + std::to_string(out.position) +
-                                    ", stable position " + std::to_string(out.stable));
+  out.stable = load_le<std::uint64_t>(bytes.data());
+  out.applied = m.header.has(applied_flag);
+  out.entries = {};
+  out.raw = bytes.subspan(order_fixed_bytes);
+  order_entry prev{};
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const order_entry e = out.entry(i);
+    if (e.position <= out.stable || e.position <= prev.position || (i > 0 && e.seq <= prev.seq))
+      return detail_::bad(detail, "order entry " + std::to_string(i) + " with seq " +
+                                      std::to_string(e.seq) + ", position " +
+                                      std::to_string(e.position) + " (stable position " +
+                                      std::to_string(out.stable) + ", previous entry's seq " +
+                                      std::to_string(prev.seq) + ", position " +
+                                      std::to_string(prev.position) + ")");
+    prev = e;
+  }
   return {};
 }
 

@@ -38,7 +38,10 @@ namespace asyncps::recovery {
 /// Counters of a `replica_log` server part (`basic_server::recovery().stats()`, read on the
 /// server's executor).
 struct replica_log_stats {
-  std::uint64_t ordered = 0;          ///< push and clock messages given an apply position
+  std::uint64_t ordered = 0;  ///< push and clock messages given an apply position
+  /// `order` messages sent: each carries the positions of a worker's messages of one clock
+  /// (at most `protocol::max_order_entries`), so `ordered / orders_sent` is the batching.
+  std::uint64_t orders_sent = 0;
   std::uint64_t replicas_sent = 0;    ///< state replicas sent to a worker
   std::uint64_t replicas_stored = 0;  ///< of those, stored (the stable position moved)
   std::uint64_t replica_bytes = 0;    ///< bytes of the last replica sent
@@ -80,6 +83,7 @@ struct replica_log_stats {
   template <class F>
   void for_each_counter(F&& f) const {
     f("ordered", ordered);
+    f("orders_sent", orders_sent);
     f("replicas_sent", replicas_sent);
     f("replicas_stored", replicas_stored);
     f("replica_bytes", replica_bytes);
@@ -247,22 +251,38 @@ struct replica_log_server_part {
           if (h.has(frame_flags::want_ack)) ctx.ack(s, ctx.last_seq(w));
           return std::error_code{};
         }
+        const bool clock_end = ends_clock(h);
         hold(ctx, &s, w, std::move(m), true);
+        if (options.ordering == replica_log_ordering::apply_first) {
+          release(ctx);  // applied now; its clock's last message sends the orders (on_applied)
+          if (clock_end) flush_orders(ctx, w);  // e.g. when that message was refused
+        } else if (clock_end) {
+          flush_orders(ctx, w);  // one order for the clock's messages, one commit back
+        }
         return std::error_code{};
       }
       default:
         if (rt_.value.mode_ != mode::recovering && rt_.value.held_.empty())
           return std::nullopt;  // nothing waits
+        flush_orders(ctx, w);   // it waits behind the worker's ordered messages: confirm them
         hold(ctx, &s, w, std::move(m), false);
         return std::error_code{};
     }
   }
 
-  /// Clock messages are acknowledged here (pushes by the server).
+  /// One ack per worker clock: a push that does not end its clock is not acknowledged (the
+  /// worker's acks are cumulative: the clock's last message acknowledges it); the clock's last
+  /// push is acknowledged by the server, a clock message here. Apply-first: the clock's
+  /// orders go out first, so the worker logs the positions before it sees them acknowledged.
   template <class Ctx>
   bool on_applied(Ctx ctx, detail::session_base& s, const message& m) {
-    if (m.header.type == message_type::clock && m.header.has(frame_flags::want_ack))
-      ctx.ack(s, m.header.seq);
+    const auto& h = m.header;
+    const bool clock_end = ends_clock(h);
+    if (clock_end && options.ordering == replica_log_ordering::apply_first)
+      flush_orders(ctx, s.worker);
+    if (!h.has(frame_flags::want_ack)) return false;
+    if (!clock_end) return true;
+    if (h.type == message_type::clock) ctx.ack(s, h.seq);
     return false;
   }
 
@@ -271,6 +291,13 @@ struct replica_log_server_part {
   template <class Ctx>
   void on_session_closed(Ctx ctx, detail::session_base& s) {
     if (!s.is_worker()) return;
+    // Orders not sent yet for this connection's messages are dropped: the worker resends
+    // those messages without a position (write-ahead: they are voided; apply-first: applied
+    // already, the resend is acknowledged and dropped).
+    if (s.worker < rt_.value.pending_.size() && rt_.value.pending_from_[s.worker] == &s) {
+      rt_.value.pending_[s.worker].clear();
+      rt_.value.pending_from_[s.worker] = nullptr;
+    }
     bool waits = false;
     for (std::size_t i = 0; i < rt_.value.held_.size(); ++i) {
       auto& it = rt_.value.held_[i];
@@ -319,11 +346,19 @@ struct replica_log_server_part {
     rt_.value.replicas_.clear();
     rt_.value.replicas_.resize(n);
     rt_.value.logged_bytes_.assign(n, 0);
+    rt_.value.pending_.clear();
+    rt_.value.pending_.resize(n);
+    rt_.value.sent_.assign(n, 0);
+    rt_.value.pending_from_.assign(n, nullptr);
+  }
+  static bool ends_clock(const frame_header& h) noexcept {
+    return h.type == message_type::clock || h.has(frame_flags::end_of_clock);
   }
 
   // ---- ordering and the write-ahead release (defined in server_part_order.ipp) ----
 
-  // Holds `m`; an ordered one gets the next position and its worker the order.
+  // Holds `m`; an ordered one gets the next position, kept for its worker's next `order`
+  // (flush_orders, at the end of the worker's clock).
   template <class Ctx>
   void hold(Ctx ctx, detail::session_base* s, std::uint32_t w, message m, bool order);
 
@@ -333,7 +368,11 @@ struct replica_log_server_part {
   void count_drop(Ctx ctx, const char* what, std::uint32_t w, std::uint64_t position,
                   const message& m, std::error_code ec);
 
-  // Worker `w` logged position `p`.
+  // Sends worker `w` the orders not sent yet, as one `order` (nothing when there are none).
+  template <class Ctx>
+  void flush_orders(Ctx ctx, std::uint32_t w);
+
+  // Worker `w` logged every position up to `p` it was sent (a cumulative commit).
   void confirm(std::uint32_t w, std::uint64_t p);
 
   // Dispatches held messages from the front while they may go: in position order, each
@@ -416,6 +455,11 @@ struct replica_log_server_part {
     detail::ring<held> held_;
     std::vector<char> met_, done_;
     std::vector<std::uint64_t> expect_;
+    // Per worker: the orders not sent yet (flush_orders), the connection their messages came
+    // on, and the newest position sent.
+    std::vector<std::vector<protocol::order_entry>> pending_;
+    std::vector<std::uint64_t> sent_;
+    std::vector<const detail::session_base*> pending_from_;  // the connection they came on
     std::vector<entry> entries_;
     std::vector<std::optional<message>> replicas_;  // per worker: its newest replica
     std::uint64_t newest_stable_ = 0;

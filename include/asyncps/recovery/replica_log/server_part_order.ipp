@@ -34,8 +34,10 @@ void replica_log_server_part::hold(Ctx ctx, detail::session_base* s, std::uint32
                                    bool order) {
   held it{w, s, std::move(m), 0, false};
   if (order) {
-    // Apply-first: released as soon as it reaches the front; the order goes out before the
-    // apply's ack on the same connection, so the worker logs the position first.
+    // Apply-first: released as soon as it reaches the front (its order goes out with the
+    // worker's clock, before the clock's ack on the same connection, so the worker logs the
+    // positions before it sees its updates acknowledged). Write-ahead: released once the
+    // worker confirms the order (`commit`).
     it.confirmed = options.ordering == replica_log_ordering::apply_first;
     it.position = rt_.value.next_++;
     ++rt_.value.stats_.ordered;
@@ -43,15 +45,43 @@ void replica_log_server_part::hold(Ctx ctx, detail::session_base* s, std::uint32
       rt_.value.logged_.push_back({it.position, w, it.m.payload.size()});
       rt_.value.logged_bytes_[w] += it.m.payload.size();
     }
-    ctx.send_worker(w, protocol::encode(protocol::order{.shard = ctx.options().shard,
-                                                        .seq = it.m.header.seq,
-                                                        .position = it.position,
-                                                        .stable = rt_.value.stable_},
-                                        [&](std::size_t n) { return ctx.allocate(n); }));
+    if (w < rt_.value.pending_.size()) {
+      auto& p = rt_.value.pending_[w];
+      if (rt_.value.pending_from_[w] != s) {  // another connection's orders are never sent
+        p.clear();
+        rt_.value.pending_from_[w] = s;
+      }
+      p.push_back(protocol::order_entry{it.m.header.seq, it.position});
+      if (p.size() >= protocol::max_order_entries) flush_orders(ctx, w);
+    }
   }
   rt_.value.held_.push_back(std::move(it));
   rt_.value.stats_.max_held =
       std::max<std::uint64_t>(rt_.value.stats_.max_held, rt_.value.held_.size());
+}
+
+template <class Ctx>
+void replica_log_server_part::flush_orders(Ctx ctx, std::uint32_t w) {
+  if (w >= rt_.value.pending_.size() || rt_.value.pending_[w].empty()) return;
+  auto& p = rt_.value.pending_[w];
+  const detail::session_base* from = rt_.value.pending_from_[w];
+  if (from == nullptr || !from->open || !ctx.worker_connected(w)) {  // its connection is gone
+    p.clear();
+    return;
+  }
+  // Apply-first: a replica taken after these were applied may be stored before they are sent,
+  // so the stable position can reach them; the order then carries a lower one (still true,
+  // the next order carries the newer), as every position in an order lies above its stable.
+  const std::uint64_t stable = std::min(rt_.value.stable_, p.front().position - 1);
+  ctx.send_worker(w, protocol::encode(protocol::order{.shard = ctx.options().shard,
+                                                      .stable = stable,
+                                                      .applied = options.ordering ==
+                                                                 replica_log_ordering::apply_first,
+                                                      .entries = p},
+                                      [&](std::size_t n) { return ctx.allocate(n); }));
+  ++rt_.value.stats_.orders_sent;
+  rt_.value.sent_[w] = p.back().position;
+  p.clear();
 }
 
 template <class Ctx>
@@ -69,13 +99,14 @@ void replica_log_server_part::count_drop(Ctx ctx, const char* what, std::uint32_
 }
 
 inline void replica_log_server_part::confirm(std::uint32_t w, std::uint64_t p) {
+  // Cumulative: the worker got its orders in position order on one connection, so a commit of
+  // `p` says every earlier position given to it is logged too. Never beyond the positions sent
+  // to it (a commit naming one it was not sent confirms nothing more).
+  if (w < rt_.value.sent_.size()) p = std::min(p, rt_.value.sent_[w]);
   for (std::size_t i = 0; i < rt_.value.held_.size(); ++i) {
     auto& it = rt_.value.held_[i];
-    if (it.position == p) {
-      if (it.worker == w) it.confirmed = true;
-      return;
-    }
     if (it.position > p) return;
+    if (it.position != 0 && it.worker == w) it.confirmed = true;
   }
 }
 
@@ -167,6 +198,7 @@ inline void replica_log_server_part::forget_logged(std::uint64_t stable) {
 
 template <class Ctx>
 void replica_log_server_part::void_unconfirmed(Ctx, std::uint32_t w) {
+  if (w < rt_.value.pending_.size()) rt_.value.pending_[w].clear();  // never sent: voided below
   detail::ring<held> keep;
   while (!rt_.value.held_.empty()) {
     held it = std::move(rt_.value.held_.front());

@@ -215,6 +215,7 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
       ctx.ack(*it.session, ctx.last_seq(it.worker));  // held by the replica: acknowledged
   }
   release(ctx);
+  for (std::uint32_t w = 0; w < rt_.value.pending_.size(); ++w) flush_orders(ctx, w);
 }
 
 template <class Ctx>

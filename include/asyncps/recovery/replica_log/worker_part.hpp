@@ -31,7 +31,7 @@ struct replica_log_worker_stats {
   std::uint64_t max_replica_bytes = 0;
   std::uint64_t replicas_stored = 0;  ///< state replicas received
   std::uint64_t replayed = 0;         ///< entries resent to a rebuilding shard
-  std::uint64_t orders = 0;           ///< orders received (and confirmed)
+  std::uint64_t orders = 0;           ///< positions received in orders
 
   /// Calls `f(name, value)` for every counter above, in declaration order; `name` is the
   /// member's name (a `const char*`), `value` a `std::uint64_t` (entries, bytes or messages,
@@ -122,8 +122,10 @@ struct replica_log_worker_part {
     const auto& sh = shards_[shard];
     return sh.log.size() - sh.unapplied >= max_unacked_;
   }
-  /// `order`: logs the position and confirms it (`commit`); a replica: stores it and confirms
-  /// it (`commit` with `protocol::replica_stored_flag`). Errors: `errc::unexpected_message`.
+  /// `order`: logs the positions and confirms them with one cumulative `commit` (none when
+  /// the order says they are applied, `protocol::applied_flag`); a replica: stores it and
+  /// confirms it (`commit` with `protocol::replica_stored_flag`). Errors:
+  /// `errc::unexpected_message` (a malformed order, see `protocol::decode`).
   std::error_code on_server_message(std::uint32_t shard, message& m,
                                     std::vector<message>& replies) {
     auto& sh = shards_[shard];
@@ -131,13 +133,22 @@ struct replica_log_worker_part {
       protocol::order o;
       std::string why;
       if (auto ec = protocol::decode(m, o, why)) return ec;
-      ++stats_.orders;
-      for (std::size_t i = sh.log.size(); i-- > sh.unapplied;) {
-        if (sh.log[i].header.seq != o.seq) continue;
-        sh.log[i].position = o.position;
-        replies.push_back(header_message(protocol::commit_type, 0, o.position));
-        break;
+      stats_.orders += o.size();
+      // Both the order's entries and the log are in seq order: one merge. An entry names a
+      // message not yet applied (write-ahead) or applied but not yet acknowledged (apply-first:
+      // the order comes before the ack), so the search starts at `unapplied`.
+      std::uint64_t logged = 0;
+      std::size_t i = sh.unapplied;
+      for (std::size_t k = 0; k < o.size(); ++k) {
+        const protocol::order_entry e = o.entry(k);
+        while (i < sh.log.size() && sh.log[i].header.seq < e.seq) ++i;
+        if (i == sh.log.size()) break;
+        if (sh.log[i].header.seq != e.seq) continue;
+        sh.log[i].position = e.position;
+        logged = e.position;
       }
+      if (logged != 0 && !o.applied)
+        replies.push_back(header_message(protocol::commit_type, 0, logged));
       if (o.stable > sh.stable) {
         sh.stable = o.stable;
         if (sh.replica && sh.replica->header.seq < sh.stable) drop_replica(sh);
@@ -215,14 +226,23 @@ struct replica_log_worker_part {
     m.header.seq = seq;
     return m;
   }
-  // Drops applied entries a stored replica holds.
+  // Drops applied entries a stored replica holds: an applied entry at or below the stable
+  // position, and with it the applied entries before it that never got a position. Such an
+  // entry is one whose order was lost with a connection under apply-first (the shard applied
+  // it, then acknowledged its resend as a duplicate): it was applied before the shard gave a
+  // later message of this worker its position, so a replica at or above that position holds
+  // it too. Without that rule it would stay, and hold every entry after it, forever.
   void truncate(shard_log& sh) {
-    while (sh.unapplied > 0 && sh.log.front().position != 0 &&
-           sh.log.front().position <= sh.stable) {
-      stats_.log_bytes -= sh.log.front().payload.size();
-      --stats_.log_entries;
-      sh.log.pop_front();
-      --sh.unapplied;
+    for (;;) {
+      std::size_t j = 0;
+      while (j < sh.unapplied && sh.log[j].position == 0) ++j;
+      if (j == sh.unapplied || sh.log[j].position > sh.stable) return;
+      for (std::size_t k = 0; k <= j; ++k) {
+        stats_.log_bytes -= sh.log.front().payload.size();
+        --stats_.log_entries;
+        sh.log.pop_front();
+        --sh.unapplied;
+      }
     }
   }
   void drop_replica(shard_log& sh) {
