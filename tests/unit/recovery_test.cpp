@@ -1172,9 +1172,10 @@ TEST_CASE("recovery stats: for_each_counter lists every counter by name, += adds
   rs.recoveries = 2;
   rs.last_recovery_seconds = 0.5;
   const auto lrs = list(rs);
-  REQUIRE(lrs.names.size() == 16);
-  CHECK(lrs.names[4] == "recoveries");
-  CHECK(lrs.values[4] == 2);
+  REQUIRE(lrs.names.size() == 17);
+  CHECK(lrs.names[1] == "orders_sent");
+  CHECK(lrs.names[5] == "recoveries");
+  CHECK(lrs.values[5] == 2);
   CHECK(lrs.names.back() == "last_recovery_seconds");
   CHECK(lrs.values.back() == 0.5);
 
