@@ -58,6 +58,7 @@ struct order_entry {
   std::uint64_t seq = 0;
   std::uint64_t position = 0;
 };
+/// Bytes of one `order_entry` on the wire (seq and position, u64 each).
 inline constexpr std::size_t order_entry_bytes = 16;
 inline constexpr std::size_t order_fixed_bytes = 8;  ///< the stable position before the entries
 
