@@ -458,9 +458,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_option("--replica-ordering", c.replica_ordering,
                  "--recovery replica-log: write-ahead (a push is applied once its worker logged "
-                 "its position: bit-exact rebuilds, one round trip per push) or apply-first "
-                 "(applied on arrival, the position follows: exactly-once rebuilds, counted "
-                 "'reordered' when not bit-exact)")
+                 "its position: bit-exact rebuilds, one round trip per worker clock) or "
+                 "apply-first (applied on arrival, the position follows: exactly-once rebuilds, "
+                 "counted 'reordered' when not bit-exact)")
       ->check(CLI::IsMember({"write-ahead", "apply-first"}));
   app.add_option("--replica-log-budget", c.replica_log_budget,
                  "--recovery replica-log: bound on each worker's log, in shard states: a shard "

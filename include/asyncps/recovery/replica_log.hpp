@@ -16,8 +16,9 @@ namespace asyncps::recovery {
 /// the replica lacks from the workers' logs in the order the dead server applied them.
 ///
 /// * Ordering. The shard gives every push and clock message an apply position (1, 2, ...)
-///   and tells its worker (`order`); the worker logs the position with its push (payload
-///   shared, not copied) and confirms it (`commit`); the shard applies updates strictly in
+///   and tells its worker, one `order` per worker clock; the worker logs the positions with
+///   its pushes (payload shared, not copied) and confirms them with one cumulative `commit`;
+///   the shard applies updates strictly in
 ///   position order, each only once confirmed (a write-ahead rule with the log on the
 ///   workers). Whatever a worker sends after a push waits behind it (a pull is answered after
 ///   the worker's earlier pushes are applied), so every consistency policy keeps its meaning.
@@ -44,8 +45,9 @@ namespace asyncps::recovery {
 /// silent one: a worker that dies with entries the rebuild needs, or the loss of the newest
 /// replica, leaves positions missing (`replica_log_stats::missing_positions`,
 /// `incomplete_recoveries`) and the rebuild goes on without them.
-/// Costs: one order and one commit message per push (and an extra round trip before an update
-/// is applied), the log (`replica_log_worker_stats::log_bytes`), one shard state per
+/// Costs: one order and one commit message per worker clock and shard (and an extra round trip
+/// before the clock's updates are applied; `replica_log_ordering::apply_first`: the order
+/// alone, no round trip), the log (`replica_log_worker_stats::log_bytes`), one shard state per
 /// `replica_interval` clocks on the wire and one stored copy on one worker. See
 /// docs/recovery/swift.md.
 struct replica_log {

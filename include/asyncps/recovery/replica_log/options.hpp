@@ -11,14 +11,16 @@ namespace asyncps::recovery {
 /// When a shard applies a worker's push or clock message relative to the worker logging the
 /// position the shard gave it (`replica_log_options::ordering`).
 enum class replica_log_ordering : std::uint8_t {
-  /// The write-ahead rule (the default): the shard sends the position (`order`) and applies
-  /// the update only once the worker has logged it (`commit`). A rebuild with every worker's
-  /// log is bit-exact. Cost: one network round trip between a push's arrival and its apply,
-  /// during which the worker's later messages wait.
+  /// The write-ahead rule (the default): the shard sends the positions of a worker's clock
+  /// (one `order` when the clock's last message arrives) and applies the clock's updates only
+  /// once the worker has logged them (one cumulative `commit`). A rebuild with every worker's
+  /// log is bit-exact. Cost: one network round trip between the arrival of a clock's last
+  /// message and the apply of its updates, during which the worker's later messages wait.
   write_ahead,
-  /// Apply on arrival, the position follows: the shard applies the update at once and sends
-  /// the `order` after it (the worker still logs it and answers `commit`, off the apply
-  /// path). No round trip before an apply. A rebuild is still exactly-once (every update
+  /// Apply on arrival, the positions follow: the shard applies each update at once and sends
+  /// the clock's `order` after its last update, before the clock's ack (flag
+  /// `protocol::applied_flag`: the worker logs the positions and answers no `commit`). No round
+  /// trip before an apply. A rebuild is still exactly-once (every update
   /// applied once: the replica's per-worker sequence numbers drop a resent update it holds),
   /// but an update whose order was lost with the connection is resent and applied after the
   /// replayed ones, so the rebuilt state may differ in the order of those updates: such a
