@@ -165,6 +165,11 @@ struct frame_header {
   std::uint32_t magic = wire_magic;
 
   constexpr bool has(std::uint8_t f) const noexcept { return (flags & f) != 0; }
+  /// True when this message ends its sender's clock `clock`: a `clock` message, or a push
+  /// flagged `end_of_clock` (the worker folds its clock into its last push).
+  constexpr bool ends_clock() const noexcept {
+    return type == message_type::clock || has(frame_flags::end_of_clock);
+  }
 };
 
 /// One framed message: header + payload (a pooled buffer; zero-copy).

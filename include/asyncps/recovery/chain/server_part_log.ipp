@@ -59,8 +59,7 @@ std::error_code chain_server_part<Mode>::apply_entry(Ctx ctx, detail::session_ba
   }
   ctx.last_seq(h.sender) = std::max(ctx.last_seq(h.sender), h.seq);
   append_entry(ctx, m);
-  if (h.type == message_type::clock || h.has(frame_flags::end_of_clock))
-    ctx.advance(h.sender, h.clock + 1);
+  if (h.ends_clock()) ctx.advance(h.sender, h.clock + 1);
   return {};
 }
 

@@ -251,7 +251,7 @@ struct replica_log_server_part {
           if (h.has(frame_flags::want_ack)) ctx.ack(s, ctx.last_seq(w));
           return std::error_code{};
         }
-        const bool clock_end = ends_clock(h);
+        const bool clock_end = h.ends_clock();
         hold(ctx, &s, w, std::move(m), true);
         if (options.ordering == replica_log_ordering::apply_first) {
           release(ctx);  // applied now; its clock's last message sends the orders (on_applied)
@@ -277,7 +277,7 @@ struct replica_log_server_part {
   template <class Ctx>
   bool on_applied(Ctx ctx, detail::session_base& s, const message& m) {
     const auto& h = m.header;
-    const bool clock_end = ends_clock(h);
+    const bool clock_end = h.ends_clock();
     if (clock_end && options.ordering == replica_log_ordering::apply_first)
       flush_orders(ctx, s.worker);
     if (!h.has(frame_flags::want_ack)) return false;
@@ -350,9 +350,6 @@ struct replica_log_server_part {
     rt_.value.pending_.resize(n);
     rt_.value.sent_.assign(n, 0);
     rt_.value.pending_from_.assign(n, nullptr);
-  }
-  static bool ends_clock(const frame_header& h) noexcept {
-    return h.type == message_type::clock || h.has(frame_flags::end_of_clock);
   }
 
   // ---- ordering and the write-ahead release (defined in server_part_order.ipp) ----
