@@ -8,9 +8,9 @@
 # `cmake --build DIR -j1 --target asyncps_bench asyncps_end_to_end`). Per round (default 3),
 # both builds run in turn, the order alternating between rounds (before first in odd rounds),
 # so a slow drift of the machine's load affects both alike:
-#   - asyncps_bench, 4 MiB over TCP, window 1, protocol and worker APIs: the push, pull and
-#     push+pull protocol rows, the BSP clock through basic_worker, each against the raw-socket
-#     baseline of the same run;
+#   - asyncps_bench, 4 MiB over TCP and in-process, window 1, protocol and worker APIs: the
+#     push, pull and push+pull protocol rows, the BSP clock through basic_worker, each against
+#     the raw-socket baseline of the same run;
 #   - asyncps_end_to_end, 1 worker, BSP, single / in-process / tcp: the parameter server's
 #     overhead per MLP step (+us/clock against single).
 # Raw output (stdout tables, stderr progress, JSON) goes to OUT_DIR (default
@@ -38,7 +38,8 @@ echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 run_one() {  # run_one NAME DIR ROUND
   local name=$1 dir=$2 r=$3
   echo "== round $r: $name ($dir) =="
-  "$dir/bench/asyncps_bench" --size 4194304 --transport tcp --api protocol,worker --windows 1 \
+  "$dir/bench/asyncps_bench" --size 4194304 --transport tcp,in-process --api protocol,worker \
+    --windows 1 \
     --json "$out/bench_${name}_$r.json" >"$out/bench_${name}_$r.txt" 2>"$out/bench_${name}_$r.err"
   grep -E '^(api|raw|protocol|worker) ' "$out/bench_${name}_$r.txt" || cat "$out/bench_${name}_$r.txt"
   "$dir/bench/asyncps_end_to_end" --workers 1 --consistency bsp --modes single,in-process,tcp \
@@ -73,7 +74,7 @@ for build in ("before", "after"):
                 api = row.get("api", "protocol")
                 if api not in ("protocol", "worker"):
                     continue
-                name = f"4 MiB tcp {api} {row['op']} window 1 ({row['unit']})"
+                name = f"4 MiB {row['transport']} {api} {row['op']} window 1 ({row['unit']})"
                 add(name, build, row["median"])
                 if row.get("ratio_to_raw", 0) > 0:
                     add(name + " vs raw", build, row["ratio_to_raw"])

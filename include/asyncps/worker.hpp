@@ -120,7 +120,10 @@ class basic_worker {
   const typename Recovery::worker_part& recovery() const noexcept {
     return shell_.core().recovery();
   }
-  /// The local cache of all tables (table-major, see parameter_view).
+  /// The local cache of all tables (table-major, see parameter_view). With read-my-writes on
+  /// (`worker_options::local_step`), it has this worker's own pushes as of the last read (the
+  /// start of a clock's compute) and, after `async_run` returns, every push of the run; a push
+  /// sent since the last read is applied at the next one. On the worker's executor.
   parameter_view cache() const noexcept {
     return {shell_.core().cache().tables(), shell_.core().cache().values().data()};
   }

@@ -184,23 +184,94 @@ TEST_CASE("worker_cache: read-my-writes re-applies own pushes the server had not
   cache.set_step(1, std::nanf(""));  // a NaN step is off
   CHECK(cache.step(1) == 0.0f);
   const buffer g = gradient(pool, 2.0f);
-  cache.note_push(0, 0, g);  // push 1 of part (0, 0): rows 0-1 of table 0 move by -0.5 * 2
+  // Push 1 of part (0, 0): kept, applied at the next read (rows 0-1 of table 0 move by
+  // -0.5 * 2), not when sent.
+  cache.note_push(0, 0, g);
   CHECK(cache.parts(0)[0].pushed == 1);
+  CHECK(cache.parts(0)[0].local.size() == 1);
+  CHECK(cache.values()[0] == 0.0f);
+  cache.apply_local(0);
   CHECK(cache.values()[0] == -1.0f);
   CHECK(cache.values()[4] == 0.0f);  // shard 1's rows are not part of this push
-  cache.note_push(1, 0, g);          // step off: counted, not applied, not kept
+  cache.apply_local(0);              // applied once only
+  CHECK(cache.values()[0] == -1.0f);
+  cache.note_push(1, 0, g);  // step off: counted, not applied, not kept
   CHECK(cache.parts(1)[0].pushed == 1);
   CHECK(cache.parts(1)[0].local.empty());
+  cache.apply_local(1);
   CHECK(cache.values()[4] == 0.0f);
 
-  // Rows that do not reflect push 1 yet (applied = 0): the push is re-applied on top.
+  // Rows of the whole part that do not reflect push 1 yet (applied = 0): the push is kept and
+  // applied on top at the next read.
   REQUIRE(!cache.install(0, rows_message(pool, 0, 0, 2, 2, 1, 0, 10.0f)));
-  CHECK(cache.values()[0] == 9.0f);
+  CHECK(cache.values()[0] == 10.0f);
   CHECK(cache.parts(0)[0].local.size() == 1);
+  std::vector<float> snap(cache.values().size(), 0.0f);
+  cache.refresh_snapshot(snap);  // a read
+  CHECK(cache.values()[0] == 9.0f);
+  CHECK(snap[0] == 9.0f);
   // Rows that reflect it (applied = 1): installed as they are, and the push is dropped.
   REQUIRE(!cache.install(0, rows_message(pool, 0, 0, 2, 2, 2, 1, 10.0f)));
   CHECK(cache.values()[0] == 10.0f);
   CHECK(cache.parts(0)[0].local.empty());
+  cache.refresh_snapshot(snap);
+  CHECK(snap[0] == 10.0f);
+
+  // A BSP clock: push 2, then rows of the whole part that reflect it: the push is never
+  // applied (no pass over the part), and the read sees the server's rows.
+  cache.note_push(0, 0, g);
+  REQUIRE(!cache.install(0, rows_message(pool, 0, 0, 2, 2, 3, 2, 7.0f)));
+  CHECK(cache.parts(0)[0].local.empty());
+  cache.refresh_snapshot(snap);
+  CHECK(snap[0] == 7.0f);
+}
+
+TEST_CASE("worker_cache: lazy read-my-writes gives the bits of applying each push when sent") {
+  // Reference: each push applied to the cache when sent, every kept push re-applied after an
+  // install, in order (the cache's behaviour before read-my-writes became lazy).
+  buffer_pool pool;
+  detail::worker_cache<false> cache(layout, 2);
+  const float step = 0.37f;
+  cache.set_step(0, step);
+  std::vector<float> ref(cache.values().size(), 0.0f);
+  std::vector<std::pair<std::uint64_t, std::vector<float>>> kept;  // index, part (0, 0) slice
+  const std::size_t off = cache.part_offset(0, 0);
+  const std::size_t n = cache.part_floats(0, 0);
+  const auto ref_apply = [&](const std::vector<float>& g, std::size_t first, std::size_t count) {
+    for (std::size_t i = first; i < first + count; ++i) ref[off + i] -= step * g[i];
+  };
+  std::vector<float> snap(cache.values().size(), 0.0f);
+  const auto same = [&] {
+    cache.refresh_snapshot(snap);
+    return std::memcmp(snap.data(), ref.data(), ref.size() * sizeof(float)) == 0;
+  };
+  std::uint64_t pushed = 0;
+  float v = 1.3f;
+  for (int round = 0; round < 6; ++round) {
+    // Two pushes with different values, then rows that reflect the first one only.
+    for (int k = 0; k < 2; ++k) {
+      buffer g = pool.allocate(layout_size(layout) * sizeof(float));
+      auto f = g.floats();
+      for (std::size_t i = 0; i < f.size(); ++i) f[i] = 0.1f * static_cast<float>(i + 1) + v;
+      v *= 1.7f;
+      cache.note_push(0, 0, g);
+      ++pushed;
+      std::vector<float> slice(f.begin() + static_cast<std::ptrdiff_t>(off),
+                               f.begin() + static_cast<std::ptrdiff_t>(off + n));
+      ref_apply(slice, 0, n);
+      kept.emplace_back(pushed, std::move(slice));
+    }
+    if (round == 4) CHECK(same());  // a read between the pushes and the rows
+    // Whole part (rounds 0, 3) or its first row only (the others), reflecting the first push.
+    const bool whole = round % 3 == 0;
+    const std::uint32_t rows = whole ? 2 : 1;
+    const float server = 3.0f + static_cast<float>(round);
+    REQUIRE(!cache.install(0, rows_message(pool, 0, 0, rows, 2, 1, pushed - 1, server)));
+    std::erase_if(kept, [&](const auto& u) { return u.first <= pushed - 1; });
+    for (std::size_t i = 0; i < std::size_t{rows} * 2; ++i) ref[off + i] = server;
+    for (const auto& u : kept) ref_apply(u.second, 0, std::size_t{rows} * 2);
+    CHECK(same());
+  }
 }
 
 TEST_CASE("worker_cache: read decisions under ssp<1> and the pulls they send") {

@@ -8,6 +8,12 @@
 // no socket, timer or executor: `basic_worker` feeds it messages and sends what it returns,
 // and tests/unit/worker_core_test.cpp steps it message by message.
 //
+// Read-my-writes is lazy: a push is kept (`note_push`) and applied to the cache when the cache
+// is next read (`refresh_snapshot`, `apply_local`), not when it is sent. When rows of the
+// whole part arrive in between and reflect the push (a BSP clock: push, then pull), the push
+// is never applied at all, which saves a pass over the part per clock. The operations and
+// their order per row are those of applying each push when sent, so the bits are the same.
+//
 // It also keeps the compute snapshot current (`refresh_snapshot`): every write to the cache
 // marks its rows changed, and a refresh copies only those rows, or nothing, or (when many
 // rows changed) the whole cache in one copy.
@@ -44,6 +50,9 @@ struct cache_part {
   bool pulling = false;               ///< a pull is outstanding
   std::uint64_t pushed = 0;           ///< pushes of this part the server counts (applied + sent)
   std::vector<unapplied_push> local;  ///< own pushes not yet reflected in `have` rows
+  /// How many of `local` (the first ones) are applied to every row of the part; the rest are
+  /// applied at the next read (`worker_cache::apply_local`).
+  std::size_t local_applied = 0;
   /// Sparse reads: the server clock of each cached row (no_clock: not cached), how many rows
   /// are cached, and the rows of this part the model reads at this clock (a subrange of the
   /// model's `rows_to_read`, valid until its next compute_gradient).
@@ -103,7 +112,10 @@ class worker_cache {
   /// it is the first refresh or more than a quarter of the floats (or more than
   /// `max_changed_rows` rows) changed. Precondition: `snapshot` is the same buffer at every
   /// call and nothing else writes into it. No allocation. Counted in `snapshot_stats()`.
+  ///
+  /// It first applies the own pushes not applied yet (`apply_local`): a refresh is a read.
   void refresh_snapshot(std::span<float> snapshot) noexcept {
+    for (std::uint32_t s = 0; s < parts_.size(); ++s) apply_local(s);
     if (all_changed_) {
       std::memcpy(snapshot.data(), values_.data(), values_.size() * sizeof(float));
       ++snapshots_.whole;
@@ -137,7 +149,12 @@ class worker_cache {
   const std::vector<cache_part>& parts(std::uint32_t s) const noexcept { return parts_[s]; }
   /// The read-my-writes step of shard `s` (0: off).
   float step(std::uint32_t s) const noexcept { return steps_[s]; }
-  void set_step(std::uint32_t s, float step) noexcept { steps_[s] = step > 0 ? step : 0.0f; }
+  /// Sets shard `s`'s read-my-writes step; its pushes kept so far are applied first, with the
+  /// step they were sent under.
+  void set_step(std::uint32_t s, float step) noexcept {
+    apply_local(s);
+    steps_[s] = step > 0 ? step : 0.0f;
+  }
   /// Offset (in floats) of part (`s`, `t`)'s first value in `values()`.
   std::size_t part_offset(std::uint32_t s, table_id t) const noexcept {
     return offsets_[t] + std::size_t{parts_[s][t].range.begin} * tables_[t].width;
@@ -156,10 +173,12 @@ class worker_cache {
   }
 
   /// Installs rows message `m` from shard `s` (precondition: `check_shape(m.header)` is ok):
-  /// copies the rows, re-applies this worker's pushes the server had not applied (those with
-  /// index > `m.header.seq`), stamps the part (or rows) with `m.header.clock`, and ends the
-  /// outstanding pull unless the rows were pushed eagerly. `errc::bad_row_range` when a row
-  /// is outside the shard's part (the cache may then be partly written).
+  /// copies the rows, drops this worker's pushes the rows reflect (index <= `m.header.seq`)
+  /// and keeps the others for read-my-writes (re-applied to the rows now, or, when the rows
+  /// are the whole part, at the next read), stamps the part (or rows) with `m.header.clock`,
+  /// and ends the outstanding pull unless the rows were pushed eagerly.
+  /// `errc::bad_row_range` when a row is outside the shard's part (the cache may then be
+  /// partly written).
   std::error_code install(std::uint32_t s, const message& m) {
     const auto& h = m.header;
     auto& p = parts_[s][h.table];
@@ -172,21 +191,31 @@ class worker_cache {
       if (h.first_row < p.range.begin || h.first_row > p.range.end ||
           h.row_count > p.range.end - h.first_row)
         return errc::bad_row_range;
+    } else {
+      for (const row_id k : keys)
+        if (!p.range.contains(k)) return errc::bad_row_range;
+    }
+    // Rows of the whole part replace every row: the pushes they do not reflect stay pending
+    // for the next read. Otherwise the rows not in `m` need every kept push: apply them now.
+    const bool whole = ranged && h.first_row == p.range.begin && h.row_count == p.range.size();
+    if (!whole) apply_local(s, h.table);
+    if (ranged) {
       std::memcpy(base + h.first_row * t.width, vals.data(), vals.size_bytes());
       mark_changed(h.table, key_range{static_cast<row_id>(h.first_row),
                                       static_cast<row_id>(h.first_row + h.row_count)});
     } else {
       for (std::uint32_t i = 0; i < h.row_count; ++i) {
-        if (!p.range.contains(keys[i])) return errc::bad_row_range;
         std::memcpy(base + std::size_t{keys[i]} * t.width, vals.data() + std::size_t{i} * t.width,
                     t.width * sizeof(float));
         mark_changed(h.table, key_range{keys[i], keys[i] + 1});
       }
     }
-    // Own pushes the server had not applied when it sent these rows: re-apply them to the
-    // rows just overwritten (every other cached row still has them).
+    // Own pushes the server had not applied when it sent these rows: kept. Whole part: none
+    // is in the cache now (applied at the next read). Otherwise every other cached row has
+    // them (applied above): re-apply them to the rows just overwritten.
     std::erase_if(p.local, [&](const unapplied_push& u) { return u.index <= h.seq; });
-    if (const float step = steps_[s]; step > 0) {
+    p.local_applied = whole ? 0 : p.local.size();
+    if (const float step = steps_[s]; step > 0 && !whole) {
       for (const auto& u : p.local) {
         const auto g = u.grad.floats();
         if (ranged) {
@@ -215,8 +244,7 @@ class worker_cache {
       if (eager)
         for (clock_value& rc : p.row_clock)
           if (rc != no_clock) rc = std::max(rc, h.clock);
-    } else if ((ranged && h.first_row == p.range.begin && h.row_count == p.range.size()) ||
-               (eager && p.have)) {
+    } else if (whole || (eager && p.have)) {
       p.have = true;
       p.clock = std::max(p.clock, h.clock);
     }
@@ -225,8 +253,9 @@ class worker_cache {
   }
 
   /// Read-my-writes: applies gradient `g` (rows `r` of table `t`) to the cache with learning
-  /// rate `step`.
-  void local_apply(float step, table_id t, key_range r, std::span<const float> g) {
+  /// rate `step`, now (the worker's pushes kept by `note_push` should be applied first:
+  /// `apply_local`). No allocation.
+  void local_apply(float step, table_id t, key_range r, std::span<const float> g) noexcept {
     const std::uint32_t w = tables_[t].width;
     Eigen::Map<Eigen::ArrayXf> c(values_.data() + offsets_[t] + std::size_t{r.begin} * w,
                                  static_cast<Eigen::Index>(std::size_t{r.size()} * w));
@@ -234,18 +263,42 @@ class worker_cache {
     mark_changed(t, r);
   }
 
-  /// Counts a push of part (`s`, `t`) of gradient `grad`; with read-my-writes on, applies the
-  /// part's dense slice of it to the cache and keeps the slice (shared, not copied) until rows
-  /// reflect it.
+  /// Counts a push of part (`s`, `t`) of gradient `grad`; with read-my-writes on, keeps the
+  /// part's dense slice of it (shared, not copied) until rows reflect it, to be applied to the
+  /// cache at the next read (`apply_local`) unless rows of the whole part that reflect it
+  /// arrive first.
   void note_push(std::uint32_t s, table_id t, const buffer& grad) {
     auto& p = parts_[s][t];
     ++p.pushed;
-    if (const float step = steps_[s]; step > 0) {
-      buffer slice =
-          grad.share(part_offset(s, t) * sizeof(float), part_floats(s, t) * sizeof(float));
-      local_apply(step, t, p.range, slice.floats());
-      p.local.push_back(unapplied_push{p.pushed, std::move(slice)});
-    }
+    if (steps_[s] > 0)
+      p.local.push_back(unapplied_push{p.pushed, grad.share(part_offset(s, t) * sizeof(float),
+                                                            part_floats(s, t) * sizeof(float))});
+  }
+
+  /// Applies part (`s`, `t`)'s kept own pushes that the cache does not have yet, in the order
+  /// they were sent (read-my-writes; see `note_push`). No allocation.
+  void apply_local(std::uint32_t s, table_id t) noexcept {
+    auto& p = parts_[s][t];
+    if (const float step = steps_[s]; step > 0)
+      for (std::size_t i = p.local_applied; i < p.local.size(); ++i)
+        local_apply(step, t, p.range, p.local[i].grad.floats());
+    p.local_applied = p.local.size();
+  }
+  /// `apply_local` for every part of shard `s`: called before the cache is read (the
+  /// snapshot, a rejoin's state, the end of a run) or its kept pushes are dropped.
+  void apply_local(std::uint32_t s) noexcept {
+    for (table_id t = 0; t < parts_[s].size(); ++t) apply_local(s, t);
+  }
+  /// Drops part (`s`, `t`)'s kept own pushes, after applying those the cache does not have
+  /// yet.
+  void clear_local(std::uint32_t s, table_id t) noexcept {
+    apply_local(s, t);
+    parts_[s][t].local.clear();
+    parts_[s][t].local_applied = 0;
+  }
+  /// `clear_local` for every part of shard `s`.
+  void clear_local(std::uint32_t s) noexcept {
+    for (table_id t = 0; t < parts_[s].size(); ++t) clear_local(s, t);
   }
 
   /// Whether the rows a read of part `p` needs are cached, and the oldest server clock among

@@ -552,6 +552,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
                                           grad_.floats().subspan(cache_.part_offset(l.shard, t),
                                                                  cache_.part_floats(l.shard, t))});
     worker_hooks::while_away(recovery_, l.shard, away_slices_);
+    cache_.apply_local(l.shard);  // the pushes sent before, first
     if (const float step = cache_.step(l.shard); step > 0)
       for (const away_slice& s : away_slices_) cache_.local_apply(step, s.table, s.rows, s.grad);
   }

@@ -139,10 +139,10 @@ class worker_protocol {
   const part_type& recovery() const noexcept { return recovery_; }
   worker_stats& stats() noexcept { return stats_; }
   const worker_stats& stats() const noexcept { return stats_; }
-  /// Drops the own pushes kept for read-my-writes (at the end of a run).
+  /// Drops the own pushes kept for read-my-writes (at the end of a run), after applying those
+  /// the cache does not have yet (so the cache has every push of the run).
   void clear_local() noexcept {
-    for (const auto& l : links_)
-      for (auto& p : cache_.parts(l.shard)) p.local.clear();
+    for (const auto& l : links_) cache_.clear_local(l.shard);
   }
   const staleness_histogram& staleness() const noexcept { return staleness_; }
   clock_value clock() const noexcept { return clock_; }
@@ -242,7 +242,7 @@ class worker_protocol {
           stats_.lost_pushes += p.pushed - applied;
         p.pushed = applied;
       }
-      p.local.clear();
+      cache_.clear_local(s, t);
       p.pulling = false;
     }
     l.welcome_policy_bit = w.policy_bit;
@@ -256,10 +256,10 @@ class worker_protocol {
   void count_all_lost(std::uint32_t s) {
     std::uint64_t lost = 0;
     clock_value last = no_clock;
+    cache_.clear_local(s);
     for (auto& p : cache_.parts(s)) {
       lost += p.pushed;
       p.pushed = 0;
-      p.local.clear();
       if (p.clock != no_clock) last = std::max(last, p.clock);
     }
     const bool acks = (worker_hooks::push_flags(recovery_) & frame_flags::want_ack) != 0;
@@ -389,6 +389,7 @@ class worker_protocol {
   /// Queues what link `s` sends before it is up again (the recovery policy's `on_rejoin`).
   void queue_rejoin(std::uint32_t s, std::vector<rejoin_message>& out) {
     rejoin_parts_.clear();
+    cache_.apply_local(s);  // the state sent has every push of this worker
     const auto& parts = cache_.parts(s);
     for (table_id t = 0; t < parts.size(); ++t)
       rejoin_parts_.push_back(rejoin_part{parts[t].range, cache_.tables()[t].width, parts[t].have,
