@@ -177,6 +177,77 @@ TEST_CASE("worker_cache: the compute snapshot copies the changed rows only, noth
   CHECK(n.skipped == 3);
 }
 
+TEST_CASE("worker_cache: rows of a whole part are held by reference until the part is written "
+          "or the values are read") {
+  buffer_pool pool;
+  // 64 x 4 and 16 x 8 over 2 shards: shard 0 owns rows [0, 32) of table 0, [0, 8) of table 1.
+  const std::vector<table_spec> big{{0, 64, 4, 0.0f}, {1, 16, 8, 0.0f}};
+  detail::worker_cache<false> cache(big, 2);
+  const auto& n = cache.snapshot_stats();
+  std::vector<float> snap(cache.size(), -7.0f);
+  cache.refresh_snapshot(snap);
+  const auto current = [&] {
+    return std::equal(snap.begin(), snap.end(), cache.values().begin(), cache.values().end());
+  };
+
+  // Rows of the whole part (0, 0): the cache keeps the payload, no copy into its values.
+  message whole = rows_message(pool, 0, 0, 32, 4, 1, 0, 1.5f);
+  REQUIRE(!cache.install(0, whole));
+  CHECK(cache.held_parts() == 1);
+  CHECK(!whole.payload.unique());  // the cache holds a reference
+  CHECK(cache.parts(0)[0].have);
+  // The snapshot is copied from the payload (a whole copy: 128 of 384 floats changed).
+  cache.refresh_snapshot(snap);
+  CHECK(n.whole == 2);
+  CHECK(snap[cache.offset(0)] == 1.5f);
+  CHECK(snap[cache.offset(0) + 32 * 4 - 1] == 1.5f);
+  CHECK(snap[cache.offset(0) + 32 * 4] == 0.0f);  // shard 1's rows
+  CHECK(cache.held_parts() == 1);                 // a refresh does not copy the rows in
+  // Reading the values copies them in and drops the reference.
+  CHECK(current());
+  CHECK(cache.held_parts() == 0);
+  CHECK(whole.payload.unique());
+  CHECK(cache.values()[cache.offset(0) + 5] == 1.5f);
+
+  // Held again; rows of part of the part (row 3 only) copy the held rows in first.
+  REQUIRE(!cache.install(0, rows_message(pool, 0, 0, 32, 4, 2, 0, 2.0f)));
+  CHECK(cache.held_parts() == 1);
+  REQUIRE(!cache.install(0, rows_message(pool, 0, 3, 1, 4, 2, 0, 9.0f)));
+  CHECK(cache.held_parts() == 0);
+  cache.refresh_snapshot(snap);
+  CHECK(snap[cache.offset(0) + 3 * 4] == 9.0f);
+  CHECK(snap[cache.offset(0) + 4 * 4] == 2.0f);
+  CHECK(current());
+
+  // A small whole part (table 1, shard 0: 8 rows x 8 = 64 floats) refreshes row by row, each
+  // row from the payload; a second part held at once.
+  REQUIRE(!cache.install(0, rows_message(pool, 0, 0, 32, 4, 3, 0, 4.0f)));
+  cache.refresh_snapshot(snap);
+  REQUIRE(!cache.install(0, rows_message(pool, 1, 0, 8, 8, 3, 0, -2.5f)));
+  CHECK(cache.held_parts() == 2);
+  const auto partial = n.partial;
+  cache.refresh_snapshot(snap);
+  CHECK(n.partial == partial + 1);
+  CHECK(snap[cache.offset(1)] == -2.5f);
+  CHECK(snap[cache.offset(1) + 8 * 8 - 1] == -2.5f);
+  CHECK(snap[cache.offset(0)] == 4.0f);
+
+  // Read-my-writes into a held part copies its rows in first, then applies.
+  cache.set_step(0, 0.5f);
+  const buffer g = [&] {
+    buffer b = pool.allocate(cache.size() * sizeof(float));
+    std::fill(b.floats().begin(), b.floats().end(), 2.0f);
+    return b;
+  }();
+  cache.note_push(0, 1, g);
+  CHECK(cache.held_parts() == 2);  // kept, not applied yet
+  cache.refresh_snapshot(snap);    // a read: applies it
+  CHECK(cache.held_parts() == 1);  // part (0, 1) was written
+  CHECK(snap[cache.offset(1)] == -3.5f);
+  CHECK(current());
+  CHECK(cache.held_parts() == 0);
+}
+
 TEST_CASE("worker_cache: read-my-writes re-applies own pushes the server had not applied") {
   buffer_pool pool;
   detail::worker_cache<false> cache(layout, 2);

@@ -14,6 +14,12 @@
 // is never applied at all, which saves a pass over the part per clock. The operations and
 // their order per row are those of applying each push when sent, so the bits are the same.
 //
+// Rows of a whole part are installed by reference: the part keeps the message's payload (a
+// pooled buffer, shared, not copied) as its rows until something writes into the part
+// (read-my-writes, rows of part of it) or reads the cache's values, which copies them in
+// (`materialize`). A refresh of the snapshot copies a held part from the payload, so in a BSP
+// clock the pulled rows are copied once, into the snapshot, instead of twice.
+//
 // It also keeps the compute snapshot current (`refresh_snapshot`): every write to the cache
 // marks its rows changed, and a refresh copies only those rows, or nothing, or (when many
 // rows changed) the whole cache in one copy.
@@ -35,6 +41,7 @@
 #include "asyncps/consistency.hpp"
 #include "asyncps/detail/worker/hooks.hpp"
 #include "asyncps/error.hpp"
+#include "asyncps/layout.hpp"
 #include "asyncps/staleness.hpp"
 #include "asyncps/table.hpp"
 #include "asyncps/wire.hpp"
@@ -50,6 +57,11 @@ struct cache_part {
   bool pulling = false;               ///< a pull is outstanding
   std::uint64_t pushed = 0;           ///< pushes of this part the server counts (applied + sent)
   std::vector<unapplied_push> local;  ///< own pushes not yet reflected in `have` rows
+  /// Rows of the whole part installed by reference: the payload that holds them (`held`
+  /// non-empty) and its floats; the cache's `values()` of the part are stale until
+  /// `worker_cache::materialize` copies them in. Mutable: a const read materializes.
+  mutable buffer held;
+  mutable const float* held_rows = nullptr;
   /// How many of `local` (the first ones) are applied to every row of the part; the rest are
   /// applied at the next read (`worker_cache::apply_local`).
   std::size_t local_applied = 0;
@@ -105,7 +117,32 @@ class worker_cache {
   std::size_t offset(table_id t) const noexcept { return offsets_[t]; }
   /// Every table's values, table-major (`layout_size(tables())` floats). Read-only: the cache
   /// writes them itself (`install`, `local_apply`), so that it knows which rows changed.
-  std::span<const float> values() const noexcept { return values_; }
+  /// Copies in the rows of parts installed by reference first (`materialize`), so the values
+  /// are current; the span stays valid, and current, until the next install.
+  std::span<const float> values() const noexcept {
+    materialize();
+    return values_;
+  }
+  /// Floats in `values()` (no materialization).
+  std::size_t size() const noexcept { return values_.size(); }
+
+  /// Copies the rows of part (`s`, `t`), when it holds them by reference, into `values()` and
+  /// drops the reference. No allocation.
+  void materialize(std::uint32_t s, table_id t) const noexcept {
+    const cache_part& p = parts_[s][t];
+    if (p.held.empty()) return;
+    std::memcpy(values_.data() + part_offset(s, t), p.held_rows, part_floats(s, t) * sizeof(float));
+    p.held.reset();
+    p.held_rows = nullptr;
+    --held_parts_;
+  }
+  /// `materialize` for every part.
+  void materialize() const noexcept {
+    for (std::uint32_t s = 0; held_parts_ > 0 && s < parts_.size(); ++s)
+      for (table_id t = 0; t < parts_[s].size(); ++t) materialize(s, t);
+  }
+  /// How many parts hold their rows by reference (see `install`).
+  std::size_t held_parts() const noexcept { return held_parts_; }
 
   /// Brings `snapshot` (`values().size()` floats) up to date with the cache: copies the rows
   /// written since the last refresh, nothing when none was, the whole cache in one copy when
@@ -117,7 +154,17 @@ class worker_cache {
   void refresh_snapshot(std::span<float> snapshot) noexcept {
     for (std::uint32_t s = 0; s < parts_.size(); ++s) apply_local(s);
     if (all_changed_) {
-      std::memcpy(snapshot.data(), values_.data(), values_.size() * sizeof(float));
+      if (held_parts_ == 0) {
+        std::memcpy(snapshot.data(), values_.data(), values_.size() * sizeof(float));
+      } else {  // part by part, each from where its rows are
+        for (std::uint32_t s = 0; s < parts_.size(); ++s)
+          for (table_id t = 0; t < parts_[s].size(); ++t) {
+            const cache_part& p = parts_[s][t];
+            const std::size_t off = part_offset(s, t);
+            std::memcpy(snapshot.data() + off, p.held.empty() ? values_.data() + off : p.held_rows,
+                        part_floats(s, t) * sizeof(float));
+          }
+      }
       ++snapshots_.whole;
     } else if (changed_rows_.empty()) {
       ++snapshots_.skipped;
@@ -126,8 +173,9 @@ class worker_cache {
         const auto t = static_cast<table_id>(
             std::upper_bound(row_base_.begin(), row_base_.end(), g) - row_base_.begin() - 1);
         const std::uint32_t w = tables_[t].width;
-        const std::size_t off = offsets_[t] + (g - row_base_[t]) * w;
-        std::memcpy(snapshot.data() + off, values_.data() + off, w * sizeof(float));
+        const auto k = static_cast<row_id>(g - row_base_[t]);
+        const std::size_t off = offsets_[t] + std::size_t{k} * w;
+        std::memcpy(snapshot.data() + off, row_source(t, k, off), w * sizeof(float));
         row_changed_[g] = 0;
       }
       ++snapshots_.partial;
@@ -199,11 +247,19 @@ class worker_cache {
     // for the next read. Otherwise the rows not in `m` need every kept push: apply them now.
     const bool whole = ranged && h.first_row == p.range.begin && h.row_count == p.range.size();
     if (!whole) apply_local(s, h.table);
-    if (ranged) {
+    if (whole && h.row_count > 0) {
+      // By reference: the part's rows are the payload's until something writes the part.
+      if (p.held.empty()) ++held_parts_;
+      p.held = m.payload.share();
+      p.held_rows = vals.data();
+      mark_changed(h.table, p.range);
+    } else if (ranged) {
+      materialize(s, h.table);
       std::memcpy(base + h.first_row * t.width, vals.data(), vals.size_bytes());
       mark_changed(h.table, key_range{static_cast<row_id>(h.first_row),
                                       static_cast<row_id>(h.first_row + h.row_count)});
     } else {
+      materialize(s, h.table);
       for (std::uint32_t i = 0; i < h.row_count; ++i) {
         std::memcpy(base + std::size_t{keys[i]} * t.width, vals.data() + std::size_t{i} * t.width,
                     t.width * sizeof(float));
@@ -256,6 +312,8 @@ class worker_cache {
   /// rate `step`, now (the worker's pushes kept by `note_push` should be applied first:
   /// `apply_local`). No allocation.
   void local_apply(float step, table_id t, key_range r, std::span<const float> g) noexcept {
+    if (held_parts_ > 0 && !r.empty())
+      materialize(shard_of(tables_[t].rows, r.begin, static_cast<std::uint32_t>(parts_.size())), t);
     const std::uint32_t w = tables_[t].width;
     Eigen::Map<Eigen::ArrayXf> c(values_.data() + offsets_[t] + std::size_t{r.begin} * w,
                                  static_cast<Eigen::Index>(std::size_t{r.size()} * w));
@@ -456,6 +514,16 @@ class worker_cache {
   }
 
  private:
+  // Where row `k` of table `t` (at float offset `off` of `values_`) is: in its part's payload
+  // when the part holds its rows by reference, else in `values_`.
+  const float* row_source(table_id t, row_id k, std::size_t off) const noexcept {
+    if (held_parts_ > 0) {
+      const auto s = shard_of(tables_[t].rows, k, static_cast<std::uint32_t>(parts_.size()));
+      const cache_part& p = parts_[s][t];
+      if (!p.held.empty()) return p.held_rows + std::size_t{k - p.range.begin} * tables_[t].width;
+    }
+    return values_.data() + off;
+  }
   // Rows `r` of table `t` were written: remembered one by one for the next snapshot refresh,
   // or, past a quarter of the floats or `max_changed_rows` rows, as "all changed".
   void mark_changed(table_id t, key_range r) noexcept {
@@ -483,7 +551,8 @@ class worker_cache {
 
   std::vector<table_spec> tables_;
   std::vector<std::size_t> offsets_;
-  std::vector<float> values_;
+  mutable std::vector<float> values_;           // mutable: a const read materializes held parts
+  mutable std::size_t held_parts_ = 0;          // parts holding their rows by reference
   std::vector<std::vector<cache_part>> parts_;  // [shard][table]
   std::vector<float> steps_;                    // per shard
   // Rows changed since the last snapshot refresh (see mark_changed): a row's index over all
