@@ -57,11 +57,10 @@ struct cache_part {
   bool pulling = false;               ///< a pull is outstanding
   std::uint64_t pushed = 0;           ///< pushes of this part the server counts (applied + sent)
   std::vector<unapplied_push> local;  ///< own pushes not yet reflected in `have` rows
-  /// Rows of the whole part installed by reference: the payload that holds them (`held`
-  /// non-empty) and its floats; the cache's `values()` of the part are stale until
+  /// Rows of the whole part installed by reference: the rows' bytes of the payload that holds
+  /// them (non-empty when held); the cache's `values()` of the part are stale until
   /// `worker_cache::materialize` copies them in. Mutable: a const read materializes.
   mutable buffer held;
-  mutable const float* held_rows = nullptr;
   /// How many of `local` (the first ones) are applied to every row of the part; the rest are
   /// applied at the next read (`worker_cache::apply_local`).
   std::size_t local_applied = 0;
@@ -131,9 +130,8 @@ class worker_cache {
   void materialize(std::uint32_t s, table_id t) const noexcept {
     const cache_part& p = parts_[s][t];
     if (p.held.empty()) return;
-    std::memcpy(values_.data() + part_offset(s, t), p.held_rows, part_floats(s, t) * sizeof(float));
+    std::memcpy(values_.data() + part_offset(s, t), p.held.data(), p.held.size());
     p.held.reset();
-    p.held_rows = nullptr;
     --held_parts_;
   }
   /// `materialize` for every part.
@@ -158,12 +156,9 @@ class worker_cache {
         std::memcpy(snapshot.data(), values_.data(), values_.size() * sizeof(float));
       } else {  // part by part, each from where its rows are
         for (std::uint32_t s = 0; s < parts_.size(); ++s)
-          for (table_id t = 0; t < parts_[s].size(); ++t) {
-            const cache_part& p = parts_[s][t];
-            const std::size_t off = part_offset(s, t);
-            std::memcpy(snapshot.data() + off, p.held.empty() ? values_.data() + off : p.held_rows,
+          for (table_id t = 0; t < parts_[s].size(); ++t)
+            std::memcpy(snapshot.data() + part_offset(s, t), part_rows(s, t),
                         part_floats(s, t) * sizeof(float));
-          }
       }
       ++snapshots_.whole;
     } else if (changed_rows_.empty()) {
@@ -250,8 +245,10 @@ class worker_cache {
     if (whole && h.row_count > 0) {
       // By reference: the part's rows are the payload's until something writes the part.
       if (p.held.empty()) ++held_parts_;
-      p.held = m.payload.share();
-      p.held_rows = vals.data();
+      p.held =
+          m.payload.share(static_cast<std::size_t>(reinterpret_cast<const std::byte*>(vals.data()) -
+                                                   m.payload.data()),
+                          vals.size_bytes());
       mark_changed(h.table, p.range);
     } else if (ranged) {
       materialize(s, h.table);
@@ -514,15 +511,17 @@ class worker_cache {
   }
 
  private:
-  // Where row `k` of table `t` (at float offset `off` of `values_`) is: in its part's payload
-  // when the part holds its rows by reference, else in `values_`.
+  // Where the rows of part (`s`, `t`) are: in the payload it holds them by reference in, else
+  // in `values_`.
+  const float* part_rows(std::uint32_t s, table_id t) const noexcept {
+    const buffer& held = parts_[s][t].held;
+    return held.empty() ? values_.data() + part_offset(s, t) : held.floats().data();
+  }
+  // Where row `k` of table `t` (at float offset `off` of `values_`) is (see `part_rows`).
   const float* row_source(table_id t, row_id k, std::size_t off) const noexcept {
-    if (held_parts_ > 0) {
-      const auto s = shard_of(tables_[t].rows, k, static_cast<std::uint32_t>(parts_.size()));
-      const cache_part& p = parts_[s][t];
-      if (!p.held.empty()) return p.held_rows + std::size_t{k - p.range.begin} * tables_[t].width;
-    }
-    return values_.data() + off;
+    if (held_parts_ == 0) return values_.data() + off;
+    const auto s = shard_of(tables_[t].rows, k, static_cast<std::uint32_t>(parts_.size()));
+    return part_rows(s, t) + std::size_t{k - parts_[s][t].range.begin} * tables_[t].width;
   }
   // Rows `r` of table `t` were written: remembered one by one for the next snapshot refresh,
   // or, past a quarter of the floats or `max_changed_rows` rows, as "all changed".
