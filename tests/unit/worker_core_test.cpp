@@ -85,6 +85,17 @@ buffer gradient(buffer_pool& pool, float v) {
   return g;
 }
 
+// A cache of 64 x 4 and 16 x 8 over 2 shards (384 floats: up to 96 changed floats refresh row by
+// row), its compute snapshot (poisoned), and whether the snapshot equals the cache's values.
+struct snapshot_setup {
+  std::vector<table_spec> tables{{0, 64, 4, 0.0f}, {1, 16, 8, 0.0f}};
+  detail::worker_cache<false> cache{tables, 2};
+  std::vector<float> snap = std::vector<float>(cache.size(), -7.0f);
+  bool current() const {
+    return std::equal(snap.begin(), snap.end(), cache.values().begin(), cache.values().end());
+  }
+};
+
 }  // namespace
 
 TEST_CASE("worker_cache: parts split every table over the shards; rows install and stamp them") {
@@ -126,14 +137,11 @@ TEST_CASE("worker_cache: parts split every table over the shards; rows install a
 TEST_CASE("worker_cache: the compute snapshot copies the changed rows only, nothing when none "
           "changed") {
   buffer_pool pool;
-  // 64 x 4 and 16 x 8 over 2 shards: 384 floats; up to 96 changed floats go row by row.
-  const std::vector<table_spec> big{{0, 64, 4, 0.0f}, {1, 16, 8, 0.0f}};
-  detail::worker_cache<false> cache(big, 2);
+  snapshot_setup f;
+  auto& cache = f.cache;
+  auto& snap = f.snap;
+  const auto current = [&] { return f.current(); };
   const auto& n = cache.snapshot_stats();
-  std::vector<float> snap(cache.values().size(), -7.0f);
-  const auto current = [&] {
-    return std::equal(snap.begin(), snap.end(), cache.values().begin(), cache.values().end());
-  };
   cache.refresh_snapshot(snap);  // the first refresh copies everything
   CHECK(n.whole == 1);
   CHECK(current());
@@ -180,15 +188,13 @@ TEST_CASE("worker_cache: the compute snapshot copies the changed rows only, noth
 TEST_CASE("worker_cache: rows of a whole part are held by reference until the part is written "
           "or the values are read") {
   buffer_pool pool;
-  // 64 x 4 and 16 x 8 over 2 shards: shard 0 owns rows [0, 32) of table 0, [0, 8) of table 1.
-  const std::vector<table_spec> big{{0, 64, 4, 0.0f}, {1, 16, 8, 0.0f}};
-  detail::worker_cache<false> cache(big, 2);
+  // Shard 0 owns rows [0, 32) of table 0 and [0, 8) of table 1.
+  snapshot_setup f;
+  auto& cache = f.cache;
+  auto& snap = f.snap;
+  const auto current = [&] { return f.current(); };
   const auto& n = cache.snapshot_stats();
-  std::vector<float> snap(cache.size(), -7.0f);
   cache.refresh_snapshot(snap);
-  const auto current = [&] {
-    return std::equal(snap.begin(), snap.end(), cache.values().begin(), cache.values().end());
-  };
 
   // Rows of the whole part (0, 0): the cache keeps the payload, no copy into its values.
   message whole = rows_message(pool, 0, 0, 32, 4, 1, 0, 1.5f);
