@@ -5,8 +5,8 @@
 //
 //   asyncps_end_to_end [--quick] [--steps N] [--warmup N] [--reps N] [--workers 1,2,4]
 //                      [--modes single,in-process,tcp] [--consistency bsp,asp] [--staleness S]
-//                      [--servers S] [--batch B] [--cpu LIST] [--data DIR] [--json FILE]
-//                      [--check]
+//                      [--servers S] [--batch B] [--threads per-node|single|pool]
+//                      [--spin-us N] [--cpu LIST] [--data DIR] [--json FILE] [--check]
 //
 // Modes (same model, initial values, optimizer, learning rate, minibatch size and steps):
 //   single      one thread, no parameter server: draw a minibatch, forward + backward
@@ -17,6 +17,10 @@
 //   in-process  `local_cluster` over `in_process_transport`: every server shard and every worker
 //               on its own io_context and thread; a worker computes its gradient on its thread.
 //   tcp         the same over `tcp_transport` on 127.0.0.1.
+// `--threads` places the nodes of both (`local_cluster_options::threads`: `per-node`, the
+// default, is `one_per_node`; `single` runs every node and gradient on one thread; `pool` on
+// the machine's cores); `--spin-us N` makes each node thread poll N us before it sleeps
+// (`local_cluster_options::spin`; default 0).
 // Consistency: `bsp` (ssp<> with bound 0), `ssp` (ssp<> with --staleness, the trainer's
 // default 3), `asp`. Each worker trains its own shard of the training set (as the trainer's).
 //
@@ -80,6 +84,9 @@ struct options {
   int staleness = 3;
   std::uint32_t servers = 1;
   std::uint32_t batch = 0;  // 0: the trainer's default
+  asyncps::cluster_threads threads = asyncps::cluster_threads::one_per_node;
+  std::string threads_name = "per-node";
+  unsigned spin_us = 0;
   std::vector<int> cpus;
   std::string data = fashion::default_data_dir().string();
   std::string json;
@@ -244,6 +251,8 @@ run_result run_cluster(const setup& su, unsigned workers, int staleness) {
   o.servers = su.opt.servers;
   o.workers = workers;
   o.seed = su.cfg.seed;
+  o.threads = su.opt.threads;
+  o.spin = std::chrono::microseconds(su.opt.spin_us);
   // Each worker writes only its own vectors, on its own thread.
   o.on_clock = [&](const asyncps::clock_report& r) {
     const auto k = static_cast<std::size_t>(r.clock);
@@ -382,7 +391,8 @@ std::vector<int> parse_cpus(const std::string& s) {
                "asyncps_end_to_end: %s\nusage: asyncps_end_to_end [--quick] [--steps N] "
                "[--warmup N] [--reps N] [--workers 1,2,4] [--modes single,in-process,tcp] "
                "[--consistency bsp,ssp,asp] [--staleness S] [--servers S] [--batch B] "
-               "[--cpu LIST] [--data DIR] [--json FILE] [--check]\n",
+               "[--threads per-node|single|pool] [--spin-us N] [--cpu LIST] [--data DIR] "
+               "[--json FILE] [--check]\n",
                msg);
   std::exit(2);
 }
@@ -438,6 +448,19 @@ options parse(int argc, char** argv) {
       for (const auto& c : o.consistency)
         if (c != "bsp" && c != "ssp" && c != "asp")
           usage(("--consistency: " + c + " not in {bsp,ssp,asp}").c_str());
+    } else if (a == "--threads") {
+      o.threads_name = value();
+      if (o.threads_name == "per-node")
+        o.threads = asyncps::cluster_threads::one_per_node;
+      else if (o.threads_name == "single")
+        o.threads = asyncps::cluster_threads::single;
+      else if (o.threads_name == "pool")
+        o.threads = asyncps::cluster_threads::pool;
+      else
+        usage(("--threads: " + o.threads_name + " not in {per-node,single,pool}").c_str());
+    } else if (a == "--spin-us") {
+      o.spin_us = static_cast<unsigned>(number());
+      if (o.spin_us > 1000000) usage("--spin-us must be <= 1000000");
     } else if (a == "--cpu") {
       try {
         o.cpus = parse_cpus(value());
@@ -521,11 +544,11 @@ int main(int argc, char** argv) {
   const bool ndebug = false;
 #endif
   std::printf("asyncps_end_to_end: Fashion-MNIST MLP 784-%u-10, batch %u, SGD lr %g, %u steps "
-              "per worker (%u warm-up), %u repetition(s), %u server shard(s), %zu training "
-              "images; load average %s at start%s%s\n",
+              "per worker (%u warm-up), %u repetition(s), %u server shard(s), threads %s, "
+              "spin %u us, %zu training images; load average %s at start%s%s\n",
               su.cfg.hidden, su.cfg.batch, static_cast<double>(su.cfg.lr), opt.steps, su.warmup,
-              opt.reps, opt.servers, su.train.size(), load_start.c_str(),
-              opt.cpus.empty() ? ", not pinned" : ", pinned to --cpu",
+              opt.reps, opt.servers, opt.threads_name.c_str(), opt.spin_us, su.train.size(),
+              load_start.c_str(), opt.cpus.empty() ? ", not pinned" : ", pinned to --cpu",
               ndebug ? "" : "; ASSERTIONS ON (no NDEBUG: check_gradients on), not for figures");
   std::fflush(stdout);
 
@@ -597,6 +620,8 @@ int main(int argc, char** argv) {
                  {"warmup", su.warmup},
                  {"reps", opt.reps},
                  {"servers", opt.servers},
+                 {"threads", opt.threads_name},
+                 {"spin_us", opt.spin_us},
                  {"staleness_ssp", opt.staleness},
                  {"train_images", su.train.size()},
                  {"eval_images", su.test.size()},

@@ -50,6 +50,7 @@
 #include "asyncps/optimizer/optimizers.hpp"
 #include "asyncps/recovery.hpp"
 #include "asyncps/recovery/none.hpp"
+#include "asyncps/run_loop.hpp"
 #include "asyncps/server.hpp"
 #include "asyncps/staleness.hpp"
 #include "asyncps/table.hpp"
@@ -80,6 +81,14 @@ struct local_cluster_options {
   cluster_threads threads = cluster_threads::one_per_node;
   /// Threads of `cluster_threads::pool` (0: `std::thread::hardware_concurrency()`).
   unsigned pool_threads = 0;
+  /// How long a node thread keeps polling for ready handlers before it sleeps in the kernel
+  /// (`run_polling`, run_loop.hpp); 0 (the default): it sleeps at once (`io_context::run`).
+  /// Every hand-off between a worker and a server (a push, a pull's reply) wakes the other
+  /// node's thread, and on virtual machines that wake-up costs tens of microseconds; a thread
+  /// still polling takes the message at once. The price: each node thread burns its core for
+  /// up to `spin` after each burst of work, so use it only when every node thread has a core
+  /// of its own (docs/performance.md, "End-to-end overhead").
+  std::chrono::microseconds spin{0};
   std::uint64_t seed = 42;  ///< the servers' initial-value seed (`server_options::seed`)
   /// Longest wait of a worker for fresh rows (`worker_options::wait_timeout`).
   std::chrono::milliseconds wait_timeout{std::chrono::seconds(60)};
@@ -354,10 +363,10 @@ class local_cluster {
     // Run every context to completion (each node's coroutines keep its context busy).
     std::vector<std::thread> threads;
     for (std::size_t i = 1; i < contexts.size(); ++i)
-      threads.emplace_back([&state, &io = *contexts[i]] { run_context(io, state); });
+      threads.emplace_back([&, &io = *contexts[i]] { run_context(io, state, opts_.spin); });
     for (unsigned i = 1; pooled && i < pool_threads; ++i)
-      threads.emplace_back([&state, &io = *contexts[0]] { run_context(io, state); });
-    run_context(*contexts[0], state);
+      threads.emplace_back([&, &io = *contexts[0]] { run_context(io, state, opts_.spin); });
+    run_context(*contexts[0], state, opts_.spin);
     for (auto& t : threads) t.join();
 
     // Every node has finished: collect, then tear down in order.
@@ -418,10 +427,10 @@ class local_cluster {
 
   // Runs `io` until it has no work left; an exception escaping a handler is recorded (and
   // rethrown by `run`), and the context keeps running so every node still finishes.
-  static void run_context(asio::io_context& io, run_state& state) {
+  static void run_context(asio::io_context& io, run_state& state, std::chrono::microseconds spin) {
     for (;;) {
       try {
-        io.run();
+        run_polling(io, spin);
         return;
       } catch (...) {
         state.fail("local_cluster", errc::stopped, std::current_exception());

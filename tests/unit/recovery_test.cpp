@@ -745,7 +745,8 @@ struct grid_model {
 };
 
 template <class Transport>
-void check_exact_sum(cluster_threads threads) {
+void check_exact_sum(cluster_threads threads,
+                     std::chrono::microseconds spin = std::chrono::microseconds(0)) {
   constexpr std::uint32_t workers = 3;
   constexpr std::uint64_t clocks = 30;
   local_cluster<grid_model, consistency::bsp, recovery::none, optimizer::sgd, Transport> cluster(
@@ -753,6 +754,7 @@ void check_exact_sum(cluster_threads threads) {
        .workers = workers,
        .threads = threads,
        .pool_threads = 2,
+       .spin = spin,
        .log = [](std::string_view) {}},
       [](std::uint32_t w) { return grid_model(w, workers); }, optimizer::sgd{1.0f});
   const auto r = cluster.run(clocks);
@@ -802,6 +804,15 @@ TEST_CASE("local_cluster: BSP server values are the exact sum of every worker's 
   }
   SUBCASE("loopback TCP, a strand per node on a pool of 2 threads") {
     check_exact_sum<tcp_transport>(cluster_threads::pool);
+  }
+  // local_cluster_options::spin: the node threads poll before they sleep (run_polling); the
+  // sums are the same, and the run ends (a polling thread still sees its context stop).
+  SUBCASE("in-process, a thread per node, polling 50 us before sleeping") {
+    check_exact_sum<in_process_transport>(cluster_threads::one_per_node,
+                                          std::chrono::microseconds(50));
+  }
+  SUBCASE("loopback TCP, a pool of 2 threads, polling 50 us before sleeping") {
+    check_exact_sum<tcp_transport>(cluster_threads::pool, std::chrono::microseconds(50));
   }
 }
 
