@@ -252,6 +252,77 @@ TEST_CASE("worker_cache: rows of a whole part are held by reference until the pa
   CHECK(snap[cache.offset(1)] == -3.5f);
   CHECK(current());
   CHECK(cache.held_parts() == 0);
+  // Two shards split every table: no table is one held part, so none was shared.
+  CHECK(n.shared == 0);
+  for (table_id t = 0; t < 2; ++t)
+    CHECK(cache.snapshot_tables()[t] == snap.data() + cache.offset(t));
+}
+
+TEST_CASE("worker_cache: a table one shard holds whole is shared with the snapshot, not copied") {
+  buffer_pool pool;
+  detail::worker_cache<false> cache(layout, 1);  // one shard owns both tables
+  std::vector<float> snap(cache.size(), -7.0f);
+  const auto& n = cache.snapshot_stats();
+  const auto at = [&](table_id t, std::size_t i) { return cache.snapshot_tables()[t][i]; };
+  const auto in_snap = [&](table_id t) {
+    return cache.snapshot_tables()[t] == snap.data() + cache.offset(t);
+  };
+  cache.refresh_snapshot(snap);  // nothing held: both tables copied
+  CHECK(in_snap(0));
+  CHECK(in_snap(1));
+  CHECK(at(0, 0) == 0.0f);
+
+  // Table 0's whole part, held: the snapshot reads the payload itself (the buffer's rows of
+  // table 0 are not written), and keeps a reference to it.
+  message m = rows_message(pool, 0, 0, 4, 2, 1, 0, 1.5f);
+  REQUIRE(!cache.install(0, m));
+  cache.refresh_snapshot(snap);
+  CHECK(n.shared == 1);
+  CHECK(cache.snapshot_tables()[0] == m.payload.floats().data());
+  CHECK(in_snap(1));
+  CHECK(at(0, 7) == 1.5f);
+  CHECK(snap[cache.offset(0)] == 0.0f);  // not copied
+  // The values read copy the rows into the cache and drop the part's reference; the
+  // snapshot's own reference keeps the payload (nothing may reuse it) until the next refresh.
+  CHECK(cache.values()[3] == 1.5f);
+  CHECK(cache.held_parts() == 0);
+  CHECK(!m.payload.unique());
+  CHECK(cache.snapshot_tables()[0] == m.payload.floats().data());
+  // Not held any more: the next refresh copies the whole table back into the buffer, though
+  // no row changed since the last refresh, and lets the payload go.
+  cache.refresh_snapshot(snap);
+  CHECK(n.skipped == 1);
+  CHECK(in_snap(0));
+  CHECK(m.payload.unique());
+  for (std::size_t i = 0; i < 8; ++i) CHECK(at(0, i) == 1.5f);
+
+  // Held again, then one row of it (row 1) arrives: copied in, so the table is copied.
+  REQUIRE(!cache.install(0, rows_message(pool, 0, 0, 4, 2, 2, 0, 2.0f)));
+  cache.refresh_snapshot(snap);
+  CHECK(n.shared == 2);
+  CHECK(!in_snap(0));
+  REQUIRE(!cache.install(0, rows_message(pool, 0, 1, 1, 2, 2, 0, 9.0f)));
+  cache.refresh_snapshot(snap);
+  CHECK(in_snap(0));
+  const std::vector<float> expect{2.0f, 2.0f, 9.0f, 9.0f, 2.0f, 2.0f, 2.0f, 2.0f};
+  for (std::size_t i = 0; i < 8; ++i) CHECK(at(0, i) == expect[i]);
+
+  // Read-my-writes: a push the next whole rows do not reflect is applied at the read, which
+  // writes the part, so the table is copied, with the push applied.
+  cache.set_step(0, 0.5f);
+  const buffer g = gradient(pool, 2.0f);
+  cache.note_push(0, 1, g);
+  REQUIRE(!cache.install(0, rows_message(pool, 1, 0, 2, 3, 3, 0, 4.0f)));
+  cache.refresh_snapshot(snap);
+  CHECK(in_snap(1));
+  CHECK(at(1, 5) == 3.0f);
+  // Rows that reflect it: shared again, the push dropped unapplied.
+  message r = rows_message(pool, 1, 0, 2, 3, 4, 1, 5.0f);
+  REQUIRE(!cache.install(0, r));
+  cache.refresh_snapshot(snap);
+  CHECK(cache.snapshot_tables()[1] == r.payload.floats().data());
+  CHECK(at(1, 0) == 5.0f);
+  CHECK(n.shared == 3);
 }
 
 TEST_CASE("worker_cache: read-my-writes re-applies own pushes the server had not applied") {
@@ -706,9 +777,11 @@ TEST_CASE("worker_core: the clock loop stepped event by event (pull, wait, compu
     CHECK(out.wake);
     CHECK(core.resume(t0).kind == loop_step::join);  // woken: finish rejoins, then re-check
     REQUIRE(core.resume(t0).kind == loop_step::compute);
-    CHECK(core.snapshot()[0] == 1.0f);
-    // The pull replaced every row of the cache: the snapshot is one whole copy.
+    CHECK(core.parameters().span(0)[0] == 1.0f);
+    // The pull replaced every row of the cache: a whole refresh, which shares the table (one
+    // shard holds it whole) instead of copying it.
     CHECK(core.snapshot_stats().whole == static_cast<std::uint64_t>(c) + 1);
+    CHECK(core.snapshot_stats().shared == static_cast<std::uint64_t>(c) + 1);
     CHECK(core.snapshot_stats().skipped == 0);
     core.computed(gradient(alloc.pool, 0.25f), 0.5f, t0 + std::chrono::milliseconds(10));
     a = core.resume(t0);

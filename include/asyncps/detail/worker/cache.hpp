@@ -22,7 +22,9 @@
 //
 // It also keeps the compute snapshot current (`refresh_snapshot`): every write to the cache
 // marks its rows changed, and a refresh copies only those rows, or nothing, or (when many
-// rows changed) the whole cache in one copy.
+// rows changed) the whole cache in one copy. A table whose rows are all one held part (one
+// shard owns the table) is not copied at all: the snapshot shares that payload, which nothing
+// writes while it is shared (`snapshot_tables`).
 #pragma once
 
 #include <algorithm>
@@ -78,6 +80,7 @@ struct snapshot_counts {
   std::uint64_t whole = 0;    ///< refreshes that copied the whole cache
   std::uint64_t partial = 0;  ///< refreshes that copied the changed rows only
   std::uint64_t rows = 0;     ///< rows copied by the partial refreshes
+  std::uint64_t shared = 0;   ///< tables read from a held payload instead of copied (summed)
 };
 
 /// A worker's cache of all tables over `shards` shards. `SparseReads`: the model names the
@@ -98,6 +101,9 @@ class worker_cache {
       rows += t.rows;
     }
     values_.assign(off, 0.0f);
+    snapshot_refs_.resize(tables_.size());
+    snapshot_tables_.assign(tables_.size(), nullptr);
+    snapshot_elsewhere_.assign(tables_.size(), 0);
     row_changed_.assign(rows, 0);
     changed_rows_.reserve(std::min(rows, max_changed_rows));
     parts_.resize(shards);
@@ -142,39 +148,67 @@ class worker_cache {
   /// How many parts hold their rows by reference (see `install`).
   std::size_t held_parts() const noexcept { return held_parts_; }
 
-  /// Brings `snapshot` (`values().size()` floats) up to date with the cache: copies the rows
-  /// written since the last refresh, nothing when none was, the whole cache in one copy when
-  /// it is the first refresh or more than a quarter of the floats (or more than
-  /// `max_changed_rows` rows) changed. Precondition: `snapshot` is the same buffer at every
-  /// call and nothing else writes into it. No allocation. Counted in `snapshot_stats()`.
+  /// Brings the compute snapshot up to date with the cache. A table whose rows are all one
+  /// part held by reference (one shard owns the whole table) is shared, not copied: the
+  /// snapshot keeps a reference to that payload, which nothing writes while it is referenced
+  /// (a pooled receive buffer, or in-process the server's table block, which the server
+  /// replaces rather than writes while a reference is out). Every other table is in
+  /// `snapshot` (`size()` floats, table-major): the refresh copies the rows written since the
+  /// last one, nothing when none was, the whole cache in one copy when it is the first refresh
+  /// or more than a quarter of the floats (or more than `max_changed_rows` rows) changed, and
+  /// a whole table that the last refresh shared. Where each table is now:
+  /// `snapshot_tables()`, valid, and unchanged, until the next refresh. Precondition:
+  /// `snapshot` is the same buffer at every call and nothing else writes into it. No
+  /// allocation. Counted in `snapshot_stats()`.
   ///
   /// It first applies the own pushes not applied yet (`apply_local`): a refresh is a read.
   void refresh_snapshot(std::span<float> snapshot) noexcept {
     for (std::uint32_t s = 0; s < parts_.size(); ++s) apply_local(s);
-    if (all_changed_) {
-      if (held_parts_ == 0) {
-        std::memcpy(snapshot.data(), values_.data(), values_.size() * sizeof(float));
-      } else {  // part by part, each from where its rows are
-        for (std::uint32_t s = 0; s < parts_.size(); ++s)
-          for (table_id t = 0; t < parts_[s].size(); ++t)
-            std::memcpy(snapshot.data() + part_offset(s, t), part_rows(s, t),
-                        part_floats(s, t) * sizeof(float));
+    for (table_id t = 0; t < tables_.size(); ++t) {
+      if (const buffer* held = whole_table_held(t)) {
+        snapshot_refs_[t] = held->share();
+        snapshot_tables_[t] = std::as_const(snapshot_refs_[t]).floats().data();
+        ++snapshots_.shared;
+      } else {
+        snapshot_refs_[t].reset();
+        snapshot_tables_[t] = snapshot.data() + offsets_[t];
       }
+    }
+    const auto shared = [&](table_id t) { return !snapshot_refs_[t].empty(); };
+    if (all_changed_) {
+      if (held_parts_ == 0) {  // (then no table is shared)
+        std::memcpy(snapshot.data(), values_.data(), values_.size() * sizeof(float));
+      } else {  // table by table, part by part, each from where its rows are
+        for (table_id t = 0; t < tables_.size(); ++t)
+          if (!shared(t)) copy_table(t, snapshot);
+      }
+      std::fill(snapshot_elsewhere_.begin(), snapshot_elsewhere_.end(), std::uint8_t{0});
       ++snapshots_.whole;
     } else if (changed_rows_.empty()) {
       ++snapshots_.skipped;
     } else {
       for (const std::size_t g : changed_rows_) {
+        row_changed_[g] = 0;
         const auto t = static_cast<table_id>(
             std::upper_bound(row_base_.begin(), row_base_.end(), g) - row_base_.begin() - 1);
+        if (shared(t) || snapshot_elsewhere_[t] != 0) continue;  // (copied whole below)
         const std::uint32_t w = tables_[t].width;
         const auto k = static_cast<row_id>(g - row_base_[t]);
         const std::size_t off = offsets_[t] + std::size_t{k} * w;
         std::memcpy(snapshot.data() + off, row_source(t, k, off), w * sizeof(float));
-        row_changed_[g] = 0;
       }
       ++snapshots_.partial;
       snapshots_.rows += changed_rows_.size();
+    }
+    // A table the last refresh shared: `snapshot` holds older rows of it, so it is copied
+    // whole once it is no longer shared; while shared, its rows in `snapshot` go stale.
+    for (table_id t = 0; t < tables_.size(); ++t) {
+      if (shared(t)) {
+        snapshot_elsewhere_[t] = 1;
+      } else if (snapshot_elsewhere_[t] != 0) {
+        copy_table(t, snapshot);
+        snapshot_elsewhere_[t] = 0;
+      }
     }
     changed_rows_.clear();
     changed_floats_ = 0;
@@ -183,6 +217,10 @@ class worker_cache {
       all_changed_ = false;
     }
   }
+  /// Where each table of the compute snapshot is, as of the last `refresh_snapshot` (one
+  /// pointer per table, `tables()[t].size()` floats each; null before the first refresh):
+  /// in the snapshot buffer, or in a payload the snapshot shares. Valid until the next refresh.
+  std::span<const float* const> snapshot_tables() const noexcept { return snapshot_tables_; }
   /// What the snapshot refreshes did so far.
   const snapshot_counts& snapshot_stats() const noexcept { return snapshots_; }
   /// The most changed rows a refresh copies one by one (more: the whole cache).
@@ -517,6 +555,19 @@ class worker_cache {
     const buffer& held = parts_[s][t].held;
     return held.empty() ? values_.data() + part_offset(s, t) : held.floats().data();
   }
+  // The held payload of table `t` when one part, held by reference, covers every row of it.
+  const buffer* whole_table_held(table_id t) const noexcept {
+    if (held_parts_ == 0) return nullptr;
+    for (const auto& sp : parts_)
+      if (sp[t].range.size() == tables_[t].rows && !sp[t].held.empty()) return &sp[t].held;
+    return nullptr;
+  }
+  // Copies every row of table `t` into `snapshot`, part by part, from where its rows are.
+  void copy_table(table_id t, std::span<float> snapshot) const noexcept {
+    for (std::uint32_t s = 0; s < parts_.size(); ++s)
+      std::memcpy(snapshot.data() + part_offset(s, t), part_rows(s, t),
+                  part_floats(s, t) * sizeof(float));
+  }
   // Where row `k` of table `t` (at float offset `off` of `values_`) is (see `part_rows`).
   const float* row_source(table_id t, row_id k, std::size_t off) const noexcept {
     if (held_parts_ == 0) return values_.data() + off;
@@ -562,6 +613,12 @@ class worker_cache {
   std::size_t changed_floats_ = 0;
   bool all_changed_ = true;  // the first refresh copies everything
   snapshot_counts snapshots_;
+  // The compute snapshot's tables (refresh_snapshot): per table, the payload it shares (empty:
+  // the table is in the snapshot buffer), where the table is, and whether the snapshot
+  // buffer's rows of it are stale because an earlier refresh shared it.
+  std::vector<buffer> snapshot_refs_;
+  std::vector<const float*> snapshot_tables_;
+  std::vector<std::uint8_t> snapshot_elsewhere_;
 };
 
 }  // namespace asyncps::detail

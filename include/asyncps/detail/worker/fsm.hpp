@@ -39,7 +39,7 @@ enum class loop_step {
   send,       ///< send `msg` on link `shard` (on failure fail the link), then resume
   reconnect,  ///< start reconnecting link `shard` (a coroutine of its own), then resume
   wait,       ///< wait on the wake timer for `wait` (or until woken), then resume
-  compute,    ///< compute the gradient of `snapshot()` into a new buffer, then `computed`
+  compute,    ///< compute the gradient of `parameters()` into a new buffer, then `computed`
   done,       ///< the run ends with `ec`
 };
 
@@ -84,7 +84,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
     ec_ = ec;
     pc_ = pc::clock_begin;
   }
-  /// After a `compute` step: the gradient of `snapshot()` is in `grad` (`loss`: what the
+  /// After a `compute` step: the gradient of `parameters()` is in `grad` (`loss`: what the
   /// model returned), at time `now`. The loop goes on at the next `resume`.
   void computed(buffer grad, float loss, time_point now) {
     grad_ = std::move(grad);
@@ -295,9 +295,7 @@ class worker_core : public worker_protocol<Model, Consistency, Recovery, Alloc, 
           }
           ++clock_;
           ++stats_.clocks;
-          if (opts_.on_clock)
-            opts_.on_clock(clock_report{opts_.id, c_, loss_,
-                                        parameter_view(cache_.tables(), snapshot_.data())});
+          if (opts_.on_clock) opts_.on_clock(clock_report{opts_.id, c_, loss_, base::parameters()});
           grad_ = buffer{};
           ++k_;
           pc_ = pc::clock_begin;

@@ -128,9 +128,12 @@ class worker_protocol {
   link& link_of(std::uint32_t s) noexcept { return links_[s]; }
   std::vector<link>& links() noexcept { return links_; }
   const worker_cache<sparse_reads>& cache() const noexcept { return cache_; }
-  /// The values the model computes its gradient on: the cache as of the last compute step.
-  /// Read-only: only the cache's `refresh_snapshot` writes it (copying the rows that changed).
-  std::span<const float> snapshot() const noexcept { return snapshot_; }
+  /// The parameters the model computes its gradient on: the cache as of the last compute step
+  /// (its snapshot: each table in the snapshot buffer, or in a payload it shares; see
+  /// `worker_cache::refresh_snapshot`). Valid from the first compute step until the next.
+  parameter_view parameters() const noexcept {
+    return parameter_view(cache_.tables(), cache_.snapshot_tables());
+  }
   /// What the snapshot refreshes copied (or skipped) so far.
   const snapshot_counts& snapshot_stats() const noexcept { return cache_.snapshot_stats(); }
   Consistency& consistency() noexcept { return policy_; }

@@ -93,9 +93,9 @@ worker_shell<Model, Transport, Consistency, Recovery>::async_run(std::uint64_t c
           break;
         case step::compute: {
           doing = "computing a gradient";
-          buffer grad = transport_.allocate(core_.snapshot().size() * sizeof(float));
+          buffer grad = transport_.allocate(core_.cache().size() * sizeof(float));
           const auto tables = core_.cache().tables();
-          const parameter_view params(tables, core_.snapshot().data());
+          const parameter_view params = core_.parameters();
           gradient_view gview(tables, reinterpret_cast<float*>(grad.data()));
           if (opts_.check_gradients) fill_bits(grad, unwritten_gradient_bits);
           float loss = 0;
