@@ -103,7 +103,6 @@ class worker_cache {
     values_.assign(off, 0.0f);
     snapshot_refs_.resize(tables_.size());
     snapshot_tables_.assign(tables_.size(), nullptr);
-    snapshot_elsewhere_.assign(tables_.size(), 0);
     row_changed_.assign(rows, 0);
     changed_rows_.reserve(std::min(rows, max_changed_rows));
     parts_.resize(shards);
@@ -165,6 +164,7 @@ class worker_cache {
   void refresh_snapshot(std::span<float> snapshot) noexcept {
     for (std::uint32_t s = 0; s < parts_.size(); ++s) apply_local(s);
     for (table_id t = 0; t < tables_.size(); ++t) {
+      const bool was_shared = !snapshot_refs_[t].empty();
       if (const buffer* held = whole_table_held(t)) {
         snapshot_refs_[t] = held->share();
         snapshot_tables_[t] = std::as_const(snapshot_refs_[t]).floats().data();
@@ -172,6 +172,9 @@ class worker_cache {
       } else {
         snapshot_refs_[t].reset();
         snapshot_tables_[t] = snapshot.data() + offsets_[t];
+        // The last refresh shared it: the buffer holds older rows of it, so it is copied whole
+        // (below too when every row changed).
+        if (was_shared && !all_changed_) copy_table(t, snapshot);
       }
     }
     const auto shared = [&](table_id t) { return !snapshot_refs_[t].empty(); };
@@ -182,7 +185,6 @@ class worker_cache {
         for (table_id t = 0; t < tables_.size(); ++t)
           if (!shared(t)) copy_table(t, snapshot);
       }
-      std::fill(snapshot_elsewhere_.begin(), snapshot_elsewhere_.end(), std::uint8_t{0});
       ++snapshots_.whole;
     } else if (changed_rows_.empty()) {
       ++snapshots_.skipped;
@@ -191,7 +193,7 @@ class worker_cache {
         row_changed_[g] = 0;
         const auto t = static_cast<table_id>(
             std::upper_bound(row_base_.begin(), row_base_.end(), g) - row_base_.begin() - 1);
-        if (shared(t) || snapshot_elsewhere_[t] != 0) continue;  // (copied whole below)
+        if (shared(t)) continue;
         const std::uint32_t w = tables_[t].width;
         const auto k = static_cast<row_id>(g - row_base_[t]);
         const std::size_t off = offsets_[t] + std::size_t{k} * w;
@@ -199,16 +201,6 @@ class worker_cache {
       }
       ++snapshots_.partial;
       snapshots_.rows += changed_rows_.size();
-    }
-    // A table the last refresh shared: `snapshot` holds older rows of it, so it is copied
-    // whole once it is no longer shared; while shared, its rows in `snapshot` go stale.
-    for (table_id t = 0; t < tables_.size(); ++t) {
-      if (shared(t)) {
-        snapshot_elsewhere_[t] = 1;
-      } else if (snapshot_elsewhere_[t] != 0) {
-        copy_table(t, snapshot);
-        snapshot_elsewhere_[t] = 0;
-      }
     }
     changed_rows_.clear();
     changed_floats_ = 0;
@@ -614,11 +606,10 @@ class worker_cache {
   bool all_changed_ = true;  // the first refresh copies everything
   snapshot_counts snapshots_;
   // The compute snapshot's tables (refresh_snapshot): per table, the payload it shares (empty:
-  // the table is in the snapshot buffer), where the table is, and whether the snapshot
-  // buffer's rows of it are stale because an earlier refresh shared it.
+  // the table is in the snapshot buffer; while shared, the buffer's rows of it go stale), and
+  // where the table is.
   std::vector<buffer> snapshot_refs_;
   std::vector<const float*> snapshot_tables_;
-  std::vector<std::uint8_t> snapshot_elsewhere_;
 };
 
 }  // namespace asyncps::detail
