@@ -3,12 +3,12 @@
 // executor, timer or thread of the server's). Covered: recovery::stateless (replicas and
 // backlogs), recovery::checkpoint (snapshot at a clock boundary, restore into a fresh shard),
 // recovery::replica_log (its watch on the part's timer: a rebuild that never completes, orders
-// a closed connection left unconfirmed), recovery::chain_replication (head, middle and tail
-// members: the links to the master and the successor on the part's timers and connects, entries
-// down the chain, commits back up, a failover; and its master's membership protocol,
-// detail::chain_master_core), and `fenced`, a sixth policy defined entirely in
-// this file: it plugs into the unchanged library through the hooks of recovery.hpp, is stepped like
-// the others, then trains end to end in a local_cluster.
+// a closed connection left unconfirmed, an order a connected worker never confirms),
+// recovery::chain_replication (head, middle and tail members: the links to the master and the
+// successor on the part's timers and connects, entries down the chain, commits back up, a failover;
+// and its master's membership protocol, detail::chain_master_core), and `fenced`, a sixth policy
+// defined entirely in this file: it plugs into the unchanged library through the hooks of
+// recovery.hpp, is stepped like the others, then trains end to end in a local_cluster.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -790,10 +790,12 @@ TEST_CASE("replica_log, stepped: a push ordered but never confirmed is voided af
   std::string detail;
   REQUIRE(!protocol::decode(w0.outbox.back(), o, detail));
   CHECK(shard_values(t.proto) == before);
-  CHECK(!t.proto.part_timer_armed(0));
+  // The watch on the part's timer runs: it times how long the unconfirmed order keeps the
+  // shard waiting (commit_timeout, 10 s by default).
+  CHECK(t.proto.part_timer_armed(0));
 
   // Its connection closes before the confirmation: the order is an orphan, and the watch
-  // starts on the part's timer.
+  // times it too.
   t.proto.close(w0);
   t.proto.session_finished(w0);
   CHECK(t.proto.part_timer_armed(0));
@@ -806,6 +808,147 @@ TEST_CASE("replica_log, stepped: a push ordered but never confirmed is voided af
   CHECK(logged("dropped the unconfirmed updates of disconnected workers after 100 ms"));
   CHECK(!t.proto.part_timer_armed(0));
   CHECK(shard_values(t.proto) == before);  // never applied
+}
+
+TEST_CASE("replica_log, stepped: a worker that never confirms stalls the shard for a bounded "
+          "time: its unfinished clock's order goes early, its connection is closed, its "
+          "reconnected session's old orders are voided, and the other worker's update applies") {
+  using namespace std::chrono_literals;
+  recovery::replica_log_server_part part;
+  part.options.commit_timeout = 200ms;
+  part.options.void_timeout = 1h;  // only commit_timeout acts in this test
+  stepped<recovery::replica_log> t(std::move(part));
+  auto& w0 = t.worker(0);
+  auto& w1 = t.worker(1);
+  const auto before = shard_values(t.proto);
+  auto orders = [](const step_session& s) {
+    return std::count_if(s.outbox.begin(), s.outbox.end(),
+                         [](const message& m) { return m.header.type == protocol::order_type; });
+  };
+  auto tick = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      t.io.time += 50ms;
+      t.proto.sweep();
+    }
+  };
+  const auto orders0 = orders(w0);
+
+  // Worker 0's first push of a clock it never ends: position 1, no order yet (orders go out
+  // at the end of a clock). The watch starts: an unconfirmed order keeps the shard waiting.
+  auto p0 = shard_push(0, 0, 1.0f);
+  p0.header.flags &= static_cast<std::uint8_t>(~frame_flags::end_of_clock);
+  p0.header.seq = 1;
+  REQUIRE(t.proto.receive(w0, p0));
+  CHECK(orders(w0) == orders0);
+  CHECK(t.proto.part_timer_armed(0));
+
+  // Worker 1's push, ordered (position 2) and confirmed, waits behind it.
+  auto p1 = shard_push(1, 0, 2.0f);
+  p1.header.seq = 1;
+  REQUIRE(t.proto.receive(w1, p1));
+  protocol::order o1;
+  std::string detail;
+  REQUIRE(!protocol::decode(w1.outbox.back(), o1, detail));
+  REQUIRE(o1.size() == 1);
+  CHECK(o1.entry(0).position == 2);
+  message c1;
+  c1.header.type = protocol::commit_type;
+  c1.header.sender = 1;
+  c1.header.seq = 2;
+  REQUIRE(t.proto.receive(w1, c1));
+  CHECK(shard_values(t.proto) == before);
+
+  // After commit_timeout the order of worker 0's unfinished clock goes out early.
+  tick(3);
+  CHECK(orders(w0) == orders0);
+  tick(1);
+  REQUIRE(orders(w0) == orders0 + 1);
+  protocol::order o0;
+  REQUIRE(!protocol::decode(w0.outbox.back(), o0, detail));
+  REQUIRE(o0.size() == 1);
+  CHECK(o0.entry(0).seq == 1);
+  CHECK(o0.entry(0).position == 1);
+  CHECK(t.proto.part().stats().early_orders == 1);
+  CHECK(t.proto.part().stats().commit_timeouts == 0);
+  CHECK(t.io.closed.empty());
+
+  // It does not confirm it within commit_timeout either: its connection is closed, logged and
+  // counted. Nothing is applied yet (its order may be in its log: it may come back).
+  tick(3);
+  CHECK(t.io.closed.empty());
+  tick(1);
+  REQUIRE(t.io.closed.size() == 1);
+  CHECK(t.io.closed[0] == 0);
+  CHECK(t.proto.part().stats().commit_timeouts == 1);
+  CHECK(logged("worker 0 did not confirm position 1 within 200 ms of its order"));
+  t.proto.session_finished(w0);
+  CHECK(shard_values(t.proto) == before);
+
+  // It reconnects and again confirms nothing: after commit_timeout the closed connection's
+  // order is voided (void_timeout, an hour, did not act) and worker 1's update applies.
+  t.worker(0);
+  tick(3);
+  CHECK(t.proto.part().stats().voided == 0);
+  CHECK(shard_values(t.proto) == before);
+  tick(1);
+  CHECK(t.proto.part().stats().voided == 1);
+  CHECK(t.proto.part().stats().commit_timeouts == 2);
+  CHECK(logged("worker 0 reconnected but did not confirm position 1"));
+  // Worker 1's gradient (2 on each of the shard's 4 x 2 floats), at learning rate 1; worker
+  // 0's never.
+  CHECK(shard_values(t.proto) == std::vector<float>(8, -2.0f));
+  CHECK(t.proto.part().stats().position == 2);
+  // Nothing waits any more: the watch stops at its next tick.
+  tick(1);
+  CHECK(!t.proto.part_timer_armed(0));
+}
+
+TEST_CASE("replica_log, stepped: with commit_timeout 0 an unconfirmed order waits; an honest "
+          "worker that confirms in time is never timed out") {
+  using namespace std::chrono_literals;
+  SUBCASE("commit_timeout 0: off") {
+    recovery::replica_log_server_part part;
+    part.options.commit_timeout = 0ms;
+    stepped<recovery::replica_log> t(std::move(part));
+    auto& w0 = t.worker(0);
+    t.worker(1);
+    auto p = shard_push(0, 0, 1.0f);
+    p.header.seq = 1;
+    REQUIRE(t.proto.receive(w0, p));
+    CHECK(!t.proto.part_timer_armed(0));  // nothing to time
+    t.io.time += 1h;
+    t.proto.sweep();
+    CHECK(t.io.closed.empty());
+    CHECK(t.proto.part().stats().commit_timeouts == 0);
+  }
+  SUBCASE("default commit_timeout, confirmed before it") {
+    stepped<recovery::replica_log> t;
+    auto& w0 = t.worker(0);
+    t.worker(1);
+    const auto before = shard_values(t.proto);
+    for (std::uint64_t k = 1; k <= 3; ++k) {
+      auto p = shard_push(0, static_cast<clock_value>(k - 1), 1.0f);
+      p.header.seq = k;
+      REQUIRE(t.proto.receive(w0, p));
+      protocol::order o;
+      std::string detail;
+      REQUIRE(!protocol::decode(w0.outbox.back(), o, detail));
+      REQUIRE(o.size() == 1);
+      for (int i = 0; i < 190; ++i) {  // 9.5 s of the default 10 s, in the watch's ticks
+        t.io.time += 50ms;
+        t.proto.sweep();
+      }
+      message c;
+      c.header.type = protocol::commit_type;
+      c.header.sender = 0;
+      c.header.seq = o.entry(0).position;
+      REQUIRE(t.proto.receive(w0, c));
+    }
+    CHECK(t.io.closed.empty());
+    CHECK(t.proto.part().stats().commit_timeouts == 0);
+    CHECK(t.proto.part().stats().early_orders == 0);
+    CHECK(shard_values(t.proto)[0] == before[0] - 3.0f);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1183,7 +1183,7 @@ TEST_CASE("recovery stats: for_each_counter lists every counter by name, += adds
   rs.recoveries = 2;
   rs.last_recovery_seconds = 0.5;
   const auto lrs = list(rs);
-  REQUIRE(lrs.names.size() == 17);
+  REQUIRE(lrs.names.size() == 19);
   CHECK(lrs.names[1] == "orders_sent");
   CHECK(lrs.names[5] == "recoveries");
   CHECK(lrs.values[5] == 2);

@@ -30,8 +30,8 @@ enum class replica_log_ordering : std::uint8_t {
 };
 
 /// Configuration of `recovery::replica_log`. The server part reads `replica_interval`,
-/// `recovery_timeout`, `void_timeout`, `ordering` and `log_budget`; the worker part reads
-/// `reconnect_timeout` and `max_unacked`.
+/// `recovery_timeout`, `void_timeout`, `commit_timeout`, `ordering` and `log_budget`; the
+/// worker part reads `reconnect_timeout` and `max_unacked`.
 struct replica_log_options {
   /// Server clocks between two state replicas (the logging interval of SWIFT's selective
   /// logging): every this many clocks the shard sends its whole state (parameters and
@@ -46,6 +46,18 @@ struct replica_log_options {
   /// not confirmed (later pushes wait behind them) before it drops them (counted in
   /// `replica_log_stats::voided`).
   std::chrono::milliseconds void_timeout{std::chrono::seconds(30)};
+  /// Write-ahead only: how long an ordered update its worker has not confirmed may keep the
+  /// shard's later updates (every other worker's too) waiting before the shard acts on it.
+  /// If the update's order has not gone out yet (its worker's clock has not ended), the order
+  /// is sent at once and the wait starts again. If it went out, the worker's connection is
+  /// closed, logged and counted (`replica_log_stats::commit_timeouts`): an honest worker
+  /// reconnects and confirms what it logged, and the rest is voided at its rejoin's end, or
+  /// after `void_timeout` if it stays away. If the worker has reconnected without confirming
+  /// its closed connection's orders within this time, they are voided at once (counted in
+  /// `voided` and `commit_timeouts`). So a worker that never confirms stalls the shard for at
+  /// most about `commit_timeout` + `void_timeout`, never for good. Checked every 50 ms; 0 is
+  /// off (the behaviour before: an unconfirmed order of a connected worker waits forever).
+  std::chrono::milliseconds commit_timeout{std::chrono::seconds(10)};
   /// How long a worker keeps reconnecting to a lost shard before failing with
   /// `errc::server_lost`.
   std::chrono::milliseconds reconnect_timeout{std::chrono::minutes(10)};

@@ -61,6 +61,12 @@ struct replica_log_stats {
   /// (the dead server may have applied them between replayed ones; they are applied after).
   std::uint64_t reordered_recoveries = 0;
   std::uint64_t voided = 0;  ///< ordered, never confirmed, dropped (see `void_timeout`)
+  /// Orders of a worker's unfinished clock sent before its clock ended, because one of them
+  /// kept later updates waiting for `commit_timeout`.
+  std::uint64_t early_orders = 0;
+  /// Workers that did not confirm an order within `commit_timeout` while later updates
+  /// waited: the connection closed, or (reconnected) its closed connection's orders voided.
+  std::uint64_t commit_timeouts = 0;
   /// Worker clocks whose updates an inexact rebuild lacked: a worker's clock moved up to its
   /// next update's (0 after exact rebuilds).
   std::uint64_t skipped_clocks = 0;
@@ -93,6 +99,8 @@ struct replica_log_stats {
     f("incomplete_recoveries", incomplete_recoveries);
     f("reordered_recoveries", reordered_recoveries);
     f("voided", voided);
+    f("early_orders", early_orders);
+    f("commit_timeouts", commit_timeouts);
     f("skipped_clocks", skipped_clocks);
     f("max_held", max_held);
     f("dropped", dropped);
@@ -312,8 +320,9 @@ struct replica_log_server_part {
   }
 
   /// The watch's tick (timer `watch_timer`, every `watch_tick` while a rebuild waits for the
-  /// workers or a closed connection's orders wait for confirmation): finishes the rebuild
-  /// after `recovery_timeout`, voids the orphaned orders after `void_timeout`.
+  /// workers, a closed connection's orders wait for confirmation, or an unconfirmed order
+  /// keeps later updates waiting): finishes the rebuild after `recovery_timeout`, voids the
+  /// orphaned orders after `void_timeout`, acts on an order unconfirmed for `commit_timeout`.
   template <class Ctx>
   void on_timer(Ctx ctx, std::uint32_t timer);
 
@@ -398,9 +407,19 @@ struct replica_log_server_part {
   void forget_logged(std::uint64_t stable);
 
   // Drops worker `w`'s ordered messages it never confirmed (it did not log their positions,
-  // and resends them), and anything else of it held from a closed connection.
+  // and resends them), and anything else of it held from a closed connection; with
+  // `orphans_only`, only what it sent on connections that closed.
   template <class Ctx>
-  void void_unconfirmed(Ctx, std::uint32_t w);
+  void void_unconfirmed(Ctx, std::uint32_t w, bool orphans_only = false);
+
+  // The held message every later one waits behind: the front, when it is ordered and its
+  // worker has not confirmed it (write-ahead). Null when nothing waits.
+  const held* blocking() const noexcept;
+
+  // `commit_timeout`: the blocking message waited that long. Sends its clock's order early,
+  // closes its worker's connection, or voids the orders of its worker's closed connection.
+  template <class Ctx>
+  void commit_timed_out(Ctx ctx);
 
   // ---- rebuilding (defined in server_part_rebuild.ipp) ----
 
@@ -449,6 +468,8 @@ struct replica_log_server_part {
     bool releasing_ = false;
     bool watching_ = false;
     std::chrono::milliseconds recovering_for_{0}, orphaned_for_{0};  // the watch's ticks
+    std::uint64_t blocked_position_ = 0;        // the blocking message's position, seen last tick
+    std::chrono::milliseconds blocked_for_{0};  // ... and for how many ticks
     detail::ring<held> held_;
     std::vector<char> met_, done_;
     std::vector<std::uint64_t> expect_;

@@ -2,7 +2,8 @@
 // and giving its pushes and clocks positions (the orders it logs), the write-ahead release (an
 // ordered update is applied only once its worker confirmed it), counting what is dropped when
 // dispatched, a worker's clock caught up after an inexact rebuild, state replicas sent to the
-// workers, and voiding orders a worker never confirmed.
+// workers, voiding orders a worker never confirmed, and what the shard does when an order stays
+// unconfirmed for `commit_timeout`.
 //
 // Out-of-line definitions of members of replica_log_server_part, declared in
 // asyncps/recovery/replica_log/server_part.hpp. Not a header to include on its own: server_part.hpp
@@ -55,9 +56,12 @@ void replica_log_server_part::hold(Ctx ctx, detail::session_base* s, std::uint32
       if (p.size() >= protocol::max_order_entries) flush_orders(ctx, w);
     }
   }
+  const bool waits = it.position != 0 && !it.confirmed;
   rt_.value.held_.push_back(std::move(it));
   rt_.value.stats_.max_held =
       std::max<std::uint64_t>(rt_.value.stats_.max_held, rt_.value.held_.size());
+  // Write-ahead: the watch times how long an unconfirmed order keeps later updates waiting.
+  if (waits && options.commit_timeout.count() > 0) watch(ctx);
 }
 
 template <class Ctx>
@@ -197,14 +201,18 @@ inline void replica_log_server_part::forget_logged(std::uint64_t stable) {
 }
 
 template <class Ctx>
-void replica_log_server_part::void_unconfirmed(Ctx, std::uint32_t w) {
-  if (w < rt_.value.pending_.size()) rt_.value.pending_[w].clear();  // never sent: voided below
+void replica_log_server_part::void_unconfirmed(Ctx, std::uint32_t w, bool orphans_only) {
+  // Never sent: voided below (their connection's, when only orphans go; the worker's current
+  // connection's pending orders belong to messages of that connection, which stay).
+  if (w < rt_.value.pending_.size() && (!orphans_only || rt_.value.pending_from_[w] == nullptr))
+    rt_.value.pending_[w].clear();
   detail::ring<held> keep;
   while (!rt_.value.held_.empty()) {
     held it = std::move(rt_.value.held_.front());
     rt_.value.held_.pop_front();
-    const bool stale = it.worker == w && ((it.position != 0 && !it.confirmed) ||
-                                          (it.position == 0 && it.session == nullptr));
+    const bool stale =
+        it.worker == w && (!orphans_only || it.session == nullptr) &&
+        ((it.position != 0 && !it.confirmed) || (it.position == 0 && it.session == nullptr));
     if (stale) {
       if (it.position != 0) ++rt_.value.stats_.voided;
       continue;
@@ -212,6 +220,49 @@ void replica_log_server_part::void_unconfirmed(Ctx, std::uint32_t w) {
     keep.push_back(std::move(it));
   }
   rt_.value.held_ = std::move(keep);
+}
+
+inline const replica_log_server_part::held* replica_log_server_part::blocking() const noexcept {
+  if (rt_.value.held_.empty()) return nullptr;
+  const held& f = rt_.value.held_.front();
+  return f.position != 0 && !f.confirmed ? &f : nullptr;
+}
+
+template <class Ctx>
+void replica_log_server_part::commit_timed_out(Ctx ctx) {
+  const held* b = blocking();
+  if (b == nullptr) return;
+  const std::uint32_t w = b->worker;
+  const std::uint64_t position = b->position;
+  const std::string waited = std::to_string(options.commit_timeout.count()) + " ms";
+  if (b->session != nullptr) {
+    if (!b->session->open) return;  // closing: its messages become orphans when it ends
+    if (w < rt_.value.sent_.size() && position > rt_.value.sent_[w]) {
+      // Its order has not gone out: the worker's clock has not ended (an honest worker
+      // pushing slowly). The order goes now; the worker confirms it as any other.
+      ++rt_.value.stats_.early_orders;
+      flush_orders(ctx, w);
+      return;
+    }
+    ++rt_.value.stats_.commit_timeouts;
+    ctx.log("worker " + std::to_string(w) + " did not confirm position " +
+            std::to_string(position) + " within " + waited +
+            " of its order while later updates waited: closed its connection (a worker that "
+            "reconnects confirms what it logged; the rest is voided)");
+    ctx.close(*b->session);  // on_session_closed: its held messages become orphans
+    return;
+  }
+  if (!ctx.worker_connected(w)) return;  // away: void_timeout decides
+  // It reconnected but did not confirm its closed connection's orders (an honest worker
+  // confirms them as its rejoin begins): they are voided, and it resends what it did not log.
+  ++rt_.value.stats_.commit_timeouts;
+  const std::uint64_t voided = rt_.value.stats_.voided;
+  void_unconfirmed(ctx, w, true);
+  ctx.log("worker " + std::to_string(w) + " reconnected but did not confirm position " +
+          std::to_string(position) + ", ordered on its closed connection, within " + waited +
+          ": dropped " + std::to_string(rt_.value.stats_.voided - voided) +
+          " unconfirmed updates of that connection");
+  release(ctx);
 }
 
 }  // namespace asyncps::recovery

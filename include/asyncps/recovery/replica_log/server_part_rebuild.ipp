@@ -1,8 +1,9 @@
 // asyncps — recovery::replica_log (SWIFT), server part: rebuilding a restarted shard. Starting
 // a rebuild, collecting the workers' replays, choosing the replica the logs back, installing it
 // and replaying every logged entry after it in position order, then serving what was held; and
-// the watch (the part's timer, hook `on_timer`) that finishes a rebuild at recovery_timeout and
-// voids orphaned orders at void_timeout.
+// the watch (the part's timer, hook `on_timer`) that finishes a rebuild at recovery_timeout,
+// voids orphaned orders at void_timeout and acts on an order left unconfirmed for
+// commit_timeout.
 //
 // Out-of-line definitions of members of replica_log_server_part, declared in
 // asyncps/recovery/replica_log/server_part.hpp. Not a header to include on its own: server_part.hpp
@@ -248,7 +249,23 @@ void replica_log_server_part::on_timer(Ctx ctx, std::uint32_t timer) {
   } else {
     r.orphaned_for_ = std::chrono::milliseconds{0};
   }
-  if (r.mode_ == mode::recovering || has_orphans()) {
+  // commit_timeout: the same unconfirmed order at the front, tick after tick.
+  const held* b = options.commit_timeout.count() > 0 ? blocking() : nullptr;
+  if (b == nullptr) {
+    r.blocked_position_ = 0;
+    r.blocked_for_ = std::chrono::milliseconds{0};
+  } else if (b->position != r.blocked_position_) {
+    r.blocked_position_ = b->position;
+    r.blocked_for_ = watch_tick;
+  } else {
+    r.blocked_for_ += watch_tick;
+    if (r.blocked_for_ >= options.commit_timeout) {
+      r.blocked_for_ = std::chrono::milliseconds{0};
+      commit_timed_out(ctx);
+    }
+  }
+  const bool blocked = options.commit_timeout.count() > 0 && blocking() != nullptr;
+  if (r.mode_ == mode::recovering || has_orphans() || blocked) {
     ctx.arm_timer(watch_timer, watch_tick);
   } else {
     r.watching_ = false;
