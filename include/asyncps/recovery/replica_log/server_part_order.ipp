@@ -237,9 +237,11 @@ void replica_log_server_part::commit_timed_out(Ctx ctx) {
   const std::string waited = std::to_string(options.commit_timeout.count()) + " ms";
   if (b->session != nullptr) {
     if (!b->session->open) return;  // closing: its messages become orphans when it ends
-    if (w < rt_.value.sent_.size() && position > rt_.value.sent_[w]) {
+    if (w < rt_.value.pending_.size() && position > rt_.value.sent_[w] &&
+        !rt_.value.pending_[w].empty() && rt_.value.pending_from_[w] == b->session) {
       // Its order has not gone out: the worker's clock has not ended (an honest worker
-      // pushing slowly). The order goes now; the worker confirms it as any other.
+      // pushing slowly). The order goes now; the worker confirms it as any other. (An order
+      // that can no longer go, its connection taken over, is not waited for: closed below.)
       ++rt_.value.stats_.early_orders;
       flush_orders(ctx, w);
       return;

@@ -37,6 +37,7 @@ void replica_log_server_part::start_recovery(Ctx ctx) {
   ctx.save_state(rt_.value.initial_);  // position 0: the seeded initial state
   ctx.log("rebuilding from the workers' replicas and logs (replica-log)");
   rt_.value.recovery_started_ = std::chrono::steady_clock::now();
+  rt_.value.recovering_for_ = std::chrono::milliseconds{0};  // the watch may run already
   watch(ctx);
 }
 
