@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -808,6 +809,32 @@ TEST_CASE("replica_log, stepped: a push ordered but never confirmed is voided af
   CHECK(logged("dropped the unconfirmed updates of disconnected workers after 100 ms"));
   CHECK(!t.proto.part_timer_armed(0));
   CHECK(shard_values(t.proto) == before);  // never applied
+}
+
+TEST_CASE("a part's timers: an id at or above timer_count is refused by arm_timer with "
+          "std::out_of_range naming it, never armed, and ignored by cancel_timer") {
+  using namespace std::chrono_literals;
+  stepped<recovery::replica_log> t;
+  auto ctx = t.io.ctx();
+  constexpr std::uint32_t n = decltype(ctx)::timer_count;
+  static_assert(n >= 1);
+  ctx.arm_timer(n - 1, 10ms);
+  CHECK(ctx.timer_armed(n - 1));
+  std::string what;
+  try {
+    ctx.arm_timer(n, 10ms);
+  } catch (const std::out_of_range& e) {
+    what = e.what();
+  }
+  CHECK(what == "asyncps: a recovery part armed timer " + std::to_string(n) +
+                    "; its timers are 0 to " + std::to_string(n - 1) +
+                    " (part_context::timer_count)");
+  CHECK_THROWS_AS(ctx.arm_timer(std::numeric_limits<std::uint32_t>::max(), 1ms), std::out_of_range);
+  CHECK(!ctx.timer_armed(n));
+  ctx.cancel_timer(n);            // nothing to cancel
+  CHECK(ctx.timer_armed(n - 1));  // the valid timer is untouched
+  ctx.cancel_timer(n - 1);
+  CHECK(!ctx.timer_armed(n - 1));
 }
 
 TEST_CASE("replica_log, stepped: a worker that never confirms stalls the shard for a bounded "

@@ -119,13 +119,14 @@ class part_context {
   /// Arms timer `id` (< `timer_count`) to fire once, `after` (milliseconds) from now in the
   /// transport's clock (virtual time on the simulated transport): the part's
   /// `on_timer(ctx, id)` is then called on the server's executor. Arming an armed timer
-  /// moves its deadline. Not fired after the server stops.
+  /// moves its deadline. Not fired after the server stops. Exceptions: `std::out_of_range`
+  /// (naming the id) for an id >= `timer_count`.
   void arm_timer(std::uint32_t id, std::chrono::milliseconds after) const {
     p().arm_part_timer(id, after);
   }
-  /// Disarms timer `id` (nothing when it is not armed).
+  /// Disarms timer `id` (nothing when it is not armed, or `id` >= `timer_count`).
   void cancel_timer(std::uint32_t id) const noexcept { p().cancel_part_timer(id); }
-  /// Whether timer `id` is armed.
+  /// Whether timer `id` is armed (false for `id` >= `timer_count`).
   bool timer_armed(std::uint32_t id) const noexcept { return p().part_timer_armed(id); }
 
   // ---- the shard ----

@@ -170,18 +170,24 @@ class server_protocol {
   static constexpr std::uint32_t part_timer_count = 4;
   /// Arms the part's timer `id` to fire `after` from `io.now()` (replacing its earlier
   /// deadline): `sweep` then calls the part's `on_timer(ctx, id)` once (recovery.hpp). Wakes
-  /// the sweeper. Precondition: `id < part_timer_count`.
+  /// the sweeper. Exceptions: `std::out_of_range`, naming the id, when `id >=
+  /// part_timer_count` (a policy's bug; nothing is armed).
   void arm_part_timer(std::uint32_t id, std::chrono::milliseconds after);
-  /// Disarms the part's timer `id` (nothing happens when it was not armed).
-  void cancel_part_timer(std::uint32_t id) noexcept { part_timers_[id].reset(); }
+  /// Disarms the part's timer `id` (nothing happens when it was not armed, or for an id
+  /// outside [0, part_timer_count), which is never armed).
+  void cancel_part_timer(std::uint32_t id) noexcept {
+    if (id < part_timer_count) part_timers_[id].reset();
+  }
   /// A connect the part asked for (`ctx.connect`) made peer session `s` (claimed with its
   /// role): the part's `on_connected(ctx, s)`.
   void part_connected(Session& s);
   /// A connect the part asked for with tag `role` failed with `ec`: the part's
   /// `on_connect_failed(ctx, role, ec)`.
   void part_connect_failed(std::uint8_t role, std::error_code ec);
-  /// Whether the part's timer `id` is armed.
-  bool part_timer_armed(std::uint32_t id) const noexcept { return part_timers_[id].has_value(); }
+  /// Whether the part's timer `id` is armed (false for an id outside [0, part_timer_count)).
+  bool part_timer_armed(std::uint32_t id) const noexcept {
+    return id < part_timer_count && part_timers_[id].has_value();
+  }
   /// Closes `s` once its queued messages are sent.
   void close_after_flush(Session& s);
   /// Refuses `s`: queues an error{code, reason} and closes after flushing it (logged and

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <iterator>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -157,6 +158,10 @@ template <class Consistency, class Recovery, class Optimizer, class Session, cla
           class Io>
 void server_protocol<Consistency, Recovery, Optimizer, Session, TimePoint, Io>::arm_part_timer(
     std::uint32_t id, std::chrono::milliseconds after) {
+  if (id >= part_timer_count)
+    throw std::out_of_range("asyncps: a recovery part armed timer " + std::to_string(id) +
+                            "; its timers are 0 to " + std::to_string(part_timer_count - 1) +
+                            " (part_context::timer_count)");
   part_timers_[id] = io_->now() + std::chrono::duration_cast<typename TimePoint::duration>(after);
   io_->wake_sweeper();
 }
