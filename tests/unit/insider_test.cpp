@@ -886,6 +886,91 @@ TEST_CASE("insider: a held replica-log push refused when its turn comes is count
                            "push refused: its L2 norm exceeds the server's max_update_norm"));
 }
 
+TEST_CASE("insider: a replica-log worker that never confirms its order is closed after "
+          "commit_timeout; its update is voided, never applied, and the honest worker's applies") {
+  // Write-ahead: every later update waits behind an unconfirmed position. Worker 0 (raw frames)
+  // pushes, takes its order and never commits; worker 1 pushes behind it and commits. The real
+  // server's watch closes worker 0 after commit_timeout, voids its order after void_timeout
+  // (it does not come back) and applies worker 1's update, which is then acknowledged.
+  asio::io_context io(1);
+  in_process_network net;
+  test::log_lines slog;
+  server_options so = logged_options(2, slog);
+  in_process_transport st(io.get_executor(), net);
+  using server_t = basic_server<in_process_transport, consistency::asp, recovery::replica_log>;
+  recovery::replica_log_server_part part;
+  part.options.commit_timeout = 200ms;
+  part.options.void_timeout = 200ms;
+  server_t server(st, so, optimizer::sgd{1.0f}, std::move(part));
+  asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
+  in_process_transport t0(io.get_executor(), net), t1(io.get_executor(), net);
+  const std::vector<protocol::layout_entry> layout{{4, 2}};
+  auto push_of = [](in_process_transport& t, std::uint32_t w, float g) {
+    message push;
+    push.header.type = message_type::push;
+    push.header.flags = frame_flags::range | frame_flags::end_of_clock | frame_flags::want_ack;
+    push.header.sender = w;
+    push.header.seq = 1;
+    push.header.row_count = 4;
+    push.header.width = 2;
+    push.payload = t.allocate(8 * sizeof(float));
+    const std::vector<float> v(8, g);
+    std::memcpy(push.payload.data(), v.data(), 8 * sizeof(float));
+    return push;
+  };
+  bool evil_closed = false;
+  std::uint64_t acked = 0;
+  test::run_coro(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto [ec0, c0] = co_await t0.async_connect("shard0");
+        REQUIRE(!ec0);
+        (void)co_await c0.async_send(
+            hello_of<consistency::asp, recovery::replica_log>(0, 0, layout, 0, t0, 7));
+        auto [wec0, w0] = co_await c0.async_receive();
+        REQUIRE(!wec0);
+        REQUIRE(w0.header.type == message_type::welcome);
+        (void)co_await c0.async_send(push_of(t0, 0, 1.0f));
+        auto [oec0, o0] = co_await c0.async_receive();
+        REQUIRE(!oec0);
+        REQUIRE(o0.header.type == protocol::order_type);  // position 1: never confirmed
+
+        auto [ec1, c1] = co_await t1.async_connect("shard0");
+        REQUIRE(!ec1);
+        (void)co_await c1.async_send(
+            hello_of<consistency::asp, recovery::replica_log>(1, 0, layout, 0, t1, 8));
+        auto [wec1, w1] = co_await c1.async_receive();
+        REQUIRE(!wec1);
+        (void)co_await c1.async_send(push_of(t1, 1, 2.0f));
+        auto [oec1, o1] = co_await c1.async_receive();
+        REQUIRE(!oec1);
+        protocol::order o;
+        std::string why;
+        REQUIRE(!protocol::decode(o1, o, why));
+        REQUIRE(o.size() == 1);
+        CHECK(o.entry(0).position == 2);
+        (void)co_await c1.async_send(header_only(protocol::commit_type, 0, 2, 1));
+
+        // Worker 0's connection ends (the server closes it); nothing else comes on it.
+        auto [cec, cm] = co_await c0.async_receive();
+        evil_closed = static_cast<bool>(cec);
+        // Worker 1's push is applied once worker 0's order is voided, and acknowledged.
+        auto [aec, am] = co_await c1.async_receive();
+        REQUIRE(!aec);
+        if (am.header.type == message_type::ack) acked = am.header.seq;
+        server.stop();
+      },
+      20s);
+  INFO(joined(slog));
+  CHECK(evil_closed);
+  CHECK(acked == 1);
+  CHECK(server.recovery().stats().commit_timeouts == 1);
+  CHECK(server.recovery().stats().voided == 1);
+  CHECK(server.stats().pushes == 1);  // worker 1's only
+  CHECK(any_line_has(slog, "worker 0 did not confirm position 1 within 200 ms of its order"));
+  CHECK(any_line_has(slog, "dropped the unconfirmed updates of disconnected workers"));
+}
+
 namespace {
 
 // An in-process transport whose receive throws std::bad_alloc for a heartbeat with seq
