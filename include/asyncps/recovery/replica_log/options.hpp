@@ -55,7 +55,8 @@ struct replica_log_options {
   /// after `void_timeout` if it stays away. If the worker has reconnected without confirming
   /// its closed connection's orders within this time, they are voided at once (counted in
   /// `voided` and `commit_timeouts`). So a worker that never confirms stalls the shard for at
-  /// most about `commit_timeout` + `void_timeout`, never for good. Checked every 50 ms; 0 is
+  /// most about 2 x `commit_timeout` per connection it opens (the early order, then the
+  /// close), plus `void_timeout` if it stays away; never for good. Checked every 50 ms; 0 is
   /// off (the behaviour before: an unconfirmed order of a connected worker waits forever).
   std::chrono::milliseconds commit_timeout{std::chrono::seconds(10)};
   /// How long a worker keeps reconnecting to a lost shard before failing with
