@@ -76,7 +76,9 @@ struct cache_part {
 
 /// What `worker_cache::refresh_snapshot` did, counted since the cache was made.
 struct snapshot_counts {
-  std::uint64_t skipped = 0;  ///< refreshes with no row changed: nothing copied
+  /// Refreshes with no row changed: nothing copied, except a table the refresh before shared
+  /// that is no longer held whole (e.g. its values were read): copied whole, its rows unchanged.
+  std::uint64_t skipped = 0;
   std::uint64_t whole = 0;    ///< refreshes that copied the whole cache
   std::uint64_t partial = 0;  ///< refreshes that copied the changed rows only
   std::uint64_t rows = 0;     ///< rows copied by the partial refreshes
