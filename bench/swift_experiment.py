@@ -9,15 +9,19 @@ replica-log`: rebuild from a worker's state replica plus the workers' logs) with
 lr-scaled`). Three parts (--only picks a subset):
 
   main      no-kill controls of none, replica-log, checkpoint, chain and stateless (failure-free
-            time per clock against none), then every policy but none under two schedules: one
-            kill at 0.5 T, and paper A's two kills at 0.3 T and 0.6 T, each with a downtime of
-            0.15 T (T: the mean duration of the none control); over --seeds.
+            time per clock against none), then every policy but none under the kill
+            schedules: one kill at 0.5 T and two kills at 0.3 T and 0.6 T by default, each with
+            a downtime of 0.15 T (T: the mean duration of the none control); over --seeds.
+            --schedules picks them (also "3 kills": 0.14, 0.37 and 0.6 T); without "no kill"
+            in it, only none's control runs failure-free.
   interval  replica-log with --replica-interval 1, 5, 20, 100, 500 (--intervals; the main
-            part's runs give 10), one kill at 0.5 T, the first seed: log memory against
-            recovery time.
+            part's runs give 10), one kill at 0.5 T, over --sweep-seeds (default: the first
+            of --seeds): log memory against recovery time.
   spread    replica-log with --workers 1, 2, 8 (--spread-workers; the interval part's run at
-            --spread-interval gives 4), one kill at 0.5 T, the first seed: recovery time and
-            entries replayed against the number of workers the replay is spread over.
+            --spread-interval gives 4), one kill at 0.5 T, over --sweep-seeds: recovery time
+            and entries replayed against the number of workers the replay is spread over.
+            With several sweep seeds the sweep tables give mean [95% confidence interval]
+            (Student's t over the seeds) instead of mean +- std.
 
 It writes one raw JSONL file per run (recovery_experiment.py's run_one: the command, every
 stdout/stderr line with its arrival time, the metrics lines, exit status, load averages),
@@ -76,7 +80,9 @@ POLICIES = {  # name -> trainer flags (replica-log's interval is added per run)
     "stateless": ["--recovery", "stateless", "--merge", "lr-scaled"],
 }
 KILL_POLICIES = ["replica-log", "checkpoint", "chain", "stateless"]
-SCHEDULES = {"1 kill": [0.5], "2 kills": [0.3, 0.6]}  # kill times as fractions of T
+# Kill times as fractions of T. "3 kills" extends paper A's schedule (0.14 T and 0.37 T, as
+# recovery_experiment.py uses) by a third kill; --schedules picks which ones a run makes.
+SCHEDULES = {"1 kill": [0.5], "2 kills": [0.3, 0.6], "3 kills": [0.14, 0.37, 0.6]}
 COLORS = {"none": "black", "replica-log": "tab:blue", "checkpoint": "tab:orange",
           "chain": "tab:olive", "stateless": "tab:green"}
 NAN = float("nan")
@@ -106,11 +112,12 @@ def run_name(part, policy, schedule, interval, workers):
     return f"{part}: {what} ({schedule})"
 
 
-def plan(args, parts, seeds):
+def plan(args, parts, seeds, sweep_seeds):
     """The runs to do, in order: dicts with name, part, policy, schedule, interval, workers,
     seed. Main: seeds outer, the none control first in each seed (the first one sets the kill
-    schedule), then the other controls and the kill runs interleaved. The sweeps use the first
-    seed and one kill; points that another part measures are not run twice."""
+    schedule), then the other controls and the kill runs interleaved. The sweeps: sweep seeds
+    outer (so a stopped run leaves whole seeds), one kill; points that another part measures
+    for the same seed are not run twice."""
     runs = []
 
     def add(part, policy, schedule, seed, interval=None, workers=4):
@@ -123,22 +130,27 @@ def plan(args, parts, seeds):
     if "main" in parts:
         for seed in seeds:
             for p in POLICIES:
-                add("main", p, "no kill", seed)
-            for sched in SCHEDULES:
+                if p == "none" or "no kill" in args.schedules:
+                    add("main", p, "no kill", seed)
+            for sched in args.schedules:
+                if sched == "no kill":
+                    continue
                 for p in KILL_POLICIES:
                     add("main", p, sched, seed)
-    s0 = seeds[0]
-    if "interval" in parts:
-        for k in args.intervals:
-            if not ("main" in parts and k == args.main_interval):
-                add("interval", "replica-log", "1 kill", s0, interval=k)
-    if "spread" in parts:
-        for n in args.spread_workers:
-            if n == 4 and ("interval" in parts and args.spread_interval in args.intervals):
-                continue
-            if n == 4 and "main" in parts and args.spread_interval == args.main_interval:
-                continue
-            add("spread", "replica-log", "1 kill", s0, interval=args.spread_interval, workers=n)
+    for s in sweep_seeds:
+        in_main = "main" in parts and s in seeds
+        if "interval" in parts:
+            for k in args.intervals:
+                if not (in_main and k == args.main_interval):
+                    add("interval", "replica-log", "1 kill", s, interval=k)
+        if "spread" in parts:
+            for n in args.spread_workers:
+                if n == 4 and ("interval" in parts and args.spread_interval in args.intervals):
+                    continue
+                if n == 4 and in_main and args.spread_interval == args.main_interval:
+                    continue
+                add("spread", "replica-log", "1 kill", s, interval=args.spread_interval,
+                    workers=n)
     return runs
 
 
@@ -248,6 +260,23 @@ def fmt(values, f="{:.2f}", scale=1.0, n=None):
     return rx.ms([v for v in values if v is not None], f, scale, n)
 
 
+# Student's t at 0.975 by degrees of freedom (n - 1), for 95% confidence intervals.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+        9: 2.262}
+
+
+def fmt_ci(values, f="{:.2f}"):
+    """mean [95% interval] over the values (the seeds), t-based; a single value alone."""
+    vals = [v for v in values if v is not None and v == v]
+    if not vals:
+        return "—"
+    m = statistics.mean(vals)
+    if len(vals) < 2 or len(vals) - 1 not in T975:
+        return fmt(vals, f)
+    h = T975[len(vals) - 1] * statistics.stdev(vals) / math.sqrt(len(vals))
+    return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
+
+
 def per_kill(ms_list, key, i, f="{:.2f}"):
     return fmt([m[key][i] if i < len(m[key]) else NAN for m in ms_list], f)
 
@@ -348,6 +377,8 @@ def analyse(out_dir, args):
 
     # ---- with kills ----
     for sched, fr in SCHEDULES.items():
+        if not any(r["part"] == "main" and r["schedule"] == sched for r in runs):
+            continue
         nk = len(fr)
         out.append(f"### {sched} (at " + ", ".join(f"{f:g} T" for f in fr)
                    + f", downtime {args.downtime_fraction:g} T)")
@@ -399,7 +430,11 @@ def analyse(out_dir, args):
     # ---- against paper B ----
     out.append("### Against paper B (ratios of means; > 1: replica-log is faster)")
     out.append("")
-    hdr = ["schedule", "vs"] + [f"time to {t:.0%}" for t in thresholds] + ["duration"]
+    out.append("The last column: the other policy's duration over replica-log's, per seed (the "
+               "same seed's runs paired), mean [95% confidence interval] over the seeds.")
+    out.append("")
+    hdr = ["schedule", "vs"] + [f"time to {t:.0%}" for t in thresholds] + [
+        "duration", "duration, paired per seed"]
     out.append("| " + " | ".join(hdr) + " |")
     out.append("|" + "---|" * len(hdr))
     for sched in list(SCHEDULES) + ["no kill"]:
@@ -419,14 +454,29 @@ def analyse(out_dir, args):
                     return "—"
                 return f"{statistics.mean(a) / statistics.mean(b):.2f}x"
 
+            mine = {r["seed"]: r["duration"] for r in base if not r["died"]}
+            paired = [r["duration"] / mine[r["seed"]] for r in other
+                      if not r["died"] and r["seed"] in mine]
             out.append("| " + " | ".join([sched, p] + [ratio(f"t{t}") for t in thresholds]
-                                         + [ratio("duration")]) + " |")
+                                         + [ratio("duration"), fmt_ci(paired, "{:.3f}")
+                                            + f" (n={len(paired)})"]) + " |")
     out.append("")
 
     # ---- sweeps ----
     def sweep_table(title, key_name, rs_by_key):
+        # Several seeds per point: mean [95% interval]; one: the value (mean +- std otherwise).
+        seeded = any(len({r["seed"] for r in rs}) > 1 for rs in rs_by_key.values())
+        f_ = fmt_ci if seeded else fmt
+
+        def per_kill_(ms_list, key, i, f="{:.2f}"):
+            return f_([m[key][i] if i < len(m[key]) else NAN for m in ms_list], f)
+
         out.append(f"### {title}")
         out.append("")
+        if seeded:
+            out.append("Each cell: mean [95% confidence interval] over the runs (seeds) of the "
+                       "point.")
+            out.append("")
         hdr = [key_name, "runs", "kill at (fraction of the run)", "log max / worker (KB)",
                "replica max / worker (KB)", "replicas stored", "kill -> serving (s)",
                "restart -> serving (s)", "rebuild (s)", "kill -> full rate (s)",
@@ -440,17 +490,19 @@ def analyse(out_dir, args):
             sm = [r["summary"] for r in rs if r["summary"]]
             out.append("| " + " | ".join([
                 str(key), str(len(rs)),
-                fmt([r["kills"][0] / r["duration"] for r in rs if r["kills"]], "{:.2f}"),
-                fmt([s["max_log_bytes"] / 1024 for s in sm], "{:.0f}"),
-                fmt([s["max_replica_bytes"] / 1024 for s in sm], "{:.0f}"),
-                fmt([s["replicas_stored"] for s in sm], "{:.0f}"),
-                per_kill(ks, "serving", 0), per_kill(ks, "from_restart", 0),
-                per_kill(ks, "rebuild", 0, "{:.3f}"), per_kill(ks, "full_rate", 0),
-                per_kill(ks, "entries", 0, "{:.0f}"),
-                fmt([s["entries_resent"] / s["workers"] for s in sm], "{:.1f}"),
-                per_kill(ks, "missing", 0, "{:.0f}"), summ(rs, "lost_pushes"),
-                summ(rs, "pushes_applied_twice"), col(rs, "duration", "{:.1f}"),
-                col(rs, "final", "{:.3f}"),
+                f_([r["kills"][0] / r["duration"] for r in rs if r["kills"]], "{:.2f}"),
+                f_([s["max_log_bytes"] / 1024 for s in sm], "{:.0f}"),
+                f_([s["max_replica_bytes"] / 1024 for s in sm], "{:.0f}"),
+                f_([s["replicas_stored"] for s in sm], "{:.0f}"),
+                per_kill_(ks, "serving", 0), per_kill_(ks, "from_restart", 0),
+                per_kill_(ks, "rebuild", 0, "{:.3f}"), per_kill_(ks, "full_rate", 0),
+                per_kill_(ks, "entries", 0, "{:.0f}"),
+                f_([s["entries_resent"] / s["workers"] for s in sm], "{:.1f}"),
+                per_kill_(ks, "missing", 0, "{:.0f}"),
+                f_([(r["summary"] or {}).get("lost_pushes", NAN) for r in rs], "{:.0f}"),
+                f_([(r["summary"] or {}).get("pushes_applied_twice", NAN) for r in rs], "{:.0f}"),
+                f_([r["m"].get("duration", NAN) for r in rs], "{:.1f}"),
+                f_([r["m"].get("final", NAN) for r in rs], "{:.3f}"),
                 fmt([r["loadavg_before"] for r in rs], "{:.1f}") + " / "
                 + fmt([r["loadavg_after"] for r in rs], "{:.1f}")]) + " |")
         out.append("")
@@ -504,8 +556,11 @@ def plot(out_dir, runs, T, by_interval, by_workers, args):
         end = max(r["duration"] for r in main if r["duration"] == r["duration"])
         step = max(end / 400, 0.02)
         grid = [i * step for i in range(int(end / step) + 2)]
-        fig, axes = plt.subplots(2, 1, figsize=(12, 10), sharex=True)
-        for ax, sched in zip(axes, SCHEDULES):
+        present = [sc for sc in SCHEDULES if any(r["schedule"] == sc for r in main)]
+        fig, axes = plt.subplots(max(len(present), 1), 1, figsize=(12, 5 * max(len(present), 1)),
+                                 sharex=True, squeeze=False)
+        axes = [a[0] for a in axes]
+        for ax, sched in zip(axes, present):
             lo = 1.0
             # The controls of none and replica-log (dashed), and every policy's kill runs.
             curves = [("none", "no kill", "--"), ("replica-log", "no kill", "--")]
@@ -533,11 +588,11 @@ def plot(out_dir, runs, T, by_interval, by_workers, args):
                                label="replica-log serving again (mean)" if i == 0 else None)
             ax.set_title(f"Fashion-MNIST {args.model}, 2 servers + 4 workers, SSP(3): {sched}, "
                          f"mean over seeds")
-            ax.set_ylabel("test accuracy (worker 0's view)")
+            ax.set_ylabel("test accuracy (the runs' --eval source)")
             ax.set_ylim(max(0.0, lo - 0.02), None)
             ax.grid(alpha=0.3)
             ax.legend(loc="lower right", fontsize=8, ncol=2)
-        axes[1].set_xlabel("seconds since training start (metrics time base)")
+        axes[-1].set_xlabel("seconds since training start (metrics time base)")
         fig.tight_layout()
         fig.savefig(out_dir / "accuracy.png", dpi=110)
         plt.close(fig)
@@ -620,7 +675,12 @@ def main():
                     help=common.overwrite_help() + " (a run deletes the *.jsonl of the parts it "
                     "runs first)")
     ap.add_argument("--no-plot", action="store_true", help="no PNG (no matplotlib)")
-    ap.add_argument("--seeds", default="1,2,3", help="main part's seeds; the sweeps use the first")
+    ap.add_argument("--seeds", default="1,2,3", help="the main part's seeds")
+    ap.add_argument("--sweep-seeds", default=None,
+                    help="the interval and spread sweeps' seeds (default: the first of --seeds)")
+    ap.add_argument("--schedules", default="no kill,1 kill,2 kills",
+                    help="the main part's schedules, of: no kill, " + ", ".join(SCHEDULES)
+                    + " (none's failure-free control always runs)")
     ap.add_argument("--only", default=",".join(PARTS),
                     help="comma-separated subset of the parts: " + ", ".join(PARTS))
     ap.add_argument("--quick", action="store_true",
@@ -653,6 +713,11 @@ def main():
         args.seeds = "1"
     args.intervals = ints(args.intervals or ("1,100" if args.quick else "1,5,20,100,500"))
     args.spread_workers = ints(args.spread_workers or ("1,2,4" if args.quick else "1,2,4,8"))
+    args.schedules = [x.strip() for x in args.schedules.split(",") if x.strip()]
+    for sc in args.schedules:
+        if sc != "no kill" and sc not in SCHEDULES:
+            sys.exit(f"{PROG}: unknown schedule {sc!r} (--schedules takes no kill, "
+                     f"{', '.join(SCHEDULES)})")
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     for p in parts:
         if p not in PARTS:
@@ -666,7 +731,8 @@ def main():
         analyse(out_dir, args)
         return
     seeds = ints(args.seeds)
-    todo = plan(args, parts, seeds)
+    sweep_seeds = ints(args.sweep_seeds) if args.sweep_seeds else seeds[:1]
+    todo = plan(args, parts, seeds, sweep_seeds)
     mine = [p for p in sorted(out_dir.glob("*.jsonl"))
             if any(p.name.startswith(rx.slug(f"{part}:")) for part in parts)]
     common.check_out(PROG, out_dir, args.overwrite, mine)
