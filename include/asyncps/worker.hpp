@@ -140,9 +140,10 @@ class basic_worker {
   /// Ends the run now, for an owner that gives up on it (another node failed, a signal):
   /// `async_run` starts no further clock, connection attempt or reconnect, lets the step in
   /// progress finish (a gradient being computed runs to its end; a connection still in its
-  /// handshake is closed), says `bye` to the servers it is connected to and completes with
-  /// `errc::stopped`. Idempotent. Precondition: on `transport.get_executor()` (post it there
-  /// from another thread). `local_cluster` stops every worker this way when a node fails.
+  /// handshake is closed; a reconnect's backoff wait ends at once), says `bye` to the servers
+  /// it is connected to and completes with `errc::stopped`. Idempotent. Precondition: on
+  /// `transport.get_executor()` (post it there from another thread). `local_cluster` stops every
+  /// worker this way when a node fails.
   void stop() noexcept { shell_.stop(); }
 
  private:

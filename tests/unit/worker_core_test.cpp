@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -1333,4 +1334,77 @@ TEST_CASE("worker: an allocation failure while reconnecting ends the run with re
   CHECK(std::any_of(r.log.begin(), r.log.end(), [](const auto& l) {
     return l.find("out of memory while reconnecting to server 0") != std::string::npos;
   }));
+}
+
+TEST_CASE("worker: stop() during a reconnect's backoff ends the run at once, not after the wait") {
+  // recovery::stateless reconnects for up to 10 minutes. From clock 2 on the link to the
+  // server is down for an hour, so the worker waits between refused connect attempts (a
+  // backoff of 20 ms doubling up to 500 ms); it trains on locally meanwhile, and once its
+  // clocks are done it waits for the reconnect to deliver its backlog. stop() comes 3.01 s
+  // into the outage, in virtual time: the run must end at that instant, not when the backoff
+  // wait it came into would have ended.
+  simulated_network net;
+  test::counter_model model(0, 1, 0, 2, 1, 0);
+  simulated_transport st(net, "server0");
+  simulated_transport wt(net, "worker0");
+  server_options so;
+  so.num_workers = 1;
+  so.tables = {model.spec[0]};
+  so.log = [](std::string_view) {};
+  basic_server<simulated_transport, consistency::bsp, recovery::stateless> server(st, so);
+  auto acc = st.listen("shard0");
+  REQUIRE(acc.has_value());
+  asio::co_spawn(
+      net.get_executor(),
+      [&, a = std::move(acc).value()]() mutable -> asio::awaitable<void> {
+        (void)co_await server.async_serve(std::move(a));
+      },
+      asio::detached);
+  worker_options<std::string> o;
+  o.servers = {"shard0"};
+  std::vector<std::string> log;
+  o.log = [&](std::string_view l) { log.emplace_back(l); };
+  using worker_t =
+      basic_worker<test::counter_model, simulated_transport, consistency::bsp, recovery::stateless>;
+  worker_t* wp = nullptr;
+  simulated_timer stop_timer(net.get_executor());
+  std::optional<simulated_clock::time_point> stopped_at, ended_at;
+  o.on_clock = [&](const clock_report& r) {
+    if (r.clock != 2) return;
+    const auto t = net.now().time_since_epoch();
+    net.link_down("worker0", "server0", t, t + std::chrono::hours(1));
+    stop_timer.expires_after(std::chrono::milliseconds(3010));
+    stop_timer.async_wait([&](std::error_code ec) {
+      if (ec) return;
+      stopped_at = net.now();
+      wp->stop();
+    });
+  };
+  worker_t w(wt, model, o);
+  wp = &w;
+  std::optional<std::error_code> ec;
+  asio::co_spawn(
+      net.get_executor(),
+      [&]() -> asio::awaitable<void> {
+        ec = co_await w.async_run(100);
+        ended_at = net.now();
+      },
+      asio::detached);
+  net.run_for(std::chrono::minutes(30));  // virtual time: a broken stop() ends at the timeout
+  asio::post(net.get_executor(), [&] { server.stop(); });
+  net.run_for(std::chrono::minutes(1));
+  std::string all;
+  for (const auto& l : log) all += l + "\n";
+  INFO(all);
+  REQUIRE(stopped_at.has_value());
+  REQUIRE(ended_at.has_value());
+  REQUIRE(ec.has_value());
+  CHECK(*ec == errc::stopped);
+  // The worker was reconnecting when it was stopped: never reconnected, had not given up.
+  CHECK(w.stats().reconnects == 0);
+  CHECK(std::none_of(log.begin(), log.end(), [](const std::string& l) {
+    return l.find("giving up") != std::string::npos;
+  }));
+  // No virtual time passed between stop() and the run's end: the backoff wait was cut.
+  CHECK(*ended_at - *stopped_at == simulated_clock::duration::zero());
 }

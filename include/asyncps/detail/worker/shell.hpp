@@ -66,7 +66,8 @@ class worker_shell {
         compute_(std::move(compute)), wake_(transport.get_executor()),
         tasks_(transport.get_executor()), core_(model_, opts_, transport, std::move(recovery)),
         conns_(opts_.servers.size()), heard_(opts_.servers.size()),
-        sending_(opts_.servers.size(), 0), send_queue_(opts_.servers.size()) {}
+        sending_(opts_.servers.size(), 0), send_queue_(opts_.servers.size()),
+        backoff_waits_(opts_.servers.size(), nullptr) {}
 
   worker_shell(const worker_shell&) = delete;
   worker_shell& operator=(const worker_shell&) = delete;
@@ -85,11 +86,14 @@ class worker_shell {
   }
 
   // basic_worker::stop: the loops check stop_requested_ before each step, connect attempt
-  // and reconnect attempt; the wake-up timer's wait ends now, and a handshake in progress
-  // ends with its connection (an established link is left to shutdown's bye).
+  // and reconnect attempt; the wake-up timer's wait and every reconnect's backoff wait end
+  // now, and a handshake in progress ends with its connection (an established link is left to
+  // shutdown's bye).
   void stop() noexcept {
     stop_requested_ = true;
     wake_.cancel();
+    for (auto* t : backoff_waits_)
+      if (t != nullptr) t->cancel();
     for (auto& l : core_.links())
       if (!l.up && conns_[l.shard].is_open()) conns_[l.shard].close();
   }
@@ -210,6 +214,8 @@ class worker_shell {
       is_value_bounded_v<Consistency>;
   std::vector<char> sending_;
   std::vector<ring<message>> send_queue_;
+  // Per shard: the backoff timer of its reconnect in progress (null when none), for stop().
+  std::vector<timer_type*> backoff_waits_;
   bool stopping_ = false;
   bool stop_requested_ = false;  // stop(): end the run with errc::stopped
 };

@@ -284,6 +284,7 @@ asio::awaitable<void>
 worker_shell<Model, Transport, Consistency, Recovery>::reconnect_attempts(std::uint32_t s) {
   auto& l = core_.link_of(s);
   timer_type timer(transport_.get_executor());
+  const slot_registration<timer_type> registered(backoff_waits_, s, timer);  // for stop()
   const auto timeout = std::chrono::milliseconds(core_.recovery().reconnect_timeout());
   const auto deadline = clock_type::now() + timeout;
   std::chrono::milliseconds backoff{20};

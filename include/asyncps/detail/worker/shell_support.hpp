@@ -38,6 +38,25 @@ class send_turn {
   std::uint32_t s_;
 };
 
+/// Points `slots[s]` at `value` while alive and back at null when destroyed, also when an
+/// exception unwinds the coroutine that holds it: a reconnect registers its backoff timer this
+/// way, so that the worker's `stop()` can cancel the wait. Thread safety: the owner's executor.
+template <class T>
+class slot_registration {
+ public:
+  slot_registration(std::vector<T*>& slots, std::uint32_t s, T& value) noexcept
+      : slots_(slots), s_(s) {
+    slots_[s_] = &value;
+  }
+  slot_registration(const slot_registration&) = delete;
+  slot_registration& operator=(const slot_registration&) = delete;
+  ~slot_registration() { slots_[s_] = nullptr; }
+
+ private:
+  std::vector<T*>& slots_;
+  std::uint32_t s_;
+};
+
 /// `d` for a log line: "10 s" when whole seconds, else "1500 ms".
 inline std::string duration_text(std::chrono::milliseconds d) {
   const auto ms = d.count();
