@@ -25,10 +25,10 @@ lr-scaled`). Three parts (--only picks a subset):
 
 It writes one raw JSONL file per run (recovery_experiment.py's run_one: the command, every
 stdout/stderr line with its arrival time, the metrics lines, exit status, load averages),
-table.md, and accuracy.png, interval.png, spread.png into --out (default
-build/experiments/swift). It never deletes or replaces files of an earlier run, nor writes
-under docs/, unless --overwrite says so (a run then deletes the *.jsonl files of the parts it
-runs, and only those). Standard library only, plus matplotlib for the plots (see
+table.md, and accuracy.png (when the main part has kill runs), interval.png and spread.png
+into --out (default build/experiments/swift). It never deletes or replaces files of an
+earlier run, nor writes under docs/, unless --overwrite says so (a run then deletes the *.jsonl
+files of the parts it runs, and only those). Standard library only, plus matplotlib for the plots (see
 experiment_common.py); --no-plot skips them. Not used by CI.
 
     python3 bench/swift_experiment.py --bin /tmp/build/examples/fashion_mnist/fashion_mnist
@@ -277,8 +277,9 @@ def fmt_ci(values, f="{:.2f}"):
     return f"{f.format(m)} [{f.format(m - h)}, {f.format(m + h)}]"
 
 
-def per_kill(ms_list, key, i, f="{:.2f}"):
-    return fmt([m[key][i] if i < len(m[key]) else NAN for m in ms_list], f)
+def per_kill(ms_list, key, i, f="{:.2f}", form=fmt):
+    """Kill `i`'s `key` over the runs' kill metrics, formatted by `form` (fmt or fmt_ci)."""
+    return form([m[key][i] if i < len(m[key]) else NAN for m in ms_list], f)
 
 
 def analyse(out_dir, args):
@@ -331,11 +332,12 @@ def analyse(out_dir, args):
     def group(pred):
         return [r for r in runs if pred(r)]
 
-    def col(rs, key, f="{:.2f}", scale=1.0):
-        return fmt([r["m"].get(key, NAN) for r in rs], f, scale, len(rs))
+    def col(rs, key, f="{:.2f}", scale=1.0, form=None):
+        vals = [r["m"].get(key, NAN) for r in rs]
+        return form(vals, f) if form else fmt(vals, f, scale, len(rs))
 
-    def summ(rs, key, f="{:.0f}"):
-        return fmt([(r["summary"] or {}).get(key, NAN) for r in rs], f)
+    def summ(rs, key, f="{:.0f}", form=fmt):
+        return form([(r["summary"] or {}).get(key, NAN) for r in rs], f)
 
     def summ_kb(rs, key):
         return fmt([(r["summary"] or {}).get(key, NAN) for r in rs], "{:.0f}", 1 / 1024)
@@ -468,9 +470,6 @@ def analyse(out_dir, args):
         seeded = any(len({r["seed"] for r in rs}) > 1 for rs in rs_by_key.values())
         f_ = fmt_ci if seeded else fmt
 
-        def per_kill_(ms_list, key, i, f="{:.2f}"):
-            return f_([m[key][i] if i < len(m[key]) else NAN for m in ms_list], f)
-
         out.append(f"### {title}")
         out.append("")
         if seeded:
@@ -494,15 +493,13 @@ def analyse(out_dir, args):
                 f_([s["max_log_bytes"] / 1024 for s in sm], "{:.0f}"),
                 f_([s["max_replica_bytes"] / 1024 for s in sm], "{:.0f}"),
                 f_([s["replicas_stored"] for s in sm], "{:.0f}"),
-                per_kill_(ks, "serving", 0), per_kill_(ks, "from_restart", 0),
-                per_kill_(ks, "rebuild", 0, "{:.3f}"), per_kill_(ks, "full_rate", 0),
-                per_kill_(ks, "entries", 0, "{:.0f}"),
+                per_kill(ks, "serving", 0, form=f_), per_kill(ks, "from_restart", 0, form=f_),
+                per_kill(ks, "rebuild", 0, "{:.3f}", f_), per_kill(ks, "full_rate", 0, form=f_),
+                per_kill(ks, "entries", 0, "{:.0f}", f_),
                 f_([s["entries_resent"] / s["workers"] for s in sm], "{:.1f}"),
-                per_kill_(ks, "missing", 0, "{:.0f}"),
-                f_([(r["summary"] or {}).get("lost_pushes", NAN) for r in rs], "{:.0f}"),
-                f_([(r["summary"] or {}).get("pushes_applied_twice", NAN) for r in rs], "{:.0f}"),
-                f_([r["m"].get("duration", NAN) for r in rs], "{:.1f}"),
-                f_([r["m"].get("final", NAN) for r in rs], "{:.3f}"),
+                per_kill(ks, "missing", 0, "{:.0f}", f_), summ(rs, "lost_pushes", form=f_),
+                summ(rs, "pushes_applied_twice", form=f_),
+                col(rs, "duration", "{:.1f}", form=f_), col(rs, "final", "{:.3f}", form=f_),
                 fmt([r["loadavg_before"] for r in rs], "{:.1f}") + " / "
                 + fmt([r["loadavg_after"] for r in rs], "{:.1f}")]) + " |")
         out.append("")
@@ -552,13 +549,15 @@ def rs_all_replica(runs, sched):
 def plot(out_dir, runs, T, by_interval, by_workers, args):
     plt = common.require_matplotlib(PROG)
     main = [r for r in runs if r["part"] == "main"]
-    if main:
+    # One accuracy panel per kill schedule in the runs (none: no accuracy.png, e.g. the sweeps
+    # with their one `none` control).
+    present = [sc for sc in SCHEDULES if any(r["schedule"] == sc for r in main)]
+    if present:
         end = max(r["duration"] for r in main if r["duration"] == r["duration"])
         step = max(end / 400, 0.02)
         grid = [i * step for i in range(int(end / step) + 2)]
-        present = [sc for sc in SCHEDULES if any(r["schedule"] == sc for r in main)]
-        fig, axes = plt.subplots(max(len(present), 1), 1, figsize=(12, 5 * max(len(present), 1)),
-                                 sharex=True, squeeze=False)
+        fig, axes = plt.subplots(len(present), 1, figsize=(12, 5 * len(present)), sharex=True,
+                                 squeeze=False)
         axes = [a[0] for a in axes]
         for ax, sched in zip(axes, present):
             lo = 1.0
