@@ -28,8 +28,8 @@ stdout/stderr line with its arrival time, the metrics lines, exit status, load a
 table.md, and accuracy.png (when the main part has kill runs), interval.png and spread.png
 into --out (default build/experiments/swift). It never deletes or replaces files of an
 earlier run, nor writes under docs/, unless --overwrite says so (a run then deletes the *.jsonl
-files of the parts it runs, and only those). Standard library only, plus matplotlib for the plots (see
-experiment_common.py); --no-plot skips them. Not used by CI.
+files of the parts it runs, and only those). Standard library only, plus matplotlib for the
+plots (see experiment_common.py); --no-plot skips them. Not used by CI.
 
     python3 bench/swift_experiment.py --bin /tmp/build/examples/fashion_mnist/fashion_mnist
     python3 bench/swift_experiment.py --analyze-only          # tables + plots from the JSONL
