@@ -11,7 +11,6 @@ bench/recovery_experiment.py's functions and the settings of docs/results/recove
 (as docs/results/recovery/derive.py does). Comparisons are paired by seed; intervals are 95%,
 mean +- t(0.975, n-1) * sd / sqrt(n) over the per-seed values (n = 5, t = 2.776).
 """
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -20,25 +19,18 @@ HERE = Path(__file__).resolve().parent
 RUNS = HERE.parent / "recovery"
 sys.path.insert(0, str(HERE.parents[2] / "bench"))
 import recovery_experiment as rx  # noqa: E402
+import swift_experiment as sx  # noqa: E402
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447}
 NAN = float("nan")
 RL = "swift (replica-log/10)"
 OTHERS = ["checkpoint/adaptive", "checkpoint/100"]
 CTRL = rx.CONTROL
 
 
-def ci(xs):
-    xs = [x for x in xs if x == x]
-    n = len(xs)
-    m = statistics.mean(xs)
-    h = T975[n - 1] * statistics.stdev(xs) / math.sqrt(n)
-    return m, m - h, m + h, n
-
-
 def fci(xs, f="{:.3f}"):
-    m, lo, hi, n = ci(xs)
-    return f"{f.format(m)} [{f.format(lo)}, {f.format(hi)}] (n={n})"
+    """mean [95% interval] (n=...) over the seeds: swift_experiment.fmt_ci's t interval."""
+    vals = [x for x in xs if x == x]
+    return f"{sx.fmt_ci(vals, f)} (n={len(vals)})"
 
 
 def lst(xs, f="{:.3f}"):
