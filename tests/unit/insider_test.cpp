@@ -103,6 +103,22 @@ message hello_of(std::uint32_t w, clock_value c, std::vector<protocol::layout_en
   return m;
 }
 
+// Worker `w`'s push of clock 0 (seq 1) over rows [0, 4) of a 4 x 2 table, every value `g`,
+// ending its clock; `flags` added to the header (e.g. `frame_flags::want_ack`).
+message push_of(in_process_transport& t, std::uint32_t w, float g, std::uint8_t flags = 0) {
+  message push;
+  push.header.type = message_type::push;
+  push.header.flags = frame_flags::range | frame_flags::end_of_clock | flags;
+  push.header.sender = w;
+  push.header.seq = 1;
+  push.header.row_count = 4;
+  push.header.width = 2;
+  push.payload = t.allocate(8 * sizeof(float));
+  const std::vector<float> v(8, g);
+  std::memcpy(push.payload.data(), v.data(), 8 * sizeof(float));
+  return push;
+}
+
 }  // namespace
 
 TEST_CASE("insider: restore_state refuses a state no run can reach, naming the field") {
@@ -853,17 +869,8 @@ TEST_CASE("insider: a held replica-log push refused when its turn comes is count
         auto [wec, welcome] = co_await c.async_receive();
         REQUIRE(!wec);
         REQUIRE(welcome.header.type == message_type::welcome);
-        message push;
-        push.header.type = message_type::push;
-        push.header.flags = frame_flags::range | frame_flags::end_of_clock;
-        push.header.sender = 0;
-        push.header.seq = 1;
-        push.header.row_count = 4;
-        push.header.width = 2;
-        push.payload = evil.allocate(8 * sizeof(float));
-        const std::vector<float> v(8, 10.0f);  // L2 norm 28.3 > max_update_norm 1
-        std::memcpy(push.payload.data(), v.data(), 8 * sizeof(float));
-        (void)co_await c.async_send(std::move(push));
+        // Every value 10: L2 norm 28.3 > max_update_norm 1.
+        (void)co_await c.async_send(push_of(evil, 0, 10.0f));
         auto [oec, om] = co_await c.async_receive();
         REQUIRE(!oec);
         REQUIRE(om.header.type == protocol::order_type);
@@ -905,19 +912,6 @@ TEST_CASE("insider: a replica-log worker that never confirms its order is closed
   asio::co_spawn(io, test::listen_and_serve(st, "shard0", server), asio::detached);
   in_process_transport t0(io.get_executor(), net), t1(io.get_executor(), net);
   const std::vector<protocol::layout_entry> layout{{4, 2}};
-  auto push_of = [](in_process_transport& t, std::uint32_t w, float g) {
-    message push;
-    push.header.type = message_type::push;
-    push.header.flags = frame_flags::range | frame_flags::end_of_clock | frame_flags::want_ack;
-    push.header.sender = w;
-    push.header.seq = 1;
-    push.header.row_count = 4;
-    push.header.width = 2;
-    push.payload = t.allocate(8 * sizeof(float));
-    const std::vector<float> v(8, g);
-    std::memcpy(push.payload.data(), v.data(), 8 * sizeof(float));
-    return push;
-  };
   bool evil_closed = false;
   std::uint64_t acked = 0;
   test::run_coro(
@@ -930,7 +924,7 @@ TEST_CASE("insider: a replica-log worker that never confirms its order is closed
         auto [wec0, w0] = co_await c0.async_receive();
         REQUIRE(!wec0);
         REQUIRE(w0.header.type == message_type::welcome);
-        (void)co_await c0.async_send(push_of(t0, 0, 1.0f));
+        (void)co_await c0.async_send(push_of(t0, 0, 1.0f, frame_flags::want_ack));
         auto [oec0, o0] = co_await c0.async_receive();
         REQUIRE(!oec0);
         REQUIRE(o0.header.type == protocol::order_type);  // position 1: never confirmed
@@ -941,7 +935,7 @@ TEST_CASE("insider: a replica-log worker that never confirms its order is closed
             hello_of<consistency::asp, recovery::replica_log>(1, 0, layout, 0, t1, 8));
         auto [wec1, w1] = co_await c1.async_receive();
         REQUIRE(!wec1);
-        (void)co_await c1.async_send(push_of(t1, 1, 2.0f));
+        (void)co_await c1.async_send(push_of(t1, 1, 2.0f, frame_flags::want_ack));
         auto [oec1, o1] = co_await c1.async_receive();
         REQUIRE(!oec1);
         protocol::order o;
