@@ -12,7 +12,9 @@
 # S s" line: S is the training time from the end of data loading) and the load average before
 # and after, in OUT_DIR (default swift_ordering_<date>); at the end one line per run and the
 # mean ratio of each replica-log mode's time to none's over the seeds, with a 95% interval
-# (Student t over the per-seed ratios). Run it on a quiet machine.
+# (Student t over the per-seed ratios), for the training time and for the process's CPU time
+# (user + system, from /usr/bin/time, less sensitive to scheduling noise than wall time on a
+# loaded machine). Run it on a quiet machine.
 set -euo pipefail
 
 bin=${1:?usage: swift_ordering.sh BINARY [SEEDS] [EPOCHS] [OUT_DIR]}
@@ -39,7 +41,8 @@ for seed in "${seed_list[@]}"; do
       echo "# $bin ${common[*]} --seed $seed ${flags[$mode]}"
     } >"$log"
     # shellcheck disable=SC2086
-    "$bin" "${common[@]}" --seed "$seed" ${flags[$mode]} --metrics /dev/null >>"$log" 2>&1 || {
+    /usr/bin/time -f "# cpu: user %U s, system %S s, wall %e s" -a -o "$log" \
+      "$bin" "${common[@]}" --seed "$seed" ${flags[$mode]} --metrics /dev/null >>"$log" 2>&1 || {
       echo "swift_ordering.sh: $mode seed $seed failed (see $log)" >&2
       exit 1
     }
@@ -56,10 +59,18 @@ t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 
 def secs(mode, seed):
     text = open(f"{out}/{mode}-seed{seed}.log").read()
     return float(re.search(r"^final test accuracy [0-9.]+ .* after ([0-9.]+) s", text, re.M).group(1))
-for mode in ("write-ahead", "apply-first"):
-    r = [secs(mode, s) / secs("none", s) for s in seeds]
+def cpu(mode, seed):
+    text = open(f"{out}/{mode}-seed{seed}.log").read()
+    m = re.search(r"^# cpu: user ([0-9.]+) s, system ([0-9.]+) s", text, re.M)
+    return float(m.group(1)) + float(m.group(2)) if m else None
+def summary(what, mode, f):
+    r = [f(mode, s) / f("none", s) for s in seeds]
     m = statistics.mean(r)
     half = t95.get(len(r) - 1, 2.0) * statistics.stdev(r) / math.sqrt(len(r)) if len(r) > 1 else float("nan")
-    print(f"{mode} / none: mean {m:.3f}, 95% interval [{m - half:.3f}, {m + half:.3f}] over "
-          f"{len(r)} seeds; per seed {', '.join(f'{x:.3f}' for x in r)}")
+    print(f"{mode} / none, {what}: mean {m:.3f}, 95% interval [{m - half:.3f}, {m + half:.3f}] "
+          f"over {len(r)} seeds; per seed {', '.join(f'{x:.3f}' for x in r)}")
+for mode in ("write-ahead", "apply-first"):
+    summary("training time", mode, secs)
+    if all(cpu(mo, s) is not None for mo in ("none", mode) for s in seeds):
+        summary("CPU time (user + system, whole process)", mode, cpu)
 EOF

@@ -7,8 +7,12 @@
 # chain-loss: strict chain replication where the whole chain of shard 0 dies (the second kill
 # lands before the restarted head has rejoined): the run must stop with shard_lost, count the
 # pushes lost and exit non-zero, never train on from a restarted server's initial values.
+# replica-log-apply-first: recovery replica-log with `--replica-ordering apply-first` (the order
+# rides on the clock's ack over TCP): the rebuild is exactly-once (bit-exact or reported
+# reordered), and no worker reconnects but for the kill.
 # Usage: e2e_recovery.sh /path/to/fashion_mnist
-#          none|checkpoint|stateless|chain|chain-relaxed|chain-loss|replica-log|replica-log-20
+#          none|checkpoint|stateless|chain|chain-relaxed|chain-loss|replica-log|replica-log-20|
+#          replica-log-apply-first
 set -euo pipefail
 bin="$1"
 policy="$2"
@@ -161,6 +165,10 @@ args=(--model softmax --epochs 40 --servers 2 --workers 4 --consistency ssp --st
       --checkpoint-dir "$dir/ckpt" --checkpoint-every "$every" --metrics "$dir/m.jsonl" --quiet)
 [[ "$policy" == chain* ]] && args+=(--replicas 2 --replicate-every "$every")
 [[ "$policy" == replica-log ]] && args+=(--replica-interval 10)
+if [[ "$policy" == replica-log-apply-first ]]; then
+  args=("${args[@]/#replica-log-apply-first/replica-log}")
+  args+=(--replica-interval 10 --replica-ordering apply-first)
+fi
 set +e
 "$bin" "${args[@]}" >"$dir/out.log" 2>&1
 rc=$?
@@ -190,10 +198,32 @@ fi
 (( clock == planned )) || fail "the final record says clock $clock of $planned: $final"
 grep -q '^\[fault\] restarted server 0' "$dir/out.log" || fail "the server was not restarted"
 name="$policy"
+[[ "$policy" == replica-log-apply-first ]] && name=replica-log
 [[ "$policy" == chain ]] && name=chain-replication
 [[ "$policy" == chain-relaxed ]] && name=chain-replication-relaxed
 
 [[ $rc -eq 0 ]] || fail "exit status $rc"
+if [[ "$policy" == replica-log-apply-first ]]; then
+  # Applied on arrival, each clock's order on its ack: the rebuild applied every push once
+  # (bit-exact, or reported reordered when an order was lost with the connection), and each
+  # worker reconnected to the killed shard only (a worker that refused the ack would reconnect
+  # again and again).
+  replica_log_counters "$dir/out.log"
+  (( rebuilds >= 1 )) || fail "$rebuilds rebuilds: the restarted server did not rebuild"
+  grep -Eq 'rebuilt from .* \((exact|exactly once, not bit-exact)' "$dir/out.log" ||
+    fail "no rebuild logged"
+  ! grep -q 'NOT exact' "$dir/out.log" || fail "a rebuild was not exact"
+  (( incomplete == 0 )) || fail "$incomplete incomplete rebuilds"
+  (( lost == 0 && twice == 0 )) || fail "$lost pushes lost, $twice applied twice"
+  (( reconnects >= 4 && reconnects <= 8 )) ||
+    fail "$reconnects reconnects (every worker should have reconnected once or twice)"
+  ! grep -q 'lost server 1' "$dir/out.log" || fail "a worker lost server 1, which was not killed"
+  acc="$(sed -n 's/^final test accuracy \([0-9.]*\).*/\1/p' "$dir/out.log")"
+  awk -v a="$acc" 'BEGIN { exit !(a + 0 >= 0.80) }' || fail "final accuracy '$acc' < 0.80"
+  echo "e2e_recovery($policy): ok, $rebuilds rebuilds, $reconnects reconnects, $lost pushes" \
+    "lost, $twice applied twice, accuracy $acc"
+  exit 0
+fi
 if [[ "$policy" == replica-log ]]; then
   # The restarted shard rebuilt bit-exactly from the workers' replica and logs.
   replica_log_counters "$dir/out.log"

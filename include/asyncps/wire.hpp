@@ -26,8 +26,10 @@
 // followed by row_count x width float32 (little-endian IEEE-754); a prefixed push has 16 bytes of
 // the recovery policy's before the floats; pull = keys (sparse) or nothing (range); hello,
 // welcome, error, report, announce, assigned, directory = the typed messages of protocol.hpp and
-// detail/codec/rendezvous_messages.hpp; clock, ack, heartbeat, bye, lookup = nothing. Types
-// 128-255 are the recovery policy's own messages (`policy_message`), encoded by its folder.
+// detail/codec/rendezvous_messages.hpp; clock, heartbeat, bye, lookup = nothing; ack = nothing,
+// or with flag `policy` the recovery policy's bytes (since version 7: recovery::replica_log's
+// apply-first order). Types 128-255 are the recovery policy's own messages (`policy_message`),
+// encoded by its folder.
 #pragma once
 
 #include <array>
@@ -56,7 +58,7 @@ static_assert(std::endian::native == std::endian::little,
               "are not supported");
 
 inline constexpr std::uint32_t wire_magic = 0x31535041;  // bytes 'A' 'P' 'S' '1'
-inline constexpr std::uint16_t wire_version = 6;
+inline constexpr std::uint16_t wire_version = 7;
 inline constexpr std::size_t header_size = 64;
 
 /// Message types (header field `type`). The payloads of hello, welcome, error and report are
@@ -203,6 +205,8 @@ constexpr std::int64_t expected_payload_bytes(const frame_header& h) noexcept {
     case message_type::hello:
     case message_type::welcome:
     case message_type::error: return -1;
+    // An ack is header-only, unless flagged `policy`: the recovery policy's bytes (version 7).
+    case message_type::ack: return h.has(frame_flags::policy) ? -1 : 0;
     default: return is_policy_message(h.type) ? -1 : 0;
   }
 }
@@ -257,9 +261,17 @@ inline frame_header decode_header(std::span<const std::byte, header_size> in) no
   return h;
 }
 
+/// Whether frame `h` carries the recovery policy's bytes, which are always checksummed whole
+/// (never `payload_unchecked`: they may replace a shard's parameters or order its updates): a
+/// policy's message (`is_policy_message`), or an ack flagged `policy` (version 7).
+constexpr bool carries_policy_bytes(const frame_header& h) noexcept {
+  return is_policy_message(h.type) ||
+         (h.type == message_type::ack && (h.flags & frame_flags::policy) != 0);
+}
+
 /// Validates every header field that can be checked without knowing the receiver's tables:
 /// magic, version, type (a generic type or a policy's, `policy_message`), flags
-/// (`payload_unchecked` never on a policy's message), limits, and that
+/// (`payload_unchecked` never on a policy's message or an ack flagged `policy`), limits, and that
 /// `payload_bytes` matches the shape. An `announce` or `directory` larger than its bound
 /// (`max_host_bytes`, `max_directory_servers`) is `frame_too_large`, so a receiver reads at most
 /// that much of it.
@@ -274,7 +286,7 @@ inline std::error_code validate_header(const frame_header& h, const wire_limits&
   if ((h.flags & ~frame_flags::all) != 0) return errc::bad_flags;
   // A policy's message may replace a shard's parameters (a state transfer): its payload is
   // always checksummed.
-  if (is_policy_message(h.type) && h.has(frame_flags::payload_unchecked)) return errc::bad_flags;
+  if (carries_policy_bytes(h) && h.has(frame_flags::payload_unchecked)) return errc::bad_flags;
   if (h.payload_bytes > lim.max_frame_bytes) return errc::frame_too_large;
   if (h.row_count > lim.max_rows) return errc::too_many_rows;
   // A handshake's layout: at most max_tables tables (8 bytes each in a hello, 16 in a welcome).

@@ -704,8 +704,9 @@ TEST_CASE("replica_log, stepped: its commit, a message type of its own, applies 
   CHECK(shard_values(t.proto) == applied);
 }
 
-TEST_CASE("replica_log apply-first, stepped: one order per worker clock, no commit, one ack; "
-          "a replica stored before the order went out does not reach past its positions") {
+TEST_CASE("replica_log apply-first, stepped: one ack per worker clock carrying its order, no "
+          "commit, and a replica stored before the order went out does not reach past its "
+          "positions") {
   recovery::replica_log_server_part part;
   part.options.ordering = recovery::replica_log_ordering::apply_first;
   part.options.log_budget = 0.001;  // the first push is over budget: a replica goes out at once
@@ -740,23 +741,22 @@ TEST_CASE("replica_log apply-first, stepped: one order per worker clock, no comm
   REQUIRE(t.proto.receive(holder, stored));
   CHECK(t.proto.part().stats().stable == 1);
 
-  // The clock's last push: applied, then one order for both (flag applied: no commit wanted)
-  // and one ack. Its stable position stays below the positions it carries, so the worker
-  // takes it (before: the newest stable position 1, an order the worker refused).
+  // The clock's last push: applied, then one message: the ack of seq 2 carrying the order
+  // of both (applied: no commit wanted; wire version 7, before an order then an ack). Its
+  // stable position stays below the positions it carries, so the worker takes it (before:
+  // the newest stable position 1, an order the worker refused).
   auto p2 = shard_push(0, 0, 1.0f, frame_flags::want_ack);
   p2.header.seq = 2;
   REQUIRE(t.proto.receive(w0, p2));
-  REQUIRE(count(w0, protocol::order_type) == orders0 + 1);
-  CHECK(count(w0, message_type::ack) == acks0 + 1);
-  const message* om = nullptr;
-  for (const auto& m : w0.outbox)
-    if (m.header.type == protocol::order_type) om = &m;
-  REQUIRE(om != nullptr);
-  CHECK(w0.outbox.back().header.type == message_type::ack);  // after the order
-  CHECK(w0.outbox.back().header.seq == 2);
+  CHECK(count(w0, protocol::order_type) == orders0);
+  REQUIRE(count(w0, message_type::ack) == acks0 + 1);
+  const message& om = w0.outbox.back();
+  REQUIRE(om.header.type == message_type::ack);
+  CHECK(om.header.seq == 2);
+  CHECK(om.header.has(protocol::carries_order_flag));
   protocol::order o;
   std::string detail;
-  REQUIRE(!protocol::decode(*om, o, detail));
+  REQUIRE(!protocol::decode(om, o, detail));
   CHECK(o.applied);
   REQUIRE(o.size() == 2);
   CHECK(o.entry(0).seq == 1);

@@ -2402,6 +2402,21 @@ TEST_CASE("tcp: checksum_payloads off checks the header only; state transfers st
     REQUIRE(!r2);
     CHECK(m2.header.type == policy_message(2));
     CHECK_FALSE(m2.header.has(frame_flags::payload_unchecked));
+    // So is an ack carrying the policy's bytes (replica_log's apply-first order; version 7):
+    // sent with payload_unchecked, the receiver would refuse it (bad_flags).
+    message oa;
+    oa.header.type = message_type::ack;
+    oa.header.flags = frame_flags::policy;
+    oa.header.seq = 5;
+    oa.payload = sender.allocate(24);
+    std::memset(oa.payload.data(), 3, 24);
+    CHECK(!(co_await c.async_send(std::move(oa))));
+    auto [r4, m4] = co_await s.async_receive();
+    REQUIRE(!r4);
+    CHECK(m4.header.type == message_type::ack);
+    CHECK(m4.header.seq == 5);
+    CHECK(m4.payload.size() == 24);
+    CHECK_FALSE(m4.header.has(frame_flags::payload_unchecked));
     // The listener's own replies are checksummed whole (its option is on).
     CHECK(!(co_await s.async_send(make_message(listener, 3, 10))));
     auto [r3, m3] = co_await c.async_receive();

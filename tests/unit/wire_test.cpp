@@ -569,6 +569,22 @@ TEST_CASE("validate_header: a policy's message never goes without its payload ch
   CHECK(validate_header(h, wire_limits{}) == errc::bad_flags);
 }
 
+TEST_CASE("validate_header: an ack carries bytes only flagged for the policy, checksummed") {
+  const wire_limits lim{.max_frame_bytes = 1024};
+  frame_header h;
+  h.type = message_type::ack;
+  CHECK(!validate_header(h, lim));
+  h.payload_bytes = 24;  // e.g. recovery::replica_log's apply-first order on the ack
+  CHECK(validate_header(h, lim) == errc::payload_size_mismatch);
+  h.flags = frame_flags::policy;
+  CHECK(!validate_header(h, lim));
+  h.payload_bytes = 1025;
+  CHECK(validate_header(h, lim) == errc::frame_too_large);
+  h.payload_bytes = 24;
+  h.flags = frame_flags::policy | frame_flags::payload_unchecked;
+  CHECK(validate_header(h, lim) == errc::bad_flags);
+}
+
 TEST_CASE("buffer_pool: a block freed beyond the budget goes back to the heap, counted") {
   CHECK(buffer_pool{}.max_cached_bytes() == buffer_pool::default_max_cached_bytes);
   CHECK(buffer_pool::default_max_cached_bytes == std::size_t{64} << 20);

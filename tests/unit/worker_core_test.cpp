@@ -682,6 +682,29 @@ TEST_CASE("recovery worker parts: replica_log takes batched orders with one cumu
   REQUIRE(!part.on_server_message(0, o3, replies));
   CHECK(part.stats().log_entries == 1);  // seq 5, not yet acknowledged
   CHECK(part.stats().log_bytes == 16);
+
+  // Apply-first's order on the clock's ack (wire version 7): the part logs the positions,
+  // sends no commit; the shell then takes the ack (on_ack) and the entry is applied.
+  push(6);
+  auto a = protocol::encode_on_ack(protocol::order{.stable = 5, .applied = true, .entries = {}}, 6,
+                                   [&](std::size_t n) { return pool.allocate(n); });
+  std::string why;
+  protocol::order decoded;
+  CHECK(protocol::decode(a, decoded, why) == errc::unexpected_message);  // no entry: malformed
+  CHECK(why.find("malformed order on an ack") != std::string::npos);
+  const std::vector<protocol::order_entry> e6{{6, 7}};
+  a = protocol::encode_on_ack(protocol::order{.stable = 5, .applied = true, .entries = e6}, 6,
+                              [&](std::size_t n) { return pool.allocate(n); });
+  CHECK(a.header.type == message_type::ack);
+  CHECK(a.header.seq == 6);
+  REQUIRE(!part.on_server_message(0, a, replies));
+  CHECK(replies.empty());
+  CHECK(part.stats().orders == 5);
+  detail::worker_hooks::on_ack(part, 0, 6);
+  CHECK(!detail::worker_hooks::has_pending(part, 0, false));
+  // An ack without the flag is not an order.
+  a.header.flags = 0;
+  CHECK(part.on_server_message(0, a, replies) == errc::unexpected_message);
 }
 
 TEST_CASE("recovery worker parts: stateless buffers while away and delivers on rejoin") {
@@ -883,6 +906,18 @@ TEST_CASE("worker_core: under ASP the push window holds a clock until an earlier
     CHECK(core.link_of(0).in_transit.empty());
     REQUIRE(next_step(core, t0).kind == loop_step::compute);
     CHECK(core.stats().window_waits == 1);
+  }
+  SUBCASE("an ack with bytes is refused unless flagged for a policy that takes them") {
+    asp_core_t core(model, opts, alloc, {});
+    REQUIRE(first_push(core, alloc, 3, t0).kind == loop_step::send);
+    message ack;
+    ack.header.type = message_type::ack;
+    ack.header.seq = 1;
+    ack.payload = alloc.pool.allocate(24);
+    CHECK(core.on_message(0, ack).error == errc::payload_size_mismatch);
+    ack.header.flags = frame_flags::policy;  // recovery::none takes no policy bytes
+    CHECK(core.on_message(0, ack).error == errc::unexpected_message);
+    CHECK(core.link_of(0).in_transit.size() == 1);  // neither counted as an ack
   }
   SUBCASE("a window of 1 waits for every clock's ack; 0 turns it off") {
     for (std::uint32_t window : {1u, 0u}) {

@@ -88,7 +88,7 @@ struct tcp_options {
   /// Off (the default): the header is still checksummed (checked before its payload is read)
   /// and the frame says so (`frame_flags::payload_unchecked`); the payload is left to TCP's
   /// checksum and the link's CRC, or to TLS's integrity. The recovery
-  /// policy's own messages (`is_policy_message`: state transfers, replicas) are always
+  /// policy's bytes (`carries_policy_bytes`: state transfers, replicas, orders) are always
   /// checksummed whole, as are checkpoint files. A
   /// receiver accepts both kinds, whatever its own setting. The payload hash costs 14% of the
   /// CPU of a 4 MiB pull and 10-25% of its throughput on loopback (docs/performance.md,

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "asyncps/buffer.hpp"
+#include "asyncps/consistency.hpp"
 #include "asyncps/detail/server/session_base.hpp"
 #include "asyncps/layout.hpp"
 #include "asyncps/protocol.hpp"
@@ -46,6 +47,10 @@ class part_context {
                               typename Protocol::recovery_type>();
   }
   static constexpr std::string_view policy_name() noexcept { return Protocol::recovery_type::name; }
+  /// Whether the consistency policy bounds values (VAP): the server then acknowledges a
+  /// writer's clock once it is visible to every reader, not when it is applied, so a part
+  /// that returns false from `on_applied` leaves that ack to the server.
+  static constexpr bool value_bounded = is_value_bounded_v<typename Protocol::consistency_type>;
   /// Logs one line as this server.
   void log(const std::string& line) const { p().log(line); }
   /// Logs `line` as this server unless lines of `kind` (a `detail::log_kind` constant or a

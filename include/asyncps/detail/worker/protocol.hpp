@@ -324,6 +324,14 @@ class worker_protocol {
         return {{}, true};
       }
       case message_type::ack: {
+        // An ack may carry the recovery policy's bytes (flag `policy`, e.g. replica_log's
+        // apply-first order): the part takes them first, then the ack is an ack.
+        if (h.has(frame_flags::policy)) {
+          if (auto err = worker_hooks::on_server_message(recovery_, s, m, replies_[s]))
+            return {err, false};
+        } else if (!m.payload.empty()) {
+          return {make_error_code(errc::payload_size_mismatch), false};
+        }
         const bool wake = worker_hooks::on_ack(recovery_, s, h.seq);
         // VAP: clocks now visible; otherwise the push window's clocks now applied.
         bool acked_clock = false;

@@ -51,6 +51,11 @@ inline constexpr std::uint8_t replay_end_flag = frame_flags::policy;
 /// The policy's bit on an `order`: its messages are applied already (`replica_log_ordering::
 /// apply_first`), so the worker logs the positions and sends no `commit`.
 inline constexpr std::uint8_t applied_flag = frame_flags::policy;
+/// The policy's bit on an ack (wire version 7): the ack carries an applied `order` (apply-first:
+/// the positions of the clock it acknowledges ride on its ack, one message instead of two).
+/// Header `seq` is the acknowledged seq as on any ack; the payload is an order's (stable
+/// position, then the entries), their number given by its size.
+inline constexpr std::uint8_t carries_order_flag = frame_flags::policy;
 
 /// One entry of an `order`: the apply position (1-based, per shard) the server gave the worker's
 /// push or clock message numbered `seq` (header `seq` of that message).
@@ -90,6 +95,8 @@ struct order {
 /// The most entries one `order` carries (4 KiB of them); a server sends more as several.
 inline constexpr std::size_t max_order_entries = 256;
 
+/// Encodes order `o` as an `order_type` message (`carries_order_flag`'s form:
+/// `encode_on_ack`).
 template <class Alloc>
 message encode(const order& o, Alloc&& alloc) {
   using asyncps::detail::store_le;
@@ -107,22 +114,41 @@ message encode(const order& o, Alloc&& alloc) {
   return m;
 }
 
-/// Errors: `errc::unexpected_message` (wrong type; a size that is not 8 + 16 n bytes with
-/// 1 <= n <= `max_order_entries`, or a header `seq` other than n; a position 0, at or below the
-/// stable position, or not above the entry's before it; a seq not above the one before it).
+/// Encodes applied order `o` (`o.applied` must be true) as the ack of seq `ack_seq`, flag
+/// `carries_order_flag`: apply-first's one message per worker clock and shard.
+template <class Alloc>
+message encode_on_ack(const order& o, std::uint64_t ack_seq, Alloc&& alloc) {
+  message m = encode(o, alloc);
+  m.header.type = message_type::ack;
+  m.header.seq = ack_seq;
+  m.header.flags = carries_order_flag;
+  return m;
+}
+
+/// Decodes an `order_type` message, or an ack with `carries_order_flag` (then `applied` is
+/// true). Errors: `errc::unexpected_message` (another type, or an ack without the flag; a
+/// size that is not 8 + 16 n bytes with 1 <= n <= `max_order_entries`, or, on an
+/// `order_type`, a header `seq` other than n; a position 0, at or below the stable position,
+/// or not above the entry's before it; a seq not above the one before it).
 inline std::error_code decode(const message& m, order& out, std::string& detail) {
   using asyncps::detail::load_le;
   const auto bytes = m.payload.bytes();
-  if (m.header.type != order_type || bytes.size() < order_fixed_bytes + order_entry_bytes ||
-      (bytes.size() - order_fixed_bytes) % order_entry_bytes != 0 ||
-      (bytes.size() - order_fixed_bytes) / order_entry_bytes > max_order_entries ||
-      m.header.seq != (bytes.size() - order_fixed_bytes) / order_entry_bytes)
-    return detail_::bad(detail, "malformed order (" + std::to_string(bytes.size()) +
-                                    " payload bytes, " + std::to_string(m.header.seq) +
-                                    " entries announced)");
+  const bool on_ack = m.header.type == message_type::ack && m.header.has(carries_order_flag);
+  const std::size_t n = bytes.size() >= order_fixed_bytes
+                            ? (bytes.size() - order_fixed_bytes) / order_entry_bytes
+                            : 0;
+  if ((m.header.type != order_type && !on_ack) ||
+      bytes.size() < order_fixed_bytes + order_entry_bytes ||
+      (bytes.size() - order_fixed_bytes) % order_entry_bytes != 0 || n > max_order_entries ||
+      (!on_ack && m.header.seq != n)) {
+    std::string why = on_ack ? "malformed order on an ack" : "malformed order";
+    why += " (" + std::to_string(bytes.size()) + " payload bytes";
+    if (!on_ack) why += ", " + std::to_string(m.header.seq) + " entries announced";
+    return detail_::bad(detail, why + ")");
+  }
   out.shard = m.header.sender;
   out.stable = load_le<std::uint64_t>(bytes.data());
-  out.applied = m.header.has(applied_flag);
+  out.applied = on_ack || m.header.has(applied_flag);
   out.entries = {};
   out.raw = bytes.subspan(order_fixed_bytes);
   order_entry prev{};

@@ -171,7 +171,8 @@ struct replica_log_server_part {
   /// connection is refused): `errc::bad_position` for a commit, replay or replica naming a
   /// position above `protocol::max_seq`; `errc::payload_size_mismatch` for a commit or replay
   /// with a payload; `errc::unexpected_message` for a replica while not
-  /// rebuilding, a replay announcing position 0; those of a push (`check_rows`, finiteness).
+  /// rebuilding, a replay announcing position 0; those of a push's `check_rows` (a push
+  /// refused when it is applied, e.g. not finite, is counted in `stats().dropped`).
   template <class Ctx>
   std::optional<std::error_code> on_worker_message(Ctx ctx, detail::session_base& s, message& m,
                                                    std::string& detail) {
@@ -242,8 +243,10 @@ struct replica_log_server_part {
                      "'replica-log' takes none)";
             return make_error_code(errc::unexpected_message);
           }
+          // Its values are checked finite when it is applied (`shard_core::check_and_apply`,
+          // one pass fused with the apply): a push refused then has used its position and
+          // is counted in `stats().dropped`, and a rebuild replaying it refuses it alike.
           if (auto ec = ctx.check_rows(m, detail)) return ec;
-          if (!ctx.all_finite(payload_floats(m))) return make_error_code(errc::non_finite_value);
         }
         if (rt_.value.mode_ == mode::recovering) {
           if (rt_.value.expect_[w] != 0) {  // the entry a replay announced
@@ -281,13 +284,20 @@ struct replica_log_server_part {
   /// One ack per worker clock: a push that does not end its clock is not acknowledged (the
   /// worker's acks are cumulative: the clock's last message acknowledges it); the clock's last
   /// push is acknowledged by the server, a clock message here. Apply-first: the clock's
-  /// orders go out first, so the worker logs the positions before it sees them acknowledged.
+  /// orders ride on that ack (`protocol::carries_order_flag`), so the worker logs the
+  /// positions as it sees them acknowledged, and one message goes back per clock; under VAP,
+  /// whose server acknowledges a clock once it is visible, the order goes alone, first.
   template <class Ctx>
   bool on_applied(Ctx ctx, detail::session_base& s, const message& m) {
     const auto& h = m.header;
     const bool clock_end = h.ends_clock();
-    if (clock_end && options.ordering == replica_log_ordering::apply_first)
+    if (clock_end && options.ordering == replica_log_ordering::apply_first) {
+      if (h.has(frame_flags::want_ack) && !Ctx::value_bounded) {
+        if (!flush_orders(ctx, s.worker, h.seq)) ctx.ack(s, h.seq);
+        return true;
+      }
       flush_orders(ctx, s.worker);
+    }
     if (!h.has(frame_flags::want_ack)) return false;
     if (!clock_end) return true;
     if (h.type == message_type::clock) ctx.ack(s, h.seq);
@@ -374,9 +384,11 @@ struct replica_log_server_part {
   void count_drop(Ctx ctx, const char* what, std::uint32_t w, std::uint64_t position,
                   const message& m, std::error_code ec);
 
-  // Sends worker `w` the orders not sent yet, as one `order` (nothing when there are none).
+  // Sends worker `w` the orders not sent yet, as one `order` (nothing when there are none);
+  // with `ack_seq` != 0 (apply-first), on the ack of that seq (`protocol::encode_on_ack`).
+  // Whether a message went out.
   template <class Ctx>
-  void flush_orders(Ctx ctx, std::uint32_t w);
+  bool flush_orders(Ctx ctx, std::uint32_t w, std::uint64_t ack_seq = 0);
 
   // Worker `w` logged every position up to `p` it was sent (a cumulative commit).
   void confirm(std::uint32_t w, std::uint64_t p);

@@ -65,27 +65,29 @@ void replica_log_server_part::hold(Ctx ctx, detail::session_base* s, std::uint32
 }
 
 template <class Ctx>
-void replica_log_server_part::flush_orders(Ctx ctx, std::uint32_t w) {
-  if (w >= rt_.value.pending_.size() || rt_.value.pending_[w].empty()) return;
+bool replica_log_server_part::flush_orders(Ctx ctx, std::uint32_t w, std::uint64_t ack_seq) {
+  if (w >= rt_.value.pending_.size() || rt_.value.pending_[w].empty()) return false;
   auto& p = rt_.value.pending_[w];
   const detail::session_base* from = rt_.value.pending_from_[w];
   if (from == nullptr || !from->open || !ctx.worker_connected(w)) {  // its connection is gone
     p.clear();
-    return;
+    return false;
   }
   // Apply-first: a replica taken after these were applied may be stored before they are sent,
   // so the stable position can reach them; the order then carries a lower one (still true,
   // the next order carries the newer), as every position in an order lies above its stable.
   const std::uint64_t stable = std::min(rt_.value.stable_, p.front().position - 1);
-  ctx.send_worker(w, protocol::encode(protocol::order{.shard = ctx.options().shard,
-                                                      .stable = stable,
-                                                      .applied = options.ordering ==
-                                                                 replica_log_ordering::apply_first,
-                                                      .entries = p},
-                                      [&](std::size_t n) { return ctx.allocate(n); }));
+  const protocol::order o{.shard = ctx.options().shard,
+                          .stable = stable,
+                          .applied = options.ordering == replica_log_ordering::apply_first,
+                          .entries = p};
+  const auto alloc = [&](std::size_t n) { return ctx.allocate(n); };
+  ctx.send_worker(w, ack_seq != 0 && o.applied ? protocol::encode_on_ack(o, ack_seq, alloc)
+                                               : protocol::encode(o, alloc));
   ++rt_.value.stats_.orders_sent;
   rt_.value.sent_[w] = p.back().position;
   p.clear();
+  return true;
 }
 
 template <class Ctx>

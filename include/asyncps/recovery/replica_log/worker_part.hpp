@@ -122,14 +122,15 @@ struct replica_log_worker_part {
     const auto& sh = shards_[shard];
     return sh.log.size() - sh.unapplied >= max_unacked_;
   }
-  /// `order`: logs the positions and confirms them with one cumulative `commit` (none when
-  /// the order says they are applied, `protocol::applied_flag`); a replica: stores it and
+  /// `order` (or an ack carrying one, `protocol::carries_order_flag`: apply-first; the shell
+  /// then takes the ack itself): logs the positions and confirms them with one cumulative
+  /// `commit` (none when the order says they are applied); a replica: stores it and
   /// confirms it (`commit` with `protocol::replica_stored_flag`). Errors:
   /// `errc::unexpected_message` (a malformed order, see `protocol::decode`).
   std::error_code on_server_message(std::uint32_t shard, message& m,
                                     std::vector<message>& replies) {
     auto& sh = shards_[shard];
-    if (m.header.type == protocol::order_type) {
+    if (m.header.type == protocol::order_type || m.header.type == message_type::ack) {
       protocol::order o;
       std::string why;
       if (auto ec = protocol::decode(m, o, why)) return ec;

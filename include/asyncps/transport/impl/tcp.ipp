@@ -58,8 +58,8 @@ ASYNCPS_DECL asio::awaitable<std::error_code> tcp_transport::connection::async_s
   if (!socket_ && !tls_) co_return make_error_code(errc::connection_closed);
   if (auth_ != auth_state::done) co_return make_error_code(errc::authentication_failed);
   m.header.payload_bytes = m.payload.size();
-  // State transfers are always checked whole: they replace a shard's parameters.
-  const bool whole = transport_->options_.checksum_payloads || is_policy_message(m.header.type);
+  // The policy's bytes (state transfers, replicas, orders) are always checked whole.
+  const bool whole = transport_->options_.checksum_payloads || carries_policy_bytes(m.header);
   m.header.flags =
       static_cast<std::uint8_t>(whole ? m.header.flags & ~frame_flags::payload_unchecked
                                       : m.header.flags | frame_flags::payload_unchecked);
