@@ -14,8 +14,14 @@
 # mean ratio of each replica-log mode's time to none's over the seeds, with a 95% interval
 # (Student t over the per-seed ratios), for the training time and for the process's CPU time
 # (user + system, from /usr/bin/time, less sensitive to scheduling noise than wall time on a
-# loaded machine). Run it on a quiet machine.
+# loaded machine). Needs /usr/bin/time (Debian package `time`: apt-get install time). Run it on
+# a quiet machine.
 set -euo pipefail
+
+[[ -x /usr/bin/time ]] || {
+  echo "swift_ordering.sh: /usr/bin/time not found (Debian package 'time': apt-get install time)" >&2
+  exit 1
+}
 
 bin=${1:?usage: swift_ordering.sh BINARY [SEEDS] [EPOCHS] [OUT_DIR]}
 seeds=${2:-1,2,3,4,5}
