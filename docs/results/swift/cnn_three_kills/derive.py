@@ -81,3 +81,5 @@ for k in (3,):
     print(f"final accuracy replica-log - control (pts): {fci(dctl, '{:+.2f}')}")
     rd = [a / b for a, b in zip(run(RL, "duration"), run(CTRL, "duration"))]
     print(f"duration replica-log / control: {fci(rd)}")
+    cd = [a / b for a, b in zip(run(CTRL, "duration"), run(RL, "duration"))]
+    print(f"duration control / replica-log: per seed {lst(cd)}; {fci(cd)}")
