@@ -37,46 +37,57 @@ def lst(xs, f="{:.3f}"):
     return "[" + ", ".join(f.format(x) for x in xs) + "]"
 
 
-allruns = [rx.parse_run(p) for p in sorted(RUNS.glob("*.jsonl"))]
-seeds = sorted({r["seed"] for r in allruns})
-for k in (1, 2):
-    runs = [r for r in allruns if not r["kills_scheduled"] or r["schedule"] == k]
-    ctrl = [r for r in runs if r["config"] == CTRL]
-    T = statistics.mean(r["duration"] for r in ctrl if not r["died"])
-    t_ref = min(r["duration"] for r in runs if not r["died"])
-    cbs = {r["seed"]: ([e[0] for e in r["evals"]], [e[1] for e in r["evals"]]) for r in ctrl}
-    per = {}
-    for r in runs:
-        m = rx.run_metrics(r, T, [0.75, 0.8, 0.85], 0.2, cbs[r["seed"]], 1.0, 4, 2, t_ref)
-        per.setdefault(r["config"], {})[r["seed"]] = (r, m)
+def derive(runs_dir, schedules, with_control_ratio=False):
+    """Prints the comparisons for each kill schedule in `schedules` (1, 2 or 3 kills) from the
+    runs in `runs_dir` (bench/recovery_experiment.py's JSONL files); `with_control_ratio` adds
+    the control's duration over replica-log's."""
+    allruns = [rx.parse_run(p) for p in sorted(Path(runs_dir).glob("*.jsonl"))]
+    seeds = sorted({r["seed"] for r in allruns})
+    for k in schedules:
+        runs = [r for r in allruns if not r["kills_scheduled"] or r["schedule"] == k]
+        ctrl = [r for r in runs if r["config"] == CTRL]
+        T = statistics.mean(r["duration"] for r in ctrl if not r["died"])
+        t_ref = min(r["duration"] for r in runs if not r["died"])
+        cbs = {r["seed"]: ([e[0] for e in r["evals"]], [e[1] for e in r["evals"]]) for r in ctrl}
+        per = {}
+        for r in runs:
+            m = rx.run_metrics(r, T, [0.75, 0.8, 0.85], 0.2, cbs[r["seed"]], 1.0, 4, 2, t_ref)
+            per.setdefault(r["config"], {})[r["seed"]] = (r, m)
 
-    def run(cfg, key):
-        return [per[cfg][s][0][key] for s in seeds]
+        def run(cfg, key):
+            return [per[cfg][s][0][key] for s in seeds]
 
-    def met(cfg, key):
-        return [per[cfg][s][1].get(key, NAN) for s in seeds]
+        def met(cfg, key):
+            return [per[cfg][s][1].get(key, NAN) for s in seeds]
 
-    def acc(cfg):
-        return [per[cfg][s][0]["final"]["test_accuracy"] for s in seeds]
+        def acc(cfg):
+            return [per[cfg][s][0]["final"]["test_accuracy"] for s in seeds]
 
-    print(f"\n######## {k} kill{'s' if k == 2 else ''} (T = {T:.2f} s), seeds {seeds}")
-    for c in [CTRL, RL] + OTHERS:
-        assert all(not d for d in run(c, "died")), c
-        print(f"{c:24s} duration {lst(run(c, 'duration'), '{:.2f}')} s; final accuracy "
-              f"(servers' model) {lst(acc(c))}; eval_source "
-              f"{sorted({per[c][s][0]['final'].get('eval_source') for s in seeds})}")
-    print("pushes lost per run:",
-          {c: [per[c][s][0]["summary"].get("lost_pushes") for s in seeds] for c in [RL] + OTHERS})
-    for o in OTHERS:
-        ratio = [a / b for a, b in zip(run(o, "duration"), run(RL, "duration"))]
-        print(f"duration {o} / replica-log (paper B's speedup if > 1): per seed "
-              f"{lst(ratio)}; {fci(ratio)}")
-        d80 = [a - b for a, b in zip(met(RL, "t0.8"), met(o, "t0.8"))]
-        print(f"time to 80% replica-log - {o} (s): per seed {lst(d80, '{:+.1f}')}; "
-              f"{fci(d80, '{:+.1f}')}")
-        dacc = [(a - b) * 100 for a, b in zip(acc(RL), acc(o))]
-        print(f"final accuracy replica-log - {o} (pts): {fci(dacc, '{:+.2f}')}")
-    dctl = [(a - b) * 100 for a, b in zip(acc(RL), acc(CTRL))]
-    print(f"final accuracy replica-log - control (pts): {fci(dctl, '{:+.2f}')}")
-    rd = [a / b for a, b in zip(run(RL, "duration"), run(CTRL, "duration"))]
-    print(f"duration replica-log / control: {fci(rd)}")
+        print(f"\n######## {k} kill{'s' if k > 1 else ''} (T = {T:.2f} s), seeds {seeds}")
+        for c in [CTRL, RL] + OTHERS:
+            assert all(not d for d in run(c, "died")), c
+            print(f"{c:24s} duration {lst(run(c, 'duration'), '{:.2f}')} s; final accuracy "
+                  f"(servers' model) {lst(acc(c))}; eval_source "
+                  f"{sorted({per[c][s][0]['final'].get('eval_source') for s in seeds})}")
+        print("pushes lost per run:",
+              {c: [per[c][s][0]["summary"].get("lost_pushes") for s in seeds] for c in [RL] + OTHERS})
+        for o in OTHERS:
+            ratio = [a / b for a, b in zip(run(o, "duration"), run(RL, "duration"))]
+            print(f"duration {o} / replica-log (paper B's speedup if > 1): per seed "
+                  f"{lst(ratio)}; {fci(ratio)}")
+            d80 = [a - b for a, b in zip(met(RL, "t0.8"), met(o, "t0.8"))]
+            print(f"time to 80% replica-log - {o} (s): per seed {lst(d80, '{:+.1f}')}; "
+                  f"{fci(d80, '{:+.1f}')}")
+            dacc = [(a - b) * 100 for a, b in zip(acc(RL), acc(o))]
+            print(f"final accuracy replica-log - {o} (pts): {fci(dacc, '{:+.2f}')}")
+        dctl = [(a - b) * 100 for a, b in zip(acc(RL), acc(CTRL))]
+        print(f"final accuracy replica-log - control (pts): {fci(dctl, '{:+.2f}')}")
+        rd = [a / b for a, b in zip(run(RL, "duration"), run(CTRL, "duration"))]
+        print(f"duration replica-log / control: {fci(rd)}")
+        if with_control_ratio:
+            cd = [a / b for a, b in zip(run(CTRL, "duration"), run(RL, "duration"))]
+            print(f"duration control / replica-log: per seed {lst(cd)}; {fci(cd)}")
+
+
+if __name__ == "__main__":
+    derive(RUNS, (1, 2))
