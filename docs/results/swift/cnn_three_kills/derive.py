@@ -2,9 +2,8 @@
 """Paper B's "faster through failures" and "no loss of accuracy" claims under three kills, read
 off the runs in this folder (paper A's setting: the CNN, 2 shards, 4 workers, SSP(3), 5 seeds,
 the servers' model evaluated; server shard 0 killed at 0.14, 0.37 and 0.6 of the first
-control run's length), replica-log
-("swift (replica-log/10)") beside checkpointing (adaptive and every 100 clocks) and a no-kill
-control.
+control run's length), replica-log ("swift (replica-log/10)") beside checkpointing (adaptive
+and every 100 clocks) and a no-kill control.
 
     python3 docs/results/swift/cnn_three_kills/derive.py
 
