@@ -416,6 +416,26 @@ def ms(values, fmt="{:.3f}", scale=1.0, show_n=None):
     return s
 
 
+def per_seed_metrics(allruns, schedule, model="cnn", thresholds=(0.75, 0.8, 0.85),
+                     post_frac=0.2, rate=1.0, servers=2):
+    """The runs of kill schedule `schedule` (1, 2, ...) with the no-kill controls, and their
+    run_metrics as table.md computes them (the script's defaults), each run paired with its own
+    seed's control curve. Returns (T, t_ref, per): T the mean control length (s), t_ref the
+    shortest surviving run (s), per[config][seed] = (run, metrics). For the derivation scripts
+    under docs/results/ (recovery/derive.py, swift/derive_paper_a_cnn.py)."""
+    runs = [r for r in allruns if not r["kills_scheduled"] or r["schedule"] == schedule]
+    ctrl = [r for r in runs if r["config"] == CONTROL]
+    T = statistics.mean(r["duration"] for r in ctrl if not r["died"])
+    t_ref = min(r["duration"] for r in runs if not r["died"])
+    curves = {r["seed"]: ([e[0] for e in r["evals"]], [e[1] for e in r["evals"]]) for r in ctrl}
+    per = {}
+    for r in runs:
+        m = run_metrics(r, T, list(thresholds), post_frac, curves[r["seed"]], rate, TABLES[model],
+                        servers, t_ref)
+        per.setdefault(r["config"], {})[r["seed"]] = (r, m)
+    return T, t_ref, per
+
+
 def analyse(out_dir, args):
     """Writes table.md (a section per kill schedule, each against the same no-kill controls)
     and accuracy-<k>kill.png; returns the table's text."""

@@ -55,16 +55,7 @@ CH = ["chain/strict", "chain-relaxed/400"]
 RL = "swift (replica-log/10)"
 res = {}
 for k in (1, 2):
-    runs = [r for r in allruns if not r["kills_scheduled"] or r["schedule"] == k]
-    ctrl = [r for r in runs if r["config"] == CTRL]
-    T = statistics.mean(r["duration"] for r in ctrl if not r["died"])
-    t_ref = min(r["duration"] for r in runs if not r["died"])
-    cbs = {r["seed"]: ([e[0] for e in r["evals"]], [e[1] for e in r["evals"]]) for r in ctrl}
-    per = {}
-    for r in runs:
-        m = rx.run_metrics(r, T, [0.75, 0.8, 0.85], 0.2, cbs[r["seed"]], 1.0, 4, 2, t_ref)
-        per.setdefault(r["config"], {})[r["seed"]] = (r, m)
-    res[k] = (T, t_ref, per)
+    res[k] = rx.per_seed_metrics(allruns, k)
 seeds = sorted({r["seed"] for r in allruns})
 
 

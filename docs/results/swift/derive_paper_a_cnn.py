@@ -11,7 +11,6 @@ bench/recovery_experiment.py's functions and the settings of docs/results/recove
 (as docs/results/recovery/derive.py does). Comparisons are paired by seed; intervals are 95%,
 mean +- t(0.975, n-1) * sd / sqrt(n) over the per-seed values (n = 5, t = 2.776).
 """
-import statistics
 import sys
 from pathlib import Path
 
@@ -44,15 +43,7 @@ def derive(runs_dir, schedules, with_control_ratio=False):
     allruns = [rx.parse_run(p) for p in sorted(Path(runs_dir).glob("*.jsonl"))]
     seeds = sorted({r["seed"] for r in allruns})
     for k in schedules:
-        runs = [r for r in allruns if not r["kills_scheduled"] or r["schedule"] == k]
-        ctrl = [r for r in runs if r["config"] == CTRL]
-        T = statistics.mean(r["duration"] for r in ctrl if not r["died"])
-        t_ref = min(r["duration"] for r in runs if not r["died"])
-        cbs = {r["seed"]: ([e[0] for e in r["evals"]], [e[1] for e in r["evals"]]) for r in ctrl}
-        per = {}
-        for r in runs:
-            m = rx.run_metrics(r, T, [0.75, 0.8, 0.85], 0.2, cbs[r["seed"]], 1.0, 4, 2, t_ref)
-            per.setdefault(r["config"], {})[r["seed"]] = (r, m)
+        T, _, per = rx.per_seed_metrics(allruns, k)
 
         def run(cfg, key):
             return [per[cfg][s][0][key] for s in seeds]
