@@ -2,10 +2,15 @@
 # Issue 34, failure-free cost of replica-log's ordering: the Fashion-MNIST trainer without a
 # kill under `--recovery none`, `replica-log` (write-ahead: a push is applied once its worker
 # logged its position, one round trip) and `replica-log --replica-ordering apply-first`
-# (applied on arrival), interleaved per seed so a drift of the machine's load hits all three.
+# (applied on arrival), and apply-first with `--replica-ack-delay 5` (acks, with their
+# positions, held back up to 5 ms: one ack for several clocks), interleaved per seed so a drift
+# of the machine's load hits them all.
 #
-#   bench/swift_ordering.sh BINARY [SEEDS] [EPOCHS] [OUT_DIR]
+#   [MODES="none apply-first ..."] [MODEL=softmax] bench/swift_ordering.sh BINARY [SEEDS]
+#     [EPOCHS] [OUT_DIR]
 #
+# MODES: which of none, write-ahead, apply-first, apply-first-ack-delay to run (default all;
+# none is always run, the baseline). MODEL: the trainer's --model (default mlp).
 # BINARY: a release build of examples/fashion_mnist (every policy compiled in). Defaults:
 # seeds 1-5, 3 epochs, MLP, 2 shards, 4 workers, SSP(3), role all (servers and workers in one
 # process over TCP loopback). Per run: the trainer's log (its "final test accuracy ... after
@@ -29,13 +34,21 @@ epochs=${3:-3}
 out=${4:-swift_ordering_$(date +%Y%m%d_%H%M%S)}
 mkdir -p "$out"
 
-common=(--model mlp --servers 2 --workers 4 --consistency ssp --staleness 3 --epochs "$epochs")
+common=(--model "${MODEL:-mlp}" --servers 2 --workers 4 --consistency ssp --staleness 3 --epochs "$epochs")
 declare -A flags=(
   [none]="--recovery none"
   [write-ahead]="--recovery replica-log"
   [apply-first]="--recovery replica-log --replica-ordering apply-first"
+  [apply-first-ack-delay]="--recovery replica-log --replica-ordering apply-first --replica-ack-delay 5"
 )
-order=(none write-ahead apply-first)
+read -r -a order <<<"${MODES:-none write-ahead apply-first apply-first-ack-delay}"
+[[ " ${order[*]} " == *" none "* ]] || order=(none "${order[@]}")
+for mode in "${order[@]}"; do
+  [[ -n "${flags[$mode]+x}" ]] || {
+    echo "swift_ordering.sh: unknown mode '$mode' in MODES" >&2
+    exit 2
+  }
+done
 
 IFS=, read -r -a seed_list <<<"$seeds"
 for seed in "${seed_list[@]}"; do
@@ -58,9 +71,9 @@ for seed in "${seed_list[@]}"; do
   done
 done
 
-python3 - "$out" "${seed_list[@]}" <<'EOF' | tee -a "$out/summary.txt"
+python3 - "$out" "${order[*]}" "${seed_list[@]}" <<'EOF' | tee -a "$out/summary.txt"
 import math, re, statistics, sys
-out, seeds = sys.argv[1], sys.argv[2:]
+out, modes, seeds = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
 t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 def secs(mode, seed):
     text = open(f"{out}/{mode}-seed{seed}.log").read()
@@ -75,7 +88,7 @@ def summary(what, mode, f):
     half = t95.get(len(r) - 1, 2.0) * statistics.stdev(r) / math.sqrt(len(r)) if len(r) > 1 else float("nan")
     print(f"{mode} / none, {what}: mean {m:.3f}, 95% interval [{m - half:.3f}, {m + half:.3f}] "
           f"over {len(r)} seeds; per seed {', '.join(f'{x:.3f}' for x in r)}")
-for mode in ("write-ahead", "apply-first"):
+for mode in [m for m in modes if m != "none"]:
     summary("training time", mode, secs)
     if all(cpu(mo, s) is not None for mo in ("none", mode) for s in seeds):
         summary("CPU time (user + system, whole process)", mode, cpu)

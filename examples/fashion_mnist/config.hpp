@@ -86,6 +86,9 @@ struct config {
   // replica-log: a bound on each worker's log, in shard states (replica_log_options::
   // log_budget); 0: off, replicas follow --replica-interval alone.
   double replica_log_budget = 0;
+  // replica-log apply-first: how long a shard may hold back a clock's ack, in ms
+  // (replica_log_options::ack_delay); 0: every clock acknowledged at once.
+  std::uint32_t replica_ack_delay_ms = 0;
   // replica-log: a file of rebuild reports, one JSON line per rebuild. A server process
   // (--role server) appends to it after each rebuild; role all with --kill-at (main.cpp sets it
   // and passes it to its server processes) sums it into the summary. Empty: none.

@@ -7,8 +7,9 @@
 # chain-loss: strict chain replication where the whole chain of shard 0 dies (the second kill
 # lands before the restarted head has rejoined): the run must stop with shard_lost, count the
 # pushes lost and exit non-zero, never train on from a restarted server's initial values.
-# replica-log-apply-first: recovery replica-log with `--replica-ordering apply-first` (the order
-# rides on the clock's ack over TCP): the rebuild is exactly-once (bit-exact or reported
+# replica-log-apply-first: recovery replica-log with `--replica-ordering apply-first` and
+# `--replica-ack-delay 5` (the orders ride on the clocks' acks over TCP, held back up to 5 ms so
+# one ack carries several clocks): the rebuild is exactly-once (bit-exact or reported
 # reordered), and no worker reconnects but for the kill.
 # Usage: e2e_recovery.sh /path/to/fashion_mnist
 #          none|checkpoint|stateless|chain|chain-relaxed|chain-loss|replica-log|replica-log-20|
@@ -169,7 +170,7 @@ args=(--model softmax --epochs 40 --servers 2 --workers 4 --consistency ssp --st
 [[ "$policy" == replica-log ]] && args+=(--replica-interval 10)
 if [[ "$policy" == replica-log-apply-first ]]; then
   args=("${args[@]/#replica-log-apply-first/replica-log}")
-  args+=(--replica-interval 10 --replica-ordering apply-first)
+  args+=(--replica-interval 10 --replica-ordering apply-first --replica-ack-delay 5)
 fi
 set +e
 "$bin" "${args[@]}" >"$dir/out.log" 2>&1

@@ -467,6 +467,11 @@ int main(int argc, char** argv) {
                  "sends its next state replica early once a worker's unreplicated pushes exceed "
                  "it (more replicas on the wire, less log); 0: off")
       ->check(CLI::Range(0.0, 1000.0));
+  app.add_option("--replica-ack-delay", c.replica_ack_delay_ms,
+                 "--recovery replica-log --replica-ordering apply-first: milliseconds a shard may "
+                 "hold back a worker's clock ack, so one ack carries several clocks' positions "
+                 "(fewer messages; more rebuilds reordered after a kill); 0: an ack per clock")
+      ->check(CLI::Range(0, 10000));
   app.add_option("--server-report", c.server_report,
                  "--recovery replica-log, --role server: file to append a JSON line to after "
                  "each rebuild and at the end (role all with --kill-at sets it for its server "
@@ -652,9 +657,15 @@ int main(int argc, char** argv) {
   }
   if (c.recovery != "replica-log" &&
       (app.count("--replica-interval") > 0 || app.count("--server-report") > 0 ||
-       app.count("--replica-ordering") > 0 || app.count("--replica-log-budget") > 0)) {
-    std::cerr << "fashion_mnist: --replica-interval, --replica-ordering, --replica-log-budget "
-                 "and --server-report need --recovery replica-log\n";
+       app.count("--replica-ordering") > 0 || app.count("--replica-log-budget") > 0 ||
+       app.count("--replica-ack-delay") > 0)) {
+    std::cerr << "fashion_mnist: --replica-interval, --replica-ordering, --replica-log-budget, "
+                 "--replica-ack-delay and --server-report need --recovery replica-log\n";
+    return 2;
+  }
+  if (c.replica_ack_delay_ms > 0 && c.replica_ordering != "apply-first") {
+    std::cerr << "fashion_mnist: --replica-ack-delay needs --replica-ordering apply-first "
+                 "(write-ahead confirms every order before its update is applied)\n";
     return 2;
   }
   if (app.count("--server-report") > 0 && c.role != "server") {

@@ -167,7 +167,7 @@ struct recovery_flags<asyncps::recovery::chain_replication<Mode>>
 
 /// --recovery replica-log: --replica-interval (clocks between state replicas),
 /// --replica-ordering (write-ahead or apply-first), --replica-log-budget (shard states per
-/// worker's log); --role server
+/// worker's log), --replica-ack-delay (ms, apply-first); --role server
 /// --server-report FILE: the server reports its rebuilds (`replica_log_servers`). Its summary
 /// line is its own (`report_replica_log`). Workers: --reconnect-timeout.
 template <>
@@ -177,16 +177,22 @@ struct recovery_flags<asyncps::recovery::replica_log>
   static policy::server_part server_part(const config& c, std::uint32_t /*shard*/) {
     policy::server_part p;
     p.options.replica_interval = static_cast<asyncps::clock_value>(c.replica_interval);
-    p.options.ordering = c.replica_ordering == "apply-first"
-                             ? asyncps::recovery::replica_log_ordering::apply_first
-                             : asyncps::recovery::replica_log_ordering::write_ahead;
+    p.options.ordering = ordering(c);
     p.options.log_budget = c.replica_log_budget;
+    p.options.ack_delay = std::chrono::milliseconds(c.replica_ack_delay_ms);
     return p;
   }
   static policy::worker_part worker_part(const config& c) {
     policy::worker_part p;
     p.options.reconnect_timeout = reconnect_timeout(c);
+    p.options.ordering = ordering(c);  // both parts take the same ordering and ack delay
+    p.options.ack_delay = std::chrono::milliseconds(c.replica_ack_delay_ms);
     return p;
+  }
+  static asyncps::recovery::replica_log_ordering ordering(const config& c) {
+    return c.replica_ordering == "apply-first"
+               ? asyncps::recovery::replica_log_ordering::apply_first
+               : asyncps::recovery::replica_log_ordering::write_ahead;
   }
   template <class Server>
   using server_extras = replica_log_servers<Server>;

@@ -58,7 +58,7 @@ static_assert(std::endian::native == std::endian::little,
               "are not supported");
 
 inline constexpr std::uint32_t wire_magic = 0x31535041;  // bytes 'A' 'P' 'S' '1'
-inline constexpr std::uint16_t wire_version = 7;
+inline constexpr std::uint16_t wire_version = 8;
 inline constexpr std::size_t header_size = 64;
 
 /// Message types (header field `type`). The payloads of hello, welcome, error and report are

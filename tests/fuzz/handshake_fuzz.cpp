@@ -2,28 +2,30 @@
 // log's worker part. Input: frames as fuzz_support.hpp reads them; each frame that a transport
 // would accept is given to every decoder (hello, welcome, error, report, chain_hello,
 // chain_config, order, and the rendezvous's announce, assigned, lookup, directory), then to one
-// `recovery::replica_log_worker_part` (2 shards, `max_unacked` 4; shard = header `sender` mod 2)
-// as the event its type names: push and clock are the worker's own messages (`on_push`, when
-// their seq exceeds the shard's last), ack `on_ack`, welcome `on_welcome` (flag `policy`: the
-// shard rebuilds), hello asks `hello_flags`/`hello_clock`, replay runs `on_rejoin`, and every
-// other type (order, state, commit, ...) is a server message (`on_server_message`). Each frame
-// also reaches a chain master's membership protocol (`detail::chain_master_core`, 2 shards of 2
-// members) from one of 4 connections (header `first_row` mod 4; header `clock` mod 2048 ms of
-// time pass first; `bye`, a refusal or a frame to a connection the core closed ends it), and
-// its watchdog ticks.
+// `recovery::replica_log_worker_part` (2 shards, `max_unacked` 4, apply-first; shard = header
+// `sender` mod 2) as the event its type names: push and clock are the worker's own messages
+// (`on_push`, when their seq exceeds the shard's last), ack `on_ack`, welcome `on_welcome`
+// (flag `policy`: the shard rebuilds), hello asks `hello_flags`/`hello_clock`, replay runs
+// `on_rejoin`, and every other type (order, state, commit, ...) is a server message
+// (`on_server_message`). Each frame also reaches a chain master's membership protocol
+// (`detail::chain_master_core`, 2 shards of 2 members) from one of 4 connections (header
+// `first_row` mod 4; header `clock` mod 2048 ms of time pass first; `bye`, a refusal or a frame to
+// a connection the core closed ends it), and its watchdog ticks.
 //
 // Invariants (abort on violation): a decoder accepts only its own message type; what it
 // accepts re-encodes to the same payload bytes and the same header fields (type, sender where
 // the message carries one, clock where it carries one, flags); decoded values respect the
 // documented ranges (an order: 1 to max_order_entries entries, as many as header seq says,
-// seqs and positions increasing, positions above the stable one); refusals say what is wrong.
+// seqs and positions increasing, positions above the stable one unless the order is applied);
+// refusals say what is wrong.
 // The replica-log worker part agrees with a model of its documented behaviour: it takes
 // exactly the orders `decode` accepts (each entry's position goes to the logged, unapplied push
 // or clock message of that seq, if any; an order that logged a position is confirmed by one
 // cumulative commit naming the last position logged, unless it has `applied_flag`, then by
 // none) and every state replica (committing it with flag `policy`), refuses other server
 // messages as unexpected, frees entries only when applied and covered by a stable position,
-// replays a rebuilding shard's replica and ordered entries, and its counters (entries, bytes,
+// keeps every state replica at or above its stable position (at most max_held_replicas),
+// replays a rebuilding shard's replicas and ordered entries, and its counters (entries, bytes,
 // replicas, order entries, replayed) and flow control match the model after every event. The chain
 // master's chains list distinct member ids in range, each held by one open registered connection
 // whose last configuration names the chain's neighbours at the current epoch, and every
@@ -101,7 +103,8 @@ void round_trip(const message& m, message_type type, bool carries_clock, bool ca
     require(out.applied == m.header.has(protocol::applied_flag), "an order's applied flag");
     for (std::size_t i = 0; i < out.size(); ++i) {
       const protocol::order_entry e = out.entry(i);
-      require(e.position != 0 && out.stable < e.position, "order positions are above stable");
+      require(e.position != 0 && (out.applied || out.stable < e.position),
+              "order positions are non-zero, and above stable unless applied");
       if (i > 0)
         require(out.entry(i - 1).position < e.position && out.entry(i - 1).seq < e.seq,
                 "order entries increase in seq and position");
@@ -175,8 +178,11 @@ struct model_shard {
   std::vector<model_entry> log;  // oldest first
   std::size_t unapplied = 0;
   std::uint64_t stable = 0;
-  std::optional<frame_header> replica;
-  std::size_t replica_bytes = 0;
+  struct held {
+    frame_header header;
+    std::size_t bytes = 0;
+  };
+  std::vector<held> replicas;  // oldest first: those at or above `stable`, at most 8
   bool met = false;
   bool rebuilding = false;
   std::uint64_t last_seq = 0;  // of the worker's own pushes and clock messages
@@ -189,6 +195,7 @@ struct log_model {
 
   log_model() {
     part.options.max_unacked = log_max_unacked;
+    part.options.ordering = recovery::replica_log_ordering::apply_first;  // replicas kept
     part.on_start(worker_setup{.shards = log_shards, .tables = 1});
   }
 
@@ -210,6 +217,15 @@ struct log_model {
       sh.unapplied -= static_cast<std::size_t>(first - sh.log.begin()) + 1;
       sh.log.erase(sh.log.begin(), first + 1);
     }
+  }
+
+  // Drops the replicas of positions below `stable`.
+  void drop_replicas_below(model_shard& sh, std::uint64_t stable) {
+    std::erase_if(sh.replicas, [&](const model_shard::held& r) {
+      if (r.header.seq >= stable) return false;
+      stats.replica_bytes -= r.bytes;
+      return true;
+    });
   }
 
   void check(std::uint32_t s) const {
@@ -324,10 +340,7 @@ struct log_model {
                 "replica log: the commit names the order's last logged position");
       if (o->stable > sh.stable) {
         sh.stable = o->stable;
-        if (sh.replica && sh.replica->seq < sh.stable) {
-          stats.replica_bytes -= sh.replica_bytes;
-          sh.replica.reset();
-        }
+        drop_replicas_below(sh, sh.stable);
         truncate(sh);
       }
       return;
@@ -337,9 +350,13 @@ struct log_model {
       require(replies.size() == 1 && replies[0].header.type == protocol::commit_type &&
                   replies[0].header.flags == frame_flags::policy && replies[0].header.seq == h.seq,
               "replica log: a stored replica is committed with flag policy");
-      if (sh.replica) stats.replica_bytes -= sh.replica_bytes;
-      sh.replica = h;
-      sh.replica_bytes = bytes;
+      // Kept beside the older ones at or above the stable position; the oldest goes past 8.
+      drop_replicas_below(sh, sh.stable);
+      if (sh.replicas.size() == protocol::max_held_replicas) {
+        stats.replica_bytes -= sh.replicas.front().bytes;
+        sh.replicas.erase(sh.replicas.begin());
+      }
+      sh.replicas.push_back({h, bytes});
       stats.replica_bytes += bytes;
       stats.max_replica_bytes = std::max(stats.max_replica_bytes, stats.replica_bytes);
       ++stats.replicas_stored;
@@ -366,11 +383,11 @@ struct log_model {
              m.header.clock == e.header.clock && m.payload.size() == e.bytes;
     };
     if (sh.rebuilding) {
-      if (sh.replica) {
+      for (const auto& rep : sh.replicas) {
         const message& m = next();
-        require(m.header.type == protocol::replica_type && m.header.seq == sh.replica->seq &&
-                    m.payload.size() == sh.replica_bytes,
-                "replica log: a rebuilding shard gets the replica first");
+        require(m.header.type == protocol::replica_type && m.header.seq == rep.header.seq &&
+                    m.payload.size() == rep.bytes,
+                "replica log: a rebuilding shard gets the replicas first, oldest first");
       }
       for (const auto& e : sh.log) {
         if (e.position == 0) continue;

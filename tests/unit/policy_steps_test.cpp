@@ -742,9 +742,10 @@ TEST_CASE("replica_log apply-first, stepped: one ack per worker clock carrying i
   CHECK(t.proto.part().stats().stable == 1);
 
   // The clock's last push: applied, then one message: the ack of seq 2 carrying the order
-  // of both (applied: no commit wanted; wire version 7, before an order then an ack). Its
-  // stable position stays below the positions it carries, so the worker takes it (before:
-  // the newest stable position 1, an order the worker refused).
+  // of both (applied: no commit wanted; wire version 7, before an order then an ack). It
+  // carries the newest stable position, 1, though position 1 is among its entries: an applied
+  // order may (the replica holds that update), and a stable position an order carries is
+  // always a stored replica's, which a rebuild can start from.
   auto p2 = shard_push(0, 0, 1.0f, frame_flags::want_ack);
   p2.header.seq = 2;
   REQUIRE(t.proto.receive(w0, p2));
@@ -763,9 +764,110 @@ TEST_CASE("replica_log apply-first, stepped: one ack per worker clock carrying i
   CHECK(o.entry(0).position == 1);
   CHECK(o.entry(1).seq == 2);
   CHECK(o.entry(1).position == 2);
-  CHECK(o.stable == 0);
+  CHECK(o.stable == 1);
   CHECK(t.proto.part().stats().orders_sent == 1);
   CHECK(t.proto.part().stats().ordered == 2);
+}
+
+TEST_CASE("replica_log apply-first with ack_delay, stepped: clocks flagged ack-later share one "
+          "ack carrying all their positions, sent after ack_delay, at half of max_unacked, or "
+          "with the next prompt ack") {
+  using namespace std::chrono_literals;
+  recovery::replica_log_server_part part;
+  part.options.ordering = recovery::replica_log_ordering::apply_first;
+  part.options.ack_delay = 5ms;
+  part.options.max_unacked = 8;  // an ack is sent at once when 4 positions wait
+  stepped<recovery::replica_log> t(std::move(part));
+  auto& w0 = t.worker(0);
+  auto& w1 = t.worker(1);
+  auto count = [](const step_session& s, message_type type) {
+    return std::count_if(s.outbox.begin(), s.outbox.end(),
+                         [&](const message& m) { return m.header.type == type; });
+  };
+  const auto acks0 = count(w0, message_type::ack);
+  const auto orders0 = count(w0, protocol::order_type);
+  std::uint64_t seq = 0;
+  // Worker 0 ends clock seq - 1 (one push), then worker 1 the same clock (no ack wanted), so
+  // the server clock follows.
+  auto push = [&](bool later) {
+    auto p = shard_push(0, static_cast<clock_value>(seq), 1.0f, frame_flags::want_ack);
+    if (later) p.header.flags |= protocol::ack_later_flag;
+    p.header.seq = ++seq;
+    REQUIRE(t.proto.receive(w0, p));
+    auto q = shard_push(1, static_cast<clock_value>(seq - 1), 0.5f);
+    q.header.seq = seq;
+    REQUIRE(t.proto.receive(w1, q));
+  };
+  auto last_order = [&](std::uint64_t ack_seq) {
+    const message& om = w0.outbox.back();
+    REQUIRE(om.header.type == message_type::ack);
+    CHECK(om.header.seq == ack_seq);
+    REQUIRE(om.header.has(protocol::carries_order_flag));
+    protocol::order o;
+    std::string detail;
+    REQUIRE(!protocol::decode(om, o, detail));
+    CHECK(o.applied);
+    return o;
+  };
+
+  // Two clocks flagged ack-later: applied, neither acknowledged nor ordered yet; the timer runs.
+  push(true);
+  push(true);
+  CHECK(t.proto.part().stats().ordered == 4);
+  CHECK(count(w0, message_type::ack) == acks0);
+  CHECK(count(w0, protocol::order_type) == orders0);
+  CHECK(t.proto.part_timer_armed(1));
+  // Before ack_delay a sweep sends nothing; at ack_delay one ack of seq 2 with both positions.
+  t.io.time += 4ms;
+  t.proto.sweep();
+  CHECK(count(w0, message_type::ack) == acks0);
+  t.io.time += 1ms;
+  t.proto.sweep();
+  REQUIRE(count(w0, message_type::ack) == acks0 + 1);
+  {
+    const protocol::order o = last_order(2);
+    REQUIRE(o.size() == 2);
+    CHECK(o.entry(0).seq == 1);
+    CHECK(o.entry(1).seq == 2);
+    CHECK(o.entry(0).position == 1);
+    CHECK(o.entry(1).position == 3);  // worker 1's push of clock 0 took position 2
+  }
+  CHECK(!t.proto.part_timer_armed(1));
+
+  // One clock flagged ack-later, then one without the flag: the prompt ack covers both.
+  push(true);
+  push(false);
+  REQUIRE(count(w0, message_type::ack) == acks0 + 2);
+  {
+    const protocol::order o = last_order(4);
+    REQUIRE(o.size() == 2);
+    CHECK(o.entry(0).seq == 3);
+    CHECK(o.entry(1).seq == 4);
+  }
+  // The timer then finds nothing owed: no further ack.
+  t.io.time += 5ms;
+  t.proto.sweep();
+  CHECK(count(w0, message_type::ack) == acks0 + 2);
+
+  // Four clocks flagged ack-later: the fourth position waiting is half of max_unacked, so its
+  // ack goes at once, with the four positions.
+  for (int i = 0; i < 4; ++i) push(true);
+  REQUIRE(count(w0, message_type::ack) == acks0 + 3);
+  CHECK(last_order(8).size() == 4);
+  CHECK(count(w0, protocol::order_type) == orders0);
+  CHECK(t.proto.part().stats().ordered == 16);
+}
+
+TEST_CASE("replica_log write-ahead, stepped: a push flagged ack-later is refused") {
+  stepped<recovery::replica_log> t(recovery::replica_log_server_part{});
+  auto& w0 = t.worker(0);
+  t.worker(1);
+  auto p = shard_push(0, 0, 1.0f, frame_flags::want_ack);
+  p.header.flags |= protocol::ack_later_flag;
+  p.header.seq = 1;
+  CHECK(!t.proto.receive(w0, p));
+  CHECK(t.error_of(w0) == errc::unexpected_message);
+  CHECK(t.proto.part().stats().ordered == 0);
 }
 
 TEST_CASE("replica_log, stepped: a push ordered but never confirmed is voided after "

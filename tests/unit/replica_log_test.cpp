@@ -75,14 +75,17 @@ struct kill_result {
   std::uint64_t max_replica_bytes = 0;
   std::uint64_t replicas_sent = 0;
   std::uint64_t state_bytes = 0;
-  std::uint64_t reconnects = 0;  // the workers' (worker_stats::reconnects): 0 without a kill
+  std::uint64_t reconnects = 0;   // the workers' (worker_stats::reconnects): 0 without a kill
+  std::uint64_t orders_sent = 0;  // the servers' orders (alone or on an ack)
 };
 
-// Further knobs of a run: the log budget (0: off) and the table's shape.
+// Further knobs of a run: the log budget (0: off), the table's shape, and apply-first's
+// ack_delay (0: off).
 struct run_extra {
   double log_budget = 0;
   std::uint32_t rows = 6;
   std::uint32_t width = 3;
+  std::chrono::milliseconds ack_delay{0};  // replica_log_options::ack_delay, both parts
 };
 
 bool same_bits(const shard_state& a, const shard_state& b) {
@@ -139,6 +142,7 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
   part.options.recovery_timeout = 2s;
   part.options.ordering = ordering;
   part.options.log_budget = extra.log_budget;
+  part.options.ack_delay = extra.ack_delay;
 
   kill_result r;
   simulated_transport st(net, "server0");
@@ -203,6 +207,7 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
       r.reordered += s.recovery().stats().reordered_recoveries;
       r.replayed += s.recovery().stats().replayed;
       r.replicas_sent += s.recovery().stats().replicas_sent;
+      r.orders_sent += s.recovery().stats().orders_sent;
       s.stop();
       ++r.kills;
     });
@@ -221,8 +226,11 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
     o.id = w;
     o.servers = {"shard0"};
     o.log = so.log;
-    ws.push_back(std::make_unique<worker_t>(*wts.back(), models[w], o,
-                                            asio::any_io_executor(net.compute_executor(w))));
+    recovery::replica_log::worker_part wp;
+    wp.options.ordering = ordering;
+    wp.options.ack_delay = extra.ack_delay;
+    ws.push_back(std::make_unique<worker_t>(
+        *wts.back(), models[w], o, asio::any_io_executor(net.compute_executor(w)), std::move(wp)));
     if constexpr (is_value_bounded_v<Policy>) ws.back()->consistency().magnitude = vap_magnitude;
     if (drop_worker && *drop_worker == w && !kills.empty())
       net.node_down("worker" + std::to_string(w), kills.front(), 1000s);
@@ -243,6 +251,7 @@ kill_result run_kills(std::uint64_t seed, std::uint32_t workers, std::uint64_t c
   r.reordered += last.recovery().stats().reordered_recoveries;
   r.replayed += last.recovery().stats().replayed;
   r.replicas_sent += last.recovery().stats().replicas_sent;
+  r.orders_sent += last.recovery().stats().orders_sent;
   r.final_clock = last.clock();
   shard_state fin;
   last.save_state(fin);
@@ -397,7 +406,7 @@ namespace {
 // server's only when it was reported reordered.
 template <class Policy, class Optimizer>
 void check_apply_first(std::string name, std::uint64_t first, std::uint64_t n, Optimizer opt,
-                       float vap = 0) {
+                       float vap = 0, run_extra extra = {}) {
   int kills = 0, compared = 0, mismatches = 0;
   std::uint64_t reordered = 0;
   for (std::uint64_t seed = first; seed < first + n; ++seed) {
@@ -408,8 +417,9 @@ void check_apply_first(std::string name, std::uint64_t first, std::uint64_t n, O
     const clock_value interval = sc.interval;
     INFO("apply-first: " << name << ", seed " << seed << ", " << workers << " workers, " << clocks
                          << " clocks, " << nk << " kills, interval " << interval);
-    const auto r = run_kills<Policy>(seed, workers, clocks, sc.times, sc.outage, opt, interval, vap,
-                                     std::nullopt, recovery::replica_log_ordering::apply_first);
+    const auto r =
+        run_kills<Policy>(seed, workers, clocks, sc.times, sc.outage, opt, interval, vap,
+                          std::nullopt, recovery::replica_log_ordering::apply_first, extra);
     REQUIRE(r.all_done);
     for (const auto& ec : r.errors) CHECK_MESSAGE(!ec, ec.message());
     CHECK(r.incomplete == 0);
@@ -436,6 +446,41 @@ TEST_CASE("replica_log apply-first: rebuilds are exactly-once, and bit-exact unl
   check_apply_first<consistency::ssp<2>>("ssp2/momentum", 101, 40, optimizer::momentum{});
   check_apply_first<consistency::asp>("asp/adam", 301, 40, optimizer::adam{});
   check_apply_first<consistency::vap>("vap/sgd", 401, 40, optimizer::sgd{0.1f}, 0.05f);
+}
+
+TEST_CASE("replica_log apply-first with ack_delay: acks held back stay exactly-once, and every "
+          "worker finishes") {
+  run_extra e;
+  e.ack_delay = std::chrono::milliseconds(5);
+  check_apply_first<consistency::bsp>("bsp/sgd, ack_delay", 601, 40, optimizer::sgd{0.1f}, 0, e);
+  check_apply_first<consistency::ssp<2>>("ssp2/momentum, ack_delay", 701, 40, optimizer::momentum{},
+                                         0, e);
+  // ASP (a push window) and VAP: the workers wait for their acks, so they flag nothing.
+  check_apply_first<consistency::asp>("asp/adam, ack_delay", 801, 20, optimizer::adam{}, 0, e);
+  check_apply_first<consistency::vap>("vap/sgd, ack_delay", 901, 20, optimizer::sgd{0.1f}, 0.05f,
+                                      e);
+}
+
+TEST_CASE("replica_log apply-first with ack_delay: fewer acks, no kill (virtual time)") {
+  for (std::uint64_t seed : {21, 22, 23}) {
+    CAPTURE(seed);
+    run_extra e;
+    e.ack_delay = std::chrono::milliseconds(20);
+    const auto prompt =
+        run_kills<consistency::ssp<2>>(seed, 3, 60, {}, 0ms, optimizer::sgd{0.1f}, 5, 0,
+                                       std::nullopt, recovery::replica_log_ordering::apply_first);
+    const auto later = run_kills<consistency::ssp<2>>(
+        seed, 3, 60, {}, 0ms, optimizer::sgd{0.1f}, 5, 0, std::nullopt,
+        recovery::replica_log_ordering::apply_first, e);
+    REQUIRE(prompt.all_done);
+    REQUIRE(later.all_done);
+    CHECK(prompt.pushes_applied == 180);
+    CHECK(later.pushes_applied == 180);
+    CHECK(later.reconnects == 0);
+    MESSAGE("seed " << seed << ": " << prompt.orders_sent << " orders prompt, " << later.orders_sent
+                    << " with ack_delay 20 ms");
+    CHECK(later.orders_sent * 2 < prompt.orders_sent);
+  }
 }
 
 TEST_CASE("replica_log apply-first: no round trip before an apply (virtual time, no kill)") {

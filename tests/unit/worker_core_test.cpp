@@ -707,6 +707,102 @@ TEST_CASE("recovery worker parts: replica_log takes batched orders with one cumu
   CHECK(part.on_server_message(0, a, replies) == errc::unexpected_message);
 }
 
+TEST_CASE("recovery worker parts: replica_log keeps every replica at or above the stable "
+          "position it learned, sends them all to a rebuild, and takes an applied order whose "
+          "positions a stored replica holds") {
+  buffer_pool pool;
+  recovery::replica_log_worker_part part;
+  part.options.ordering = recovery::replica_log_ordering::apply_first;
+  detail::worker_hooks::on_start(part, worker_setup{1, 1});
+  std::vector<message> replies;
+  auto replica = [&](std::uint64_t position) {
+    message m;
+    m.header.type = protocol::replica_type;
+    m.header.seq = position;
+    m.payload = pool.allocate(8);
+    replies.clear();
+    REQUIRE(!part.on_server_message(0, m, replies));
+    REQUIRE(replies.size() == 1);
+    CHECK(replies[0].header.type == protocol::commit_type);
+    CHECK(replies[0].header.has(protocol::replica_stored_flag));
+    CHECK(replies[0].header.seq == position);
+  };
+  auto push = [&](std::uint64_t seq) {
+    message m;
+    m.header.type = message_type::push;
+    m.header.flags = frame_flags::want_ack;
+    m.header.seq = seq;
+    m.payload = pool.allocate(16);
+    detail::worker_hooks::on_push(part, 0, m);
+  };
+  auto rebuild_replicas = [&] {
+    welcome_part w{0, 0, 1, 1, true, 0, {}};  // the shard rebuilds: it asks for replicas
+    detail::worker_hooks::on_welcome(part, w);
+    std::vector<rejoin_message> out;
+    rejoin_context r(
+        0, 0, 0, 0, true, {},
+        [](void* p, std::size_t n) { return static_cast<buffer_pool*>(p)->allocate(n); }, &pool,
+        out);
+    detail::worker_hooks::on_rejoin(part, r);
+    std::vector<std::uint64_t> positions;
+    for (const auto& q : out)
+      if (q.msg.header.type == protocol::replica_type) positions.push_back(q.msg.header.seq);
+    return positions;
+  };
+
+  // Two replicas before any order said a position is stable (orders held back, ack_delay):
+  // both are kept, since the rebuild may start from either.
+  replica(4);
+  replica(9);
+  CHECK(part.stats().replica_bytes == 16);
+  CHECK(rebuild_replicas() == std::vector<std::uint64_t>{4, 9});
+
+  // An applied order (on the ack of seq 1) whose position 3 lies below its stable position 4:
+  // taken (the replica of 4 holds that update). The replica of 4 stays (4 is the stable one).
+  push(1);
+  const std::vector<protocol::order_entry> e1{{1, 3}};
+  auto a = protocol::encode_on_ack(protocol::order{.stable = 4, .applied = true, .entries = e1}, 1,
+                                   [&](std::size_t n) { return pool.allocate(n); });
+  replies.clear();
+  REQUIRE(!part.on_server_message(0, a, replies));
+  CHECK(replies.empty());
+  detail::worker_hooks::on_ack(part, 0, 1);
+  CHECK(part.stats().log_entries == 0);  // position 3 <= stable 4: freed once applied
+  CHECK(rebuild_replicas() == std::vector<std::uint64_t>{4, 9});
+
+  // The same below the stable position, unapplied (write-ahead): refused.
+  std::string why;
+  protocol::order decoded;
+  auto u = protocol::encode(protocol::order{.stable = 4, .applied = false, .entries = e1},
+                            [&](std::size_t n) { return pool.allocate(n); });
+  CHECK(protocol::decode(u, decoded, why) == errc::unexpected_message);
+
+  // Once 9 is stable, the replica of 4 goes.
+  push(2);
+  const std::vector<protocol::order_entry> e2{{2, 10}};
+  a = protocol::encode_on_ack(protocol::order{.stable = 9, .applied = true, .entries = e2}, 2,
+                              [&](std::size_t n) { return pool.allocate(n); });
+  REQUIRE(!part.on_server_message(0, a, replies));
+  CHECK(part.stats().replica_bytes == 8);
+  CHECK(rebuild_replicas() == std::vector<std::uint64_t>{9});
+
+  // At most max_held_replicas: the oldest goes first.
+  for (std::uint64_t p = 20; p < 20 + protocol::max_held_replicas; ++p) replica(p);
+  const auto held = rebuild_replicas();
+  REQUIRE(held.size() == protocol::max_held_replicas);
+  CHECK(held.front() == 20);
+  CHECK(part.stats().replica_bytes == 8 * protocol::max_held_replicas);
+
+  // Write-ahead: the logs back the newest replica (every position was logged before it was
+  // applied), so only the newest is kept.
+  part = recovery::replica_log_worker_part{};
+  detail::worker_hooks::on_start(part, worker_setup{1, 1});
+  replica(4);
+  replica(9);
+  CHECK(part.stats().replica_bytes == 8);
+  CHECK(rebuild_replicas() == std::vector<std::uint64_t>{9});
+}
+
 TEST_CASE("recovery worker parts: stateless buffers while away and delivers on rejoin") {
   buffer_pool pool;
   recovery::stateless_worker_part st;

@@ -32,6 +32,9 @@ namespace asyncps {
 struct worker_setup {
   std::uint32_t shards = 0;  ///< links, one per shard (index = shard id)
   std::uint32_t tables = 0;  ///< tables of the model (parts per link)
+  /// The worker itself waits for the acks of its clocks: VAP (an update in transit until
+  /// acknowledged) or a push window (ASP by default, `worker_options::push_window`).
+  bool waits_for_acks = false;
 };
 
 /// What the worker does about a server's refusal: an error frame answering its hello, or one

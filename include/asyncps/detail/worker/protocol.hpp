@@ -122,7 +122,11 @@ class worker_protocol {
     for (std::uint32_t s = 0; s < shards; ++s) links_.emplace_back().shard = s;
     replies_.resize(shards);
     rejoin_parts_.reserve(tables);
-    worker_hooks::on_start(recovery_, worker_setup{shards, tables});
+    // Whether the worker waits for its clocks' acks itself: VAP, a push window at every clock,
+    // or a policy that never bounds staleness (ASP: the default push window at every clock).
+    const bool waits_for_acks = value_bounded || (opts_.push_window && *opts_.push_window > 0) ||
+                                policy_.min_server_clock(protocol::max_clock) == no_clock;
+    worker_hooks::on_start(recovery_, worker_setup{shards, tables, waits_for_acks});
   }
 
   link& link_of(std::uint32_t s) noexcept { return links_[s]; }

@@ -56,6 +56,11 @@ inline constexpr std::uint8_t applied_flag = frame_flags::policy;
 /// Header `seq` is the acknowledged seq as on any ack; the payload is an order's (stable
 /// position, then the entries), their number given by its size.
 inline constexpr std::uint8_t carries_order_flag = frame_flags::policy;
+/// The policy's bit on a push or clock message (apply-first with `replica_log_options::
+/// ack_delay`): the worker does not wait for this clock's ack, so the shard may hold it back
+/// (up to `ack_delay`, or until the worker asks for one without this bit) and send the
+/// positions of several clocks on one ack.
+inline constexpr std::uint8_t ack_later_flag = frame_flags::policy;
 
 /// One entry of an `order`: the apply position (1-based, per shard) the server gave the worker's
 /// push or clock message numbered `seq` (header `seq` of that message).
@@ -92,6 +97,11 @@ struct order {
     return {load_le<std::uint64_t>(p), load_le<std::uint64_t>(p + 8)};
   }
 };
+/// The most state replicas of one shard a worker holds, and sends a rebuild. Apply-first: those
+/// of the positions at or above the stable position it last learned (usually one or two; more
+/// while its orders are held back, `replica_log_options::ack_delay`); write-ahead: the newest.
+/// A worker that is sent more drops the oldest; a rebuild refuses more from one worker.
+inline constexpr std::size_t max_held_replicas = 8;
 /// The most entries one `order` carries (4 KiB of them); a server sends more as several.
 inline constexpr std::size_t max_order_entries = 256;
 
@@ -128,8 +138,10 @@ message encode_on_ack(const order& o, std::uint64_t ack_seq, Alloc&& alloc) {
 /// Decodes an `order_type` message, or an ack with `carries_order_flag` (then `applied` is
 /// true). Errors: `errc::unexpected_message` (another type, or an ack without the flag; a
 /// size that is not 8 + 16 n bytes with 1 <= n <= `max_order_entries`, or, on an
-/// `order_type`, a header `seq` other than n; a position 0, at or below the stable position,
-/// or not above the entry's before it; a seq not above the one before it).
+/// `order_type`, a header `seq` other than n; a position 0 or not above the entry's before
+/// it; a seq not above the one before it; on an unapplied order, a position at or below the
+/// stable position). An applied order's positions may lie at or below its stable position:
+/// updates applied before a replica that is stored by the time the order is sent.
 inline std::error_code decode(const message& m, order& out, std::string& detail) {
   using asyncps::detail::load_le;
   const auto bytes = m.payload.bytes();
@@ -154,7 +166,8 @@ inline std::error_code decode(const message& m, order& out, std::string& detail)
   order_entry prev{};
   for (std::size_t i = 0; i < out.size(); ++i) {
     const order_entry e = out.entry(i);
-    if (e.position <= out.stable || e.position <= prev.position || (i > 0 && e.seq <= prev.seq))
+    if (e.position == 0 || (!out.applied && e.position <= out.stable) ||
+        e.position <= prev.position || (i > 0 && e.seq <= prev.seq))
       return detail_::bad(detail, "order entry " + std::to_string(i) + " with seq " +
                                       std::to_string(e.seq) + ", position " +
                                       std::to_string(e.position) + " (stable position " +

@@ -30,8 +30,9 @@ enum class replica_log_ordering : std::uint8_t {
 };
 
 /// Configuration of `recovery::replica_log`. The server part reads `replica_interval`,
-/// `recovery_timeout`, `void_timeout`, `commit_timeout`, `ordering` and `log_budget`; the
-/// worker part reads `reconnect_timeout` and `max_unacked`.
+/// `recovery_timeout`, `void_timeout`, `commit_timeout`, `ordering`, `log_budget` and
+/// `ack_delay`; the worker part reads `reconnect_timeout`, `max_unacked`, `ordering` and
+/// `ack_delay`. Both parts of a job must be given the same `ordering` and `ack_delay`.
 struct replica_log_options {
   /// Server clocks between two state replicas (the logging interval of SWIFT's selective
   /// logging): every this many clocks the shard sends its whole state (parameters and
@@ -63,7 +64,9 @@ struct replica_log_options {
   /// `errc::server_lost`.
   std::chrono::milliseconds reconnect_timeout{std::chrono::minutes(10)};
   /// Write-ahead (bit-exact rebuilds, one round trip per update) or apply-first (no round
-  /// trip, exactly-once rebuilds); see `replica_log_ordering`. Read by the server part only.
+  /// trip, exactly-once rebuilds); see `replica_log_ordering`. Read by both parts (a worker
+  /// part under apply-first keeps every state replica above the stable position it learned,
+  /// at most `protocol::max_held_replicas` per shard; under write-ahead only the newest).
   replica_log_ordering ordering = replica_log_ordering::write_ahead;
   /// A bound on each worker's log, as a multiple of one encoded shard state (the bytes of a
   /// state replica: parameters, optimizer state, clocks, counts). 0, the default: off, state
@@ -80,6 +83,18 @@ struct replica_log_options {
   /// stored replica). Read by the server part only; must be finite and >= 0 (a negative or NaN
   /// value is off).
   double log_budget = 0;
+  /// Apply-first only: how long a shard may hold back the ack of a worker's clock (with the
+  /// clock's positions), so that one ack carries several clocks' positions instead of one ack
+  /// per clock and shard. 0, the default: every clock is acknowledged at once (the behaviour
+  /// before). Above 0: a worker that does not wait for its acks (not under VAP, without a push
+  /// window) flags its pushes `protocol::ack_later_flag` while fewer than `max_unacked` / 2 of
+  /// its entries per shard are unacknowledged, and the shard acknowledges them, cumulatively,
+  /// when the worker next sends a push without the flag, when that many of its positions are
+  /// waiting, or `ack_delay` after the first one waits, whichever comes first. The cost: a
+  /// worker learns its positions later, so after a kill more of its applied pushes lack one;
+  /// they are resent and applied after the replayed ones (exactly once, reported reordered:
+  /// `replica_log_stats::reordered_recoveries`). Read by both parts.
+  std::chrono::milliseconds ack_delay{0};
   /// Worker part: log entries per shard not yet known applied beyond which the worker waits
   /// before its next clock (flow control; bounds the part of its log the shard has not
   /// confirmed). 0 counts as 1.

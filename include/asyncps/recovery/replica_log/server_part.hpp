@@ -228,9 +228,24 @@ struct replica_log_server_part {
         detail = " (a state replica while the shard is not rebuilding)";
         return make_error_code(errc::unexpected_message);
       }
-      // Each worker's newest replica is kept (one per worker): which one is installed is
-      // decided when every log has arrived (see `choose_replica`).
-      rt_.value.replicas_[w] = message{h, std::move(m.payload)};
+      // Every replica a worker sends is kept (a worker holds those it was sent since it last
+      // learned the stable position; one per position, a resent one replaces it): which one
+      // is installed is decided when every log has arrived (see `choose_replica`).
+      auto& reps = rt_.value.replicas_;
+      const auto same = std::find_if(reps.begin(), reps.end(), [&](const held_replica& r) {
+        return r.worker == w && r.m.header.seq == h.seq;
+      });
+      if (same != reps.end()) {
+        same->m = message{h, std::move(m.payload)};
+      } else if (std::count_if(reps.begin(), reps.end(), [&](const held_replica& r) {
+                   return r.worker == w;
+                 }) >= static_cast<std::ptrdiff_t>(protocol::max_held_replicas)) {
+        detail = " (worker " + std::to_string(w) + " sends more than " +
+                 std::to_string(protocol::max_held_replicas) + " state replicas)";
+        return make_error_code(errc::unexpected_message);
+      } else {
+        reps.push_back(held_replica{w, message{h, std::move(m.payload)}});
+      }
       return std::error_code{};
     }
     switch (h.type) {
@@ -238,9 +253,13 @@ struct replica_log_server_part {
       case message_type::clock: {
         if (h.sender != w) return make_error_code(errc::bad_sender);
         if (h.type == message_type::push) {
-          if (h.has(frame_flags::policy) || h.has(frame_flags::prefixed)) {
+          // `policy` on a push is `protocol::ack_later_flag`, under apply-first only.
+          if (h.has(frame_flags::prefixed) ||
+              (h.has(frame_flags::policy) &&
+               options.ordering != replica_log_ordering::apply_first)) {
             detail = " (a push flagged `policy` or `prefixed`, but recovery policy "
-                     "'replica-log' takes none)";
+                     "'replica-log' takes neither here: `policy` means ack-later, under "
+                     "apply-first only)";
             return make_error_code(errc::unexpected_message);
           }
           // Its values are checked finite when it is applied (`shard_core::check_and_apply`,
@@ -248,6 +267,13 @@ struct replica_log_server_part {
           // is counted in `stats().dropped`, and a rebuild replaying it refuses it alike.
           if (auto ec = ctx.check_rows(m, detail)) return ec;
         }
+        // `protocol::ack_later_flag` is this part's: taken off here, in every mode (the
+        // server's push path reads `policy` on a push as a recovery policy's own push; a
+        // rejoining worker resends its entries with it), remembered by seq for on_applied.
+        const bool later = h.has(protocol::ack_later_flag) &&
+                           options.ordering == replica_log_ordering::apply_first &&
+                           options.ack_delay.count() > 0;
+        m.header.flags &= static_cast<std::uint8_t>(~protocol::ack_later_flag);
         if (rt_.value.mode_ == mode::recovering) {
           if (rt_.value.expect_[w] != 0) {  // the entry a replay announced
             rt_.value.entries_.push_back(entry{rt_.value.expect_[w], w, std::move(m)});
@@ -263,10 +289,15 @@ struct replica_log_server_part {
           return std::error_code{};
         }
         const bool clock_end = h.ends_clock();
+        if (later && clock_end) rt_.value.later_seq_[w] = m.header.seq;
         hold(ctx, &s, w, std::move(m), true);
         if (options.ordering == replica_log_ordering::apply_first) {
           release(ctx);  // applied now; its clock's last message sends the orders (on_applied)
-          if (clock_end) flush_orders(ctx, w);  // e.g. when that message was refused
+          if (clock_end && !later) {
+            flush_orders(ctx, w);  // e.g. when that message was refused
+          } else if (clock_end && !ctx.timer_armed(ack_timer)) {
+            ctx.arm_timer(ack_timer, options.ack_delay);  // the orders go within ack_delay
+          }
         } else if (clock_end) {
           flush_orders(ctx, w);  // one order for the clock's messages, one commit back
         }
@@ -293,7 +324,12 @@ struct replica_log_server_part {
     const bool clock_end = h.ends_clock();
     if (clock_end && options.ordering == replica_log_ordering::apply_first) {
       if (h.has(frame_flags::want_ack) && !Ctx::value_bounded) {
-        if (!flush_orders(ctx, s.worker, h.seq)) ctx.ack(s, h.seq);
+        if (s.worker < rt_.value.later_seq_.size() && h.seq != 0 &&
+            rt_.value.later_seq_[s.worker] == h.seq) {
+          owe_ack(ctx, s, h.seq);  // flagged ack-later: the ack (and the orders) may wait
+          return true;
+        }
+        ack_now(ctx, s, h.seq);
         return true;
       }
       flush_orders(ctx, s.worker);
@@ -316,6 +352,8 @@ struct replica_log_server_part {
       rt_.value.pending_[s.worker].clear();
       rt_.value.pending_from_[s.worker] = nullptr;
     }
+    if (s.worker < rt_.value.owed_.size() && rt_.value.owed_[s.worker].session == &s)
+      rt_.value.owed_[s.worker] = owed_ack{};
     bool waits = false;
     for (std::size_t i = 0; i < rt_.value.held_.size(); ++i) {
       auto& it = rt_.value.held_[i];
@@ -354,6 +392,11 @@ struct replica_log_server_part {
     std::uint32_t worker = 0;
     message m;
   };
+  // A state replica a worker sent a rebuild (header `seq`: its position).
+  struct held_replica {
+    std::uint32_t worker = 0;
+    message m;
+  };
 
   template <class Ctx>
   void size_for(Ctx ctx) {
@@ -363,12 +406,13 @@ struct replica_log_server_part {
     rt_.value.done_.assign(n, 0);
     rt_.value.expect_.assign(n, 0);
     rt_.value.replicas_.clear();
-    rt_.value.replicas_.resize(n);
     rt_.value.logged_bytes_.assign(n, 0);
     rt_.value.pending_.clear();
     rt_.value.pending_.resize(n);
     rt_.value.sent_.assign(n, 0);
     rt_.value.pending_from_.assign(n, nullptr);
+    rt_.value.owed_.assign(n, owed_ack{});
+    rt_.value.later_seq_.assign(n, 0);
   }
 
   // ---- ordering and the write-ahead release (defined in server_part_order.ipp) ----
@@ -389,6 +433,18 @@ struct replica_log_server_part {
   // Whether a message went out.
   template <class Ctx>
   bool flush_orders(Ctx ctx, std::uint32_t w, std::uint64_t ack_seq = 0);
+
+  // Apply-first: acknowledges `seq` on `s` now, with the orders not sent yet (and any ack
+  // held back for the worker, which this one covers: acks are cumulative).
+  template <class Ctx>
+  void ack_now(Ctx ctx, detail::session_base& s, std::uint64_t seq);
+  // Apply-first with ack_delay: holds back the ack of `seq` (flagged ack-later) on `s`; sent by
+  // ack_now, when max_unacked / 2 of the worker's positions wait, or by timer `ack_timer`.
+  template <class Ctx>
+  void owe_ack(Ctx ctx, detail::session_base& s, std::uint64_t seq);
+  // Timer `ack_timer`: sends every ack held back.
+  template <class Ctx>
+  void send_owed_acks(Ctx ctx);
 
   // Worker `w` logged every position up to `p` it was sent (a cumulative commit).
   void confirm(std::uint32_t w, std::uint64_t p);
@@ -463,7 +519,13 @@ struct replica_log_server_part {
   // workers or a closed connection's orders wait for confirmation.
   template <class Ctx>
   void watch(Ctx ctx);
-  static constexpr std::uint32_t watch_timer = 0;  // the part's one timer (ctx.arm_timer)
+  static constexpr std::uint32_t watch_timer = 0;  // the part's timers (ctx.arm_timer)
+  static constexpr std::uint32_t ack_timer = 1;
+  // An ack held back for a worker (ack_delay): its connection and the seq; none when null.
+  struct owed_ack {
+    detail::session_base* session = nullptr;
+    std::uint64_t seq = 0;
+  };
   static constexpr std::chrono::milliseconds watch_tick{50};
   bool has_orphans() const noexcept;
 
@@ -490,8 +552,10 @@ struct replica_log_server_part {
     std::vector<std::vector<protocol::order_entry>> pending_;
     std::vector<std::uint64_t> sent_;
     std::vector<const detail::session_base*> pending_from_;  // the connection they came on
+    std::vector<owed_ack> owed_;            // per worker: the ack held back (ack_delay)
+    std::vector<std::uint64_t> later_seq_;  // per worker: its last clock end flagged ack-later
     std::vector<entry> entries_;
-    std::vector<std::optional<message>> replicas_;  // per worker: its newest replica
+    std::vector<held_replica> replicas_;  // the replicas the workers sent (rebuilding)
     std::uint64_t newest_stable_ = 0;
     std::uint64_t unordered_ = 0;  // a rebuild: entries the workers resend without a position
     // log_budget: the positions ordered above stable_ (oldest first) with their worker and

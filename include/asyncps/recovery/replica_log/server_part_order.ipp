@@ -74,11 +74,11 @@ bool replica_log_server_part::flush_orders(Ctx ctx, std::uint32_t w, std::uint64
     return false;
   }
   // Apply-first: a replica taken after these were applied may be stored before they are sent,
-  // so the stable position can reach them; the order then carries a lower one (still true,
-  // the next order carries the newer), as every position in an order lies above its stable.
-  const std::uint64_t stable = std::min(rt_.value.stable_, p.front().position - 1);
+  // so the stable position may reach them; the order carries it all the same (a replica holds
+  // them). A stable position an order carries is always a stored replica's: a rebuild starts
+  // from the newest any worker learned, and that replica's holder keeps it (worker part).
   const protocol::order o{.shard = ctx.options().shard,
-                          .stable = stable,
+                          .stable = rt_.value.stable_,
                           .applied = options.ordering == replica_log_ordering::apply_first,
                           .entries = p};
   const auto alloc = [&](std::size_t n) { return ctx.allocate(n); };
@@ -88,6 +88,41 @@ bool replica_log_server_part::flush_orders(Ctx ctx, std::uint32_t w, std::uint64
   rt_.value.sent_[w] = p.back().position;
   p.clear();
   return true;
+}
+
+template <class Ctx>
+void replica_log_server_part::ack_now(Ctx ctx, detail::session_base& s, std::uint64_t seq) {
+  const std::uint32_t w = s.worker;
+  if (w < rt_.value.owed_.size()) rt_.value.owed_[w] = owed_ack{};  // covered: acks are cumulative
+  if (!flush_orders(ctx, w, seq)) ctx.ack(s, seq);
+}
+
+template <class Ctx>
+void replica_log_server_part::owe_ack(Ctx ctx, detail::session_base& s, std::uint64_t seq) {
+  const std::uint32_t w = s.worker;
+  // Sent at once when the worker's positions waiting reach half of what its flow control
+  // allows (it asks for a prompt ack then too): it never blocks on an ack held back here.
+  const std::size_t half =
+      std::max<std::size_t>(std::max<std::uint32_t>(options.max_unacked, 1) / 2, 1);
+  if (w >= rt_.value.owed_.size() || rt_.value.pending_[w].size() >= half) {
+    ack_now(ctx, s, seq);
+    return;
+  }
+  rt_.value.owed_[w] = owed_ack{&s, seq};
+  if (!ctx.timer_armed(ack_timer)) ctx.arm_timer(ack_timer, options.ack_delay);
+}
+
+template <class Ctx>
+void replica_log_server_part::send_owed_acks(Ctx ctx) {
+  for (std::uint32_t w = 0; w < rt_.value.owed_.size(); ++w) {
+    const owed_ack o = rt_.value.owed_[w];
+    if (o.session != nullptr && o.session->open) {
+      ack_now(ctx, *o.session, o.seq);
+    } else {
+      rt_.value.owed_[w] = owed_ack{};
+      flush_orders(ctx, w);  // orders of a refused clock end (no ack owed): sent alone
+    }
+  }
 }
 
 template <class Ctx>

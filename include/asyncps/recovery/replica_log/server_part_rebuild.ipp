@@ -77,17 +77,16 @@ inline bool replica_log_server_part::logs_cover(std::uint64_t lo, std::uint64_t 
 inline std::vector<std::uint32_t> replica_log_server_part::choose_replica() const {
   const std::uint64_t stable = rt_.value.newest_stable_;
   std::vector<std::uint32_t> backed, older;
-  for (std::uint32_t w = 0; w < rt_.value.replicas_.size(); ++w) {
-    const auto& r = rt_.value.replicas_[w];
-    if (!r) continue;
-    const std::uint64_t p = r->header.seq;
+  const auto& reps = rt_.value.replicas_;
+  for (std::uint32_t i = 0; i < reps.size(); ++i) {
+    const std::uint64_t p = reps[i].m.header.seq;
     if (p >= stable && logs_cover(stable, p))
-      backed.push_back(w);
+      backed.push_back(i);
     else if (p <= stable)
-      older.push_back(w);
+      older.push_back(i);
   }
-  const auto newest_first = [this](std::uint32_t a, std::uint32_t b) {
-    return rt_.value.replicas_[a]->header.seq > rt_.value.replicas_[b]->header.seq;
+  const auto newest_first = [&reps](std::uint32_t a, std::uint32_t b) {
+    return reps[a].m.header.seq > reps[b].m.header.seq;
   };
   std::stable_sort(backed.begin(), backed.end(), newest_first);
   std::stable_sort(older.begin(), older.end(), newest_first);
@@ -102,11 +101,12 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
   bool installed = false;
   std::sort(rt_.value.entries_.begin(), rt_.value.entries_.end(),
             [](const entry& a, const entry& b) { return a.position < b.position; });
-  std::uint32_t skipped = 0;  // replicas present but never tried (not backed by the logs)
-  for (const auto& r : rt_.value.replicas_) skipped += r ? 1 : 0;
-  for (const std::uint32_t w : choose_replica()) {
-    --skipped;
-    const message& r = *rt_.value.replicas_[w];
+  const std::vector<std::uint32_t> candidates = choose_replica();
+  // Replicas never tried: above the newest stable position, not backed by the logs.
+  const std::size_t skipped = rt_.value.replicas_.size() - candidates.size();
+  for (const std::uint32_t i : candidates) {
+    const message& r = rt_.value.replicas_[i].m;
+    const std::uint32_t w = rt_.value.replicas_[i].worker;
     why.clear();
     if (auto ec = detail::decode_state(r.payload.bytes(), rt_.value.scratch_, why)) {
       ctx.log("the state replica of position " + std::to_string(r.header.seq) + " from worker " +
@@ -170,8 +170,14 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
   rt_.value.stable_ = base;
   rt_.value.stats_.stable = rt_.value.stable_;
   rt_.value.stats_.position = rt_.value.position_;
-  rt_.value.next_ =
-      std::max({rt_.value.next_, rt_.value.position_ + 1, rt_.value.newest_stable_ + 1});
+  // New positions start above every replica a worker sent too: one not installed (above the
+  // stable position, not backed) still sits in its holder's store, and must never look like
+  // a replica of this server's positions to a later rebuild.
+  std::uint64_t newest_replica = 0;
+  for (const auto& r : rt_.value.replicas_)
+    newest_replica = std::max(newest_replica, r.m.header.seq);  // <= max_seq (checked)
+  rt_.value.next_ = std::max(
+      {rt_.value.next_, rt_.value.position_ + 1, rt_.value.newest_stable_ + 1, newest_replica + 1});
   rt_.value.stats_.last_recovery_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - rt_.value.recovery_started_)
           .count();
@@ -197,7 +203,7 @@ void replica_log_server_part::finish_recovery(Ctx ctx, bool timed_out) {
                                               : ", no log from worker(s) " + missing_workers) +
                      ")"));
   rt_.value.entries_.clear();
-  for (auto& r : rt_.value.replicas_) r.reset();
+  rt_.value.replicas_.clear();
   rt_.value.mode_ = mode::serving;
   if (on_rebuilt) on_rebuilt();
   rt_.value.replica_clock_ = ctx.clock();
@@ -232,6 +238,10 @@ void replica_log_server_part::watch(Ctx ctx) {
 template <class Ctx>
 void replica_log_server_part::on_timer(Ctx ctx, std::uint32_t timer) {
   auto& r = rt_.value;
+  if (timer == ack_timer) {
+    send_owed_acks(ctx);
+    return;
+  }
   if (timer != watch_timer || !r.watching_) return;
   if (r.mode_ == mode::recovering) {
     r.recovering_for_ += watch_tick;

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -81,6 +80,8 @@ struct replica_log_worker_part {
   void on_start(const worker_setup& s) {
     shards_.resize(s.shards);
     max_unacked_ = std::max<std::uint32_t>(options.max_unacked, 1);
+    ack_later_ = options.ordering == replica_log_ordering::apply_first &&
+                 options.ack_delay.count() > 0 && !s.waits_for_acks;
   }
   /// A reconnect says that this worker holds a log for the shard (`protocol::holds_log_flag`).
   std::uint8_t hello_flags(std::uint32_t shard) const noexcept {
@@ -98,8 +99,16 @@ struct replica_log_worker_part {
     sh.rebuilding = w.welcome_policy_bit;  // protocol::rebuilding_flag
     return welcome_action::resend;
   }
-  /// Every push and clock message is numbered and acknowledged.
-  std::uint8_t push_flags() const noexcept { return frame_flags::want_ack; }
+  /// Every push and clock message is numbered and acknowledged; with `options.ack_delay`
+  /// (apply-first, a worker that does not wait for its acks) it is flagged
+  /// `protocol::ack_later_flag` while every shard has fewer than `max_unacked` / 2 entries
+  /// unacknowledged, so the shard may acknowledge several clocks at once.
+  std::uint8_t push_flags() const noexcept {
+    if (!ack_later_) return frame_flags::want_ack;
+    for (const auto& sh : shards_)
+      if (sh.log.size() - sh.unapplied >= max_unacked_ / 2) return frame_flags::want_ack;
+    return frame_flags::want_ack | protocol::ack_later_flag;
+  }
   /// Logs `m` (its payload shared with the send, not copied), without a position yet.
   void on_push(std::uint32_t shard, const message& m) {
     shards_[shard].log.push_back(entry{m.header, m.payload.share(), 0});
@@ -152,17 +161,23 @@ struct replica_log_worker_part {
         replies.push_back(header_message(protocol::commit_type, 0, logged));
       if (o.stable > sh.stable) {
         sh.stable = o.stable;
-        if (sh.replica && sh.replica->header.seq < sh.stable) drop_replica(sh);
+        drop_replicas_below(sh, sh.stable);
         truncate(sh);
       }
       return {};
     }
     if (m.header.type == protocol::replica_type) {
       const std::uint64_t p = m.header.seq;
-      drop_replica(sh);
+      // Write-ahead: every position up to a replica's was logged before it was applied, so
+      // the logs back the newest replica and the older ones are dropped. Apply-first: the
+      // ones at or above the stable position this worker learned are kept.
+      drop_replicas_below(sh,
+                          options.ordering == replica_log_ordering::write_ahead ? p : sh.stable);
+      if (sh.replicas.size() >= protocol::max_held_replicas)
+        drop_replicas_below(sh, sh.replicas[1].header.seq);  // the oldest
       stats_.replica_bytes += m.payload.size();
       stats_.max_replica_bytes = std::max(stats_.max_replica_bytes, stats_.replica_bytes);
-      sh.replica = message{m.header, std::move(m.payload)};
+      sh.replicas.push_back(message{m.header, std::move(m.payload)});
       ++stats_.replicas_stored;
       replies.push_back(header_message(protocol::commit_type, protocol::replica_stored_flag, p));
       return {};
@@ -176,7 +191,7 @@ struct replica_log_worker_part {
   void on_rejoin(rejoin_context& r) {
     auto& sh = shards_[r.shard];
     if (sh.rebuilding) {
-      if (sh.replica) r.send(message{sh.replica->header, sh.replica->payload.share()});
+      for (const message& rep : sh.replicas) r.send(message{rep.header, rep.payload.share()});
       for (std::size_t i = 0; i < sh.log.size(); ++i) {
         const entry& e = sh.log[i];
         if (e.position == 0) continue;
@@ -215,7 +230,12 @@ struct replica_log_worker_part {
     detail::ring<entry> log;    // oldest first, in seq order
     std::size_t unapplied = 0;  // entries before it are applied
     std::uint64_t stable = 0;   // positions up to it are in a stored replica
-    std::optional<message> replica;
+    // The state replicas it holds, oldest first. Write-ahead: the newest. Apply-first: every
+    // one at or above `stable`, each kept until an order says a newer position is stable. A
+    // rebuild starts from the newest stable position any worker learned, and its replica may
+    // be one this worker was sent after it last learned one; the logs need not back a newer
+    // replica (an update is applied before its worker logs its position).
+    std::vector<message> replicas;
     bool met = false;         // welcomed by the shard at least once
     bool rebuilding = false;  // the last welcome asked for replicas
   };
@@ -246,14 +266,18 @@ struct replica_log_worker_part {
       }
     }
   }
-  void drop_replica(shard_log& sh) {
-    if (!sh.replica) return;
-    stats_.replica_bytes -= sh.replica->payload.size();
-    sh.replica.reset();
+  // Drops the replicas of positions below `stable` (a newer one is stored).
+  void drop_replicas_below(shard_log& sh, std::uint64_t stable) {
+    std::erase_if(sh.replicas, [&](const message& rep) {
+      if (rep.header.seq >= stable) return false;
+      stats_.replica_bytes -= rep.payload.size();
+      return true;
+    });
   }
 
   std::vector<shard_log> shards_;
   std::uint32_t max_unacked_ = 64;
+  bool ack_later_ = false;  // options.ack_delay applies (on_start)
   replica_log_worker_stats stats_{};
 };
 
