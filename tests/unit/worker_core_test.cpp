@@ -632,19 +632,26 @@ TEST_CASE("recovery worker parts: strict chain keeps pushes until acked and rese
   CHECK(!detail::worker_hooks::has_pending(chain, 1, false));
 }
 
+namespace {
+
+// A push of seq `seq` (16 payload bytes, ack wanted) to shard 0, logged by `part`.
+void log_push(recovery::replica_log_worker_part& part, buffer_pool& pool, std::uint64_t seq) {
+  message m;
+  m.header.type = message_type::push;
+  m.header.flags = frame_flags::want_ack;
+  m.header.seq = seq;
+  m.payload = pool.allocate(16);
+  detail::worker_hooks::on_push(part, 0, m);
+}
+
+}  // namespace
+
 TEST_CASE("recovery worker parts: replica_log takes batched orders with one cumulative "
           "commit, and frees an applied entry that lost its order with the next ordered one") {
   buffer_pool pool;
   recovery::replica_log_worker_part part;
   detail::worker_hooks::on_start(part, worker_setup{1, 1});
-  auto push = [&](std::uint64_t seq) {
-    message m;
-    m.header.type = message_type::push;
-    m.header.flags = frame_flags::want_ack;
-    m.header.seq = seq;
-    m.payload = pool.allocate(16);
-    detail::worker_hooks::on_push(part, 0, m);
-  };
+  auto push = [&](std::uint64_t seq) { log_push(part, pool, seq); };
   auto order = [&](std::uint64_t stable, bool applied, std::vector<protocol::order_entry> entries) {
     return protocol::encode(
         protocol::order{.stable = stable, .applied = applied, .entries = entries},
@@ -727,14 +734,7 @@ TEST_CASE("recovery worker parts: replica_log keeps every replica at or above th
     CHECK(replies[0].header.has(protocol::replica_stored_flag));
     CHECK(replies[0].header.seq == position);
   };
-  auto push = [&](std::uint64_t seq) {
-    message m;
-    m.header.type = message_type::push;
-    m.header.flags = frame_flags::want_ack;
-    m.header.seq = seq;
-    m.payload = pool.allocate(16);
-    detail::worker_hooks::on_push(part, 0, m);
-  };
+  auto push = [&](std::uint64_t seq) { log_push(part, pool, seq); };
   auto rebuild_replicas = [&] {
     welcome_part w{0, 0, 1, 1, true, 0, {}};  // the shard rebuilds: it asks for replicas
     detail::worker_hooks::on_welcome(part, w);
