@@ -62,14 +62,14 @@ if [[ "$policy" == replica-log-20 ]]; then
   for r in kill ref; do
     start=$SECONDS
     set +e
-    timeout 150 "$bin" "${args[@]}" --kill-at "${kill_flag[$r]}" --metrics "$dir/$r.jsonl" \
+    timeout 200 "$bin" "${args[@]}" --kill-at "${kill_flag[$r]}" --metrics "$dir/$r.jsonl" \
       >"$dir/$r.log" 2>&1
     rc=$?
     set -e
     secs[$r]=$((SECONDS - start))
     echo "---- $r run (--kill-at ${kill_flag[$r]}): exit status $rc after ${secs[$r]} s"
     grep -v 'cannot connect to server' "$dir/$r.log" || true
-    (( rc != 124 )) || fail "$r run: no exit within 150 s (hung?)"
+    (( rc != 124 )) || fail "$r run: no exit within 200 s (hung?)"
     [[ $rc -eq 0 ]] || fail "$r run: exit status $rc"
     final="$(grep '"final":true' "$dir/$r.jsonl")" || fail "$r run: no final record in the metrics"
     [[ "$(field failed)" == false ]] || fail "$r run: the final record says the run failed: $final"
