@@ -2,8 +2,8 @@
 // generator and a MovieLens loader), train/test and per-worker splits, and `mf_model`, an
 // `asyncps::model` that learns user and item factors by minibatch SGD on squared error.
 //
-// This is the MF setup of Dai et al., "High-Performance Distributed ML at Scale through
-// Parameter Server Consistency Models" (AAAI 2015; /work/shared/papers.md section D): Netflix
+// This is the MF setup of Dai, Kumar, Wei, Ho, Gibson and Xing, "High-Performance Distributed
+// ML at Scale through Parameter Server Consistency Models" (AAAI 2015): Netflix
 // (480k users x 18k items, 100M ratings), factors held in two parameter-server tables, each
 // worker drawing minibatches of 1% or 10% of its data per clock. A minibatch touches few rows
 // of two large tables, which is the case sparse (row-set) pulls and pushes are for: see
