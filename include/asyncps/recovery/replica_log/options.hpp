@@ -95,6 +95,11 @@ struct replica_log_options {
   /// they are resent and applied after the replayed ones (exactly once, reported reordered:
   /// `replica_log_stats::reordered_recoveries`). Read by both parts.
   std::chrono::milliseconds ack_delay{0};
+  /// Whether acks may be held back: `ordering` is apply-first and `ack_delay` is above 0 (the
+  /// one condition both parts test; under write-ahead `ack_delay` is ignored).
+  constexpr bool holds_acks() const noexcept {
+    return ordering == replica_log_ordering::apply_first && ack_delay.count() > 0;
+  }
   /// Worker part: log entries per shard not yet known applied beyond which the worker waits
   /// before its next clock (flow control; bounds the part of its log the shard has not
   /// confirmed). 0 counts as 1.

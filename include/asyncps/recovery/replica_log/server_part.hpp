@@ -270,9 +270,7 @@ struct replica_log_server_part {
         // `protocol::ack_later_flag` is this part's: taken off here, in every mode (the
         // server's push path reads `policy` on a push as a recovery policy's own push; a
         // rejoining worker resends its entries with it), remembered by seq for on_applied.
-        const bool later = h.has(protocol::ack_later_flag) &&
-                           options.ordering == replica_log_ordering::apply_first &&
-                           options.ack_delay.count() > 0;
+        const bool later = h.has(protocol::ack_later_flag) && options.holds_acks();
         m.header.flags &= static_cast<std::uint8_t>(~protocol::ack_later_flag);
         if (rt_.value.mode_ == mode::recovering) {
           if (rt_.value.expect_[w] != 0) {  // the entry a replay announced

@@ -80,8 +80,7 @@ struct replica_log_worker_part {
   void on_start(const worker_setup& s) {
     shards_.resize(s.shards);
     max_unacked_ = std::max<std::uint32_t>(options.max_unacked, 1);
-    ack_later_ = options.ordering == replica_log_ordering::apply_first &&
-                 options.ack_delay.count() > 0 && !s.waits_for_acks;
+    ack_later_ = options.holds_acks() && !s.waits_for_acks;
   }
   /// A reconnect says that this worker holds a log for the shard (`protocol::holds_log_flag`).
   std::uint8_t hello_flags(std::uint32_t shard) const noexcept {
