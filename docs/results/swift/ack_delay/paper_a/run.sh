@@ -14,7 +14,7 @@ seeds=${3:-1,2,3,4,5}
 mkdir -p "$out"
 common=(--model mlp --epochs 25 --lr 0.001 --decay-factor 1 --servers 2 --workers 4
         --consistency ssp --staleness 3 --eval-every 0.25 --quiet)
-kills=(--kill-at 4.2,11.1 --downtime 4.5)
+kills=(--kill-at "4.2,11.1" --downtime 4.5)
 IFS=, read -r -a seed_list <<<"$seeds"
 for seed in "${seed_list[@]}"; do
   for mode in none checkpoint replica-log-af; do
