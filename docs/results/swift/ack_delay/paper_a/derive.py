@@ -3,27 +3,20 @@
 model) of each mode from run.sh's logs, then checkpoint's time over replica-log's and the
 accuracy difference, paired by seed, with 95% Student-t intervals.
   derive.py [DIR]   (default: this file's directory)"""
-import math
 import re
-import statistics
 import sys
 from pathlib import Path
 
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[4] / "bench"))
+import swift_experiment as sx  # noqa: E402  (fmt_ci: mean [95% t interval])
+
 FINAL = re.compile(r"^final test accuracy ([0-9.]+) \(loss [0-9.]+\) after ([0-9.]+) s")
 SUMMARY = re.compile(r"^recovery (\S+): (.*)$")
 
 
-def interval(xs):
-    m = statistics.mean(xs)
-    if len(xs) < 2:
-        return m, float("nan"), float("nan")
-    h = T95[len(xs) - 1] * statistics.stdev(xs) / math.sqrt(len(xs))
-    return m, m - h, m + h
-
-
 def main():
-    d = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent
+    d = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
     runs = {}
     for log in sorted(d.glob("*-seed*.log")):
         mode, seed = re.match(r"(.*)-seed(\d+)\.log$", log.name).groups()
@@ -44,10 +37,9 @@ def main():
     rl_none = [runs[s]["replica-log-af"][1] / runs[s]["none"][1] for s in seeds]
     ck_none = [runs[s]["checkpoint"][1] / runs[s]["none"][1] for s in seeds]
     dacc = [100 * (runs[s]["replica-log-af"][0] - runs[s]["checkpoint"][0]) for s in seeds]
-    fmt = lambda name, xs, f="{:.3f}": print(
-        f"{name}: mean {f.format(interval(xs)[0])} [{f.format(interval(xs)[1])}, "
-        f"{f.format(interval(xs)[2])}] over {len(xs)} seeds; per seed "
-        + ", ".join(f.format(x) for x in xs))
+    def fmt(name, xs, f="{:.3f}"):
+        print(f"{name}: mean {sx.fmt_ci(xs, f)} over {len(xs)} seeds; per seed "
+              + ", ".join(f.format(x) for x in xs))
     fmt("checkpoint time / replica-log (apply-first, ack_delay 5) time", ratio)
     fmt("replica-log (apply-first, ack_delay 5) time / none", rl_none)
     fmt("checkpoint time / none", ck_none)
